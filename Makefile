@@ -1,0 +1,77 @@
+# Block Stack Merges — one Makefile for the whole stack.
+# `make up` runs the stack on this host; `make test` runs every test.
+
+SHELL        := /bin/bash
+PYTHON       ?= python3
+VENV         := .venv
+VPY          := $(VENV)/bin/python
+PYTEST       := $(VENV)/bin/pytest
+BUILD        := .build
+EBPF_EXPORTER_VERSION := v2.5.1
+LIBBPF_SYS_VERSION    := 1.5.1+v1.5.1
+EBPF_EXPORTER := $(BUILD)/bin/ebpf_exporter
+
+.PHONY: all deps venv ebpf-exporter ebpf-build test test-exporter test-ebpf test-alerts \
+        bench-exporter bench-ebpf up down status logs clean lint run-exporter update-fixtures
+
+all: venv
+
+## deps: Debian packages every part needs (idempotent, fast when present)
+deps:
+	@echo ">> installing Debian packages"
+	@scripts/install-deps.sh
+
+## venv: Python virtual environment with the exporter, the lab kit and test tools
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: exporters/pyproject.toml lab/pyproject.toml requirements-dev.txt
+	@echo ">> creating $(VENV)"
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	@$(VPY) -m pip install -q --upgrade pip
+	@$(VPY) -m pip install -q -r requirements-dev.txt -e exporters -e lab
+	@touch $@
+
+## ebpf-exporter: build cloudflare ebpf_exporter from the Go module proxy against a static libbpf 1.5 (cached)
+ebpf-exporter: $(EBPF_EXPORTER)
+$(EBPF_EXPORTER): scripts/build-ebpf-exporter.sh
+	@echo ">> building ebpf_exporter $(EBPF_EXPORTER_VERSION)"
+	@EBPF_EXPORTER_VERSION=$(EBPF_EXPORTER_VERSION) LIBBPF_SYS_VERSION=$(LIBBPF_SYS_VERSION) \
+		scripts/build-ebpf-exporter.sh $(BUILD)
+
+## ebpf-build: compile every BPF program against this kernel's BTF
+ebpf-build: $(EBPF_EXPORTER)
+	@echo ">> compiling BPF programs"
+	@$(MAKE) -s -C ebpf-configs BUILD=$(abspath $(BUILD))
+
+## test: every test (unit, golden, live on loop devices, real servers)
+test: deps venv ebpf-build
+	@echo ">> running tests"
+	@$(PYTEST)
+
+test-exporter: venv
+	@$(PYTEST) exporters/tests
+
+test-ebpf: venv ebpf-build
+	@$(PYTEST) ebpf-configs/tests
+
+test-alerts: venv
+	@$(PYTEST) alerts/tests
+
+update-fixtures: venv
+	@$(PYTEST) exporters/tests/test_e2e.py --update-golden
+
+## bench-exporter: scrape time of the exporter vs node_exporter diskstats on a 1024-device tree
+bench-exporter: venv
+	@$(VPY) exporters/bench/bench_scrape.py
+
+## bench-ebpf: fio 4 KiB random-read IOPS with all BPF configs attached vs none
+bench-ebpf: venv ebpf-build
+	@$(VPY) ebpf-configs/bench/bench_overhead.py
+
+run-exporter: venv
+	@$(VENV)/bin/blockstack-exporter
+
+up: deps venv ebpf-build
+	@echo "make up: the supervised stack lands with deploy/ (issue 6); for now: make run-exporter"
+
+clean:
+	rm -rf $(BUILD) $(VENV)

@@ -1,0 +1,158 @@
+"""The device stack: which devices sit directly beneath each device, and what each one is.
+
+Edges come from the kernel alone, never from udev:
+- dm and md devices list what they are built on in /sys/block/DEV/slaves/;
+- a partition sits on its disk;
+- a loop device sits on the block device holding its backing file
+  (/sys/block/loopN/loop/backing_file, located through /proc/self/mountinfo).
+dm names and uuids come from /sys/block/dm-N/dm/{name,uuid}; LVM volume group, logical volume
+and layer are decoded from the dm name (lvm2's dm name is VG-LV[-LAYER] with each '-' inside
+VG or LV doubled, see lvm2 libdm/libdm-common.c dm_build_dm_name).
+"""
+import os
+
+from prometheus_client.core import GaugeMetricFamily
+
+from .. import devices as devmod
+from ..fs import listdir, read_text
+
+INFO_LABELS = ["device", "kind", "name", "dm_name", "dm_uuid", "lvm_vg", "lvm_lv", "lvm_layer", "backing_file"]
+
+
+def split_lvm_name(dm_name):
+    """'vg--a-lv-real' -> ('vg-a', 'lv', 'real'); None if the name is not VG-LV[-LAYER]."""
+    parts, current, i = [], [], 0
+    while i < len(dm_name):
+        ch = dm_name[i]
+        if ch == "-":
+            if dm_name[i + 1:i + 2] == "-":
+                current.append("-")
+                i += 2
+                continue
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+        i += 1
+    parts.append("".join(current))
+    if len(parts) not in (2, 3) or not all(parts):
+        return None
+    vg, lv = parts[0], parts[1]
+    return vg, lv, parts[2] if len(parts) == 3 else ""
+
+
+def kind_of(dev):
+    if dev.parent:
+        return "partition"
+    if os.path.isdir(os.path.join(dev.path, "dm")):
+        return "dm"  # sysfs has dm/ only for device-mapper devices
+    if os.path.isdir(os.path.join(dev.path, "md")):
+        return "md"
+    if dev.name.startswith("loop"):
+        return "loop"
+    return "disk"
+
+
+class StackCollector:
+    name = "stack"
+
+    def collect(self, scrape):
+        info = GaugeMetricFamily(
+            "blockstack_device_info",
+            "A block device: its kind (disk, partition, dm, md, loop), dm name and uuid, the LVM "
+            "volume group, logical volume and layer decoded from the dm name, and a loop device's "
+            "backing file (value always 1).", labels=INFO_LABELS)
+        lower_info = GaugeMetricFamily(
+            "blockstack_device_lower_info",
+            "An edge of the device stack: `lower` sits directly beneath `device` (value always 1).",
+            labels=["device", "lower"])
+        beneath = GaugeMetricFamily(
+            "blockstack_device_beneath_info",
+            "`lower` sits somewhere beneath `device`, `depth` layers down; query "
+            "blockstack_device_beneath_info{device=\"dm-3\"} for all of dm-3's stack (value always 1).",
+            labels=["device", "lower", "depth"])
+        holders = GaugeMetricFamily(
+            "blockstack_device_holders",
+            "Number of devices directly above this one in the stack; 0 marks the top of a stack.",
+            labels=["device"])
+
+        edges = {}
+        for name, dev in scrape.devices.items():
+            labels, lower = self._describe(scrape, dev)
+            if labels is None:
+                continue  # vanished
+            info.add_metric(labels, 1)
+            edges[name] = lower
+            for low in lower:
+                lower_info.add_metric([name, low], 1)
+
+        above = {name: 0 for name in edges}
+        for lower in edges.values():
+            for low in lower:
+                if low in above:
+                    above[low] += 1
+        for name, n in above.items():
+            holders.add_metric([name], n)
+
+        for name in edges:
+            for low, depth in walk_down(edges, name):
+                beneath.add_metric([name, low, str(depth)], 1)
+        yield from (info, lower_info, beneath, holders)
+
+    def _describe(self, scrape, dev):
+        kind = kind_of(dev)
+        dm_name = dm_uuid = vg = lv = layer = backing = ""
+        lower = []
+        if kind == "partition":
+            lower = [dev.parent]
+        elif kind in ("dm", "md"):
+            slaves = os.path.join(dev.path, "slaves")
+            if not os.path.isdir(dev.path):
+                scrape.error(f"{dev.name}: device vanished while being read")
+                return None, None
+            lower = sorted(listdir(slaves))
+            if kind == "dm":
+                dm_name, dm_uuid = scrape.dm.get(dev.name, ("", ""))
+                if dm_uuid.startswith("LVM-"):
+                    decoded = split_lvm_name(dm_name)
+                    if decoded:
+                        vg, lv, layer = decoded
+                    else:
+                        scrape.error(f"{dev.name}: LVM dm name {dm_name!r} is not VG-LV[-LAYER]")
+        elif kind == "loop":
+            backing, low = self._loop_backing(scrape, dev)
+            lower = [low] if low else []
+        return [dev.name, kind, dm_name or dev.name, dm_name, dm_uuid, vg, lv, layer, backing], lower
+
+    def _loop_backing(self, scrape, dev):
+        """A loop device's backing file and the block device that holds it ('' / None if unknown)."""
+        try:
+            backing = read_text(os.path.join(dev.path, "loop", "backing_file"))
+        except FileNotFoundError:
+            return "", None  # an unattached loop device has no loop/ directory
+        except OSError as e:
+            scrape.error(f"{dev.name}: backing_file: {e}")
+            return "", None
+        path = backing[:-len(" (deleted)")] if backing.endswith(" (deleted)") else backing
+        mount = devmod.mount_holding(scrape.mounts, path)
+        if mount is None:
+            return backing, None
+        # Files on tmpfs, overlayfs or btrfs sit on anonymous device numbers (major 0):
+        # no block device beneath, so no edge.
+        return backing, devmod.name_of_devno(scrape.paths.sysfs, mount.majmin)
+
+
+def walk_down(edges, top):
+    """(device, depth) for everything beneath top, each once at its shortest depth; cycle-safe."""
+    seen = {top}
+    frontier, depth = [top], 0
+    while frontier:
+        depth += 1
+        nxt = []
+        for name in frontier:
+            for low in edges.get(name, ()):
+                if low not in seen:
+                    seen.add(low)
+                    nxt.append(low)
+                    yield low, depth
+        frontier = nxt

@@ -1,0 +1,92 @@
+"""The block devices the kernel has, read once per scrape and shared by the collectors.
+
+Sources: /sys/class/block (every disk and partition; a partition's sysfs path sits inside its
+disk's directory, see Documentation/ABI/stable/sysfs-block), /sys/dev/block/MAJ:MIN (device
+numbers to names) and /proc/self/mountinfo (which block device holds a path).
+"""
+import os
+import re
+
+from .fs import ParseError, listdir, read_text
+
+
+class Device:
+    __slots__ = ("name", "path", "parent")
+
+    def __init__(self, name, path, parent):
+        self.name = name      # kernel name, as in /proc/diskstats: sda1, dm-3, loop0
+        self.path = path      # its directory in sysfs
+        self.parent = parent  # the disk's name for a partition, else None
+
+    @property
+    def queue_owner(self):
+        """The device whose queue/ this one uses: a partition shares its disk's queue."""
+        return self.parent or self.name
+
+
+def list_devices(sysfs):
+    """All block devices, {name: Device}. Partitions are recognised by their sysfs path."""
+    class_dir = os.path.join(sysfs, "class", "block")
+    devices = {}
+    for name in sorted(listdir(class_dir)):
+        link = os.path.join(class_dir, name)
+        try:
+            target = os.readlink(link)
+        except OSError:
+            continue  # vanished between listing and reading, or not a link in an odd tree
+        path = os.path.normpath(os.path.join(class_dir, target))
+        parent_dir = os.path.basename(os.path.dirname(path))
+        parent = None if parent_dir == "block" else parent_dir
+        devices[name] = Device(name, path, parent)
+    return devices
+
+
+def name_of_devno(sysfs, majmin):
+    """'7:0' -> 'loop0' through /sys/dev/block, or None if no block device has that number."""
+    try:
+        return os.path.basename(os.readlink(os.path.join(sysfs, "dev", "block", majmin)))
+    except OSError:
+        return None
+
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+class Mount:
+    __slots__ = ("majmin", "mountpoint", "fstype", "source")
+
+    def __init__(self, majmin, mountpoint, fstype, source):
+        self.majmin, self.mountpoint, self.fstype, self.source = majmin, mountpoint, fstype, source
+
+
+def _unescape(field):
+    # mountinfo escapes space, tab, newline and backslash as octal (\040 ...), see proc(5).
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field) if "\\" in field else field
+
+
+def parse_mountinfo(text):
+    """Mounts from /proc/PID/mountinfo (Documentation/filesystems/proc.rst, 3.5)."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split()
+        try:
+            sep = fields.index("-", 6)
+            mounts.append(Mount(fields[2], _unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2])))
+        except (ValueError, IndexError):
+            raise ParseError(f"mountinfo: malformed line {line[:80]!r}") from None
+    return mounts
+
+
+def read_mountinfo(procfs):
+    return parse_mountinfo(read_text(os.path.join(procfs, "self", "mountinfo")))
+
+
+def mount_holding(mounts, path):
+    """The mount whose mountpoint is the longest prefix of path (the last one wins on ties)."""
+    best = None
+    for m in mounts:
+        mp = m.mountpoint
+        if path == mp or path.startswith(mp.rstrip("/") + "/"):
+            if best is None or len(mp) >= len(best.mountpoint):
+                best = m
+    return best

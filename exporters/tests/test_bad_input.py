@@ -1,0 +1,132 @@
+"""Bad input never crashes the exporter: it counts an error, logs it, and serves the rest."""
+import os
+import subprocess
+import sys
+
+from conftest import EXPORTER, HOST_LOOP, scrape_tree
+from blockstack_lab import procs
+
+LOOP0_QUEUE = "sys/devices/virtual/block/loop0/queue"
+
+
+def errors(scraped, collector):
+    return scraped.get("blockstack_collector_errors_total", collector=collector)
+
+
+def success(scraped, collector):
+    return scraped.get("blockstack_scrape_collector_success", collector=collector)
+
+
+def write(tree, rel, text):
+    path = os.path.join(tree, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def test_garbage_number_drops_one_sample_and_counts_an_error(host_tree, caplog):
+    write(host_tree, f"{LOOP0_QUEUE}/nomerges", "two\n")
+    s = scrape_tree(host_tree)
+    assert s.get("blockstack_queue_nomerges", device="loop0") is None
+    assert s.get("blockstack_queue_max_sectors_bytes", device="loop0") == 4096
+    assert s.get("blockstack_queue_nomerges", device="loop1") == 0
+    assert errors(s, "queue") == 1
+    assert s.get("blockstack_scrape_collector_success", collector="queue") == 1
+    assert "loop0: nomerges: expected an integer, got 'two'" in caplog.text
+
+
+def test_odd_scheduler_and_negative_value(host_tree):
+    write(host_tree, f"{LOOP0_QUEUE}/scheduler", "none [mq-deadline\n")
+    write(host_tree, f"{LOOP0_QUEUE}/read_ahead_kb", "-4\n")
+    s = scrape_tree(host_tree)
+    assert errors(s, "queue") == 2
+    assert s.get("blockstack_queue_read_ahead_bytes", device="loop0") is None
+    assert s.get("blockstack_queue_nomerges", device="loop0") == 2
+
+
+def test_device_vanishing_between_listing_and_reading(host_tree):
+    # The class/block link stays (listed) but the device directory is gone (removed meanwhile).
+    import shutil
+    shutil.rmtree(os.path.join(host_tree, "sys/devices/virtual/block/loop1"))
+    s = scrape_tree(host_tree)
+    assert errors(s, "queue") >= 1
+    assert s.get("blockstack_queue_nomerges", device="loop1") is None
+    assert s.get("blockstack_queue_nomerges", device="loop0") == 2
+    for c in ("queue", "stack", "ext4", "jbd2"):
+        assert s.get("blockstack_scrape_collector_success", collector=c) == 1
+
+
+def test_missing_procfs_files_fail_only_what_needs_them(host_tree):
+    os.unlink(os.path.join(host_tree, "proc/self/mountinfo"))
+    write(host_tree, "proc/fs/jbd2/loop0-8/info", "this is not jbd2\n")
+    s = scrape_tree(host_tree)
+    # without mountinfo: one error, no loop edges and no mountpoints, but every collector serves
+    assert errors(s, "stack") == 1
+    assert s.get("blockstack_device_lower_info", device="loop1", lower="loop0") is None
+    assert s.get("blockstack_ext4_dioread_nolock", device="loop1", mountpoint="") == 0
+    assert errors(s, "jbd2") == 1
+    for c in ("queue", "stack", "ext4", "jbd2"):
+        assert success(s, c) == 1
+    assert s.get("blockstack_jbd2_transactions_total", device="loop1", journal="loop1-8") is not None
+
+
+def test_empty_tree_is_an_empty_scrape_not_a_crash(tmp_path):
+    s = scrape_tree(str(tmp_path))
+    for c in ("queue", "stack", "dm", "jbd2"):
+        assert s.get("blockstack_scrape_collector_success", collector=c) == 1
+
+
+def test_permission_denied_as_an_unprivileged_exporter(tmp_path):
+    """Run the real exporter as nobody (root reads everything, so drop privileges) over a tree
+    where one queue file is mode 000: the scrape answers, the error is counted."""
+    import shutil
+    import tempfile
+    base = tempfile.mkdtemp(prefix="blockstack-perm-")  # /tmp/pytest-of-root is 0700: not for nobody
+    try:
+        os.chmod(base, 0o755)
+        host_tree = os.path.join(base, "tree")
+        shutil.copytree(HOST_LOOP, host_tree, symlinks=True)
+        os.chmod(os.path.join(host_tree, f"{LOOP0_QUEUE}/nomerges"), 0)
+        _scrape_as_nobody(host_tree, tmp_path)
+    finally:
+        shutil.rmtree(base)
+
+
+def _scrape_as_nobody(host_tree, tmp_path):
+    port = procs.free_port()
+    argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", EXPORTER,
+            f"--web.listen-address=127.0.0.1:{port}", f"--path.sysfs={host_tree}/sys",
+            f"--path.procfs={host_tree}/proc", f"--path.dev={host_tree}/dev"]
+    log = tmp_path / "exporter.log"
+    with procs.running(argv, health_url=f"http://127.0.0.1:{port}/metrics", log_path=str(log)):
+        body = procs.http_get(f"http://127.0.0.1:{port}/metrics")
+    assert 'blockstack_queue_nomerges{device="loop1"} 0.0' in body
+    assert 'blockstack_queue_nomerges{device="loop0"}' not in body
+    # one error per scrape (the health check scraped too)
+    count = float(body.split('blockstack_collector_errors_total{collector="queue"} ')[1].split()[0])
+    assert count >= 1
+    assert "Permission denied" in log.read_text()
+
+
+def test_exporter_never_opens_anything_under_sysfs_for_writing(host_tree):
+    """An audit hook sees every open() of a real scrape; none may ask for write access under sysfs."""
+    code = r"""
+import os, sys
+sysfs = sys.argv[1]
+bad = []
+def hook(event, args):
+    if event == "open" and isinstance(args[0], str) and args[0].startswith(sysfs):
+        mode, flags = args[1], args[2]
+        if (mode and any(c in mode for c in "wax+")) or (flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC)):
+            bad.append(args[0])
+sys.addaudithook(hook)
+from prometheus_client import generate_latest
+from blockstack_exporter.main import build_registry, parse_args
+reg = build_registry(parse_args([f"--path.sysfs={sysfs}", f"--path.procfs={sys.argv[2]}", f"--path.dev={sys.argv[3]}"]))
+out = generate_latest(reg).decode()
+assert "blockstack_queue_nomerges" in out, out[:200]
+print("WRITES", bad)
+"""
+    out = subprocess.run([sys.executable, "-c", code, f"{host_tree}/sys", f"{host_tree}/proc", f"{host_tree}/dev"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "WRITES []" in out

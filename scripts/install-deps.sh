@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the stack and its tests need. Idempotent: a no-op when all are present.
+set -euo pipefail
+packages=(
+  prometheus prometheus-alertmanager prometheus-node-exporter   # the servers (2.42, 0.25, 1.5)
+  fio sysstat                                                   # load generator, iostat cross-check
+  clang llvm bpftool libelf-dev zlib1g-dev pkg-config make      # BPF programs and the libbpf build
+  e2fsprogs util-linux fdisk kmod                               # mkfs.ext4, losetup, sfdisk
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+echo ">> apt-get install ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian's packages start their daemons where an init system runs; the stack runs its own copies.
+for svc in prometheus prometheus-alertmanager prometheus-node-exporter; do
+  if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
+    systemctl disable --now "$svc" >/dev/null 2>&1 || true
+  fi
+done
