@@ -25,19 +25,23 @@ class Device:
 
 
 def list_devices(sysfs):
-    """All block devices, {name: Device}. Partitions are recognised by their sysfs path."""
+    """All block devices, {name: Device}.
+
+    A partition's sysfs directory sits inside its disk's (…/block/sda/sda1, …/nvme0/nvme0n1/nvme0n1p1),
+    so a device whose parent directory is itself a block device is a partition of it. (A disk's
+    parent directory is `block` or a controller such as `nvme0`, never a block device.)"""
     class_dir = os.path.join(sysfs, "class", "block")
-    devices = {}
+    paths = {}
     for name in sorted(listdir(class_dir)):
-        link = os.path.join(class_dir, name)
         try:
-            target = os.readlink(link)
+            target = os.readlink(os.path.join(class_dir, name))
         except OSError:
             continue  # vanished between listing and reading, or not a link in an odd tree
-        path = os.path.normpath(os.path.join(class_dir, target))
-        parent_dir = os.path.basename(os.path.dirname(path))
-        parent = None if parent_dir == "block" else parent_dir
-        devices[name] = Device(name, path, parent)
+        paths[name] = os.path.normpath(os.path.join(class_dir, target))
+    devices = {}
+    for name, path in paths.items():
+        parent = os.path.basename(os.path.dirname(path))
+        devices[name] = Device(name, path, parent if parent in paths else None)
     return devices
 
 

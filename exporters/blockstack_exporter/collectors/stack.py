@@ -42,14 +42,14 @@ def split_lvm_name(dm_name):
 
 
 def kind_of(dev):
+    """The kernel names device-mapper devices dm-N, md arrays mdN and loop devices loopN
+    (drivers/md/dm.c, drivers/md/md.c, drivers/block/loop.c), so the name tells the kind
+    without another read."""
     if dev.parent:
         return "partition"
-    if os.path.isdir(os.path.join(dev.path, "dm")):
-        return "dm"  # sysfs has dm/ only for device-mapper devices
-    if os.path.isdir(os.path.join(dev.path, "md")):
-        return "md"
-    if dev.name.startswith("loop"):
-        return "loop"
+    for prefix, kind in (("dm-", "dm"), ("md", "md"), ("loop", "loop")):
+        if dev.name.startswith(prefix) and dev.name[len(prefix):].isdigit():
+            return kind
     return "disk"
 
 

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Scrape time of blockstack-exporter vs node_exporter's diskstats on one synthetic tree.
+
+    bench_scrape.py [--devices 1024] [--rounds 40]
+
+Generates a sysfs/procfs tree of N block devices (NVMe disks with a partition each, LVM
+linear volumes on the partitions, snapshot stacks with -real/-cow layers, ext4 mounted on the
+volumes with jbd2 journals), starts both exporters on it, scrapes them alternately over HTTP
+and prints the median scrape time of each and their ratio. A benchmark, not a test: the
+figure depends on the machine, so both sides are measured in the same run.
+"""
+import argparse
+import os
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import time
+import urllib.request
+
+from blockstack_lab import procs
+
+EXPORTER = os.path.join(os.path.dirname(sys.executable), "blockstack-exporter")
+NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+QUEUE = {"nomerges": "0", "max_sectors_kb": "128", "max_hw_sectors_kb": "128", "read_ahead_kb": "128",
+         "nr_requests": "1023", "rotational": "0", "logical_block_size": "512", "physical_block_size": "512",
+         "max_segments": "33", "scheduler": "[none] mq-deadline"}
+EXT4_OPTIONS = "rw\nbsddf\nnogrpid\nblock_validity\ndioread_nolock\nnodiscard\ndelalloc\nbarrier\ndata=ordered\ncommit=5\n"
+JBD2_INFO = """120 transactions (118 requested), each up to 8192 blocks
+average: 
+  0ms waiting for transaction
+  0ms request delay
+  4780ms running transaction
+  0ms transaction was being locked
+  0ms flushing data (in ordered mode)
+  0ms logging transaction
+  11798us average transaction commit time
+  30 handles per transaction
+  4 blocks per transaction
+  5 logged blocks per transaction
+"""
+
+
+def superblock(journal_bytes):
+    """The first 2 KiB of an ext4 device whose journal inode backup says journal_bytes."""
+    sb = bytearray(2048)
+    struct.pack_into("<H", sb, 1024 + 0x38, 0xEF53)  # s_magic
+    struct.pack_into("<I", sb, 1024 + 0xE0, 8)  # s_journal_inum
+    sb[1024 + 0xFD] = 1  # s_jnl_backup_type = EXT3_JNL_BACKUP_BLOCKS
+    struct.pack_into("<II", sb, 1024 + 0x10C + 15 * 4, journal_bytes >> 32, journal_bytes & 0xFFFFFFFF)
+    return bytes(sb)
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def link(path, target):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.symlink(target, path)
+
+
+class Tree:
+    def __init__(self, root):
+        self.root, self.sys, self.proc = root, os.path.join(root, "sys"), os.path.join(root, "proc")
+        self.diskstats, self.mountinfo, self.dm_table, self.dm_status = [], [], [], []
+        self.count = 0
+
+    def device(self, name, devpath, major, minor, parent=None, slaves=(), dm=None):
+        """A device at sys/devices/DEVPATH (a partition inside its disk's directory)."""
+        d = os.path.join(self.sys, "devices", devpath)
+        write(os.path.join(d, "dev"), f"{major}:{minor}\n")
+        write(os.path.join(d, "size"), "2097152\n")
+        rel = os.path.join("../../devices", devpath)
+        link(os.path.join(self.sys, "class/block", name), rel)
+        link(os.path.join(self.sys, "dev/block", f"{major}:{minor}"), rel)
+        if parent:
+            write(os.path.join(d, "partition"), "1\n")
+        else:
+            link(os.path.join(self.sys, "block", name), rel)
+            for k, v in QUEUE.items():
+                write(os.path.join(d, "queue", k), v + "\n")
+            os.makedirs(os.path.join(d, "holders"), exist_ok=True)
+            os.makedirs(os.path.join(d, "slaves"), exist_ok=True)
+            for s in slaves:
+                link(os.path.join(d, "slaves", s), f"../../{s}")
+        if dm:
+            write(os.path.join(d, "dm", "name"), dm[0] + "\n")
+            write(os.path.join(d, "dm", "uuid"), dm[1] + "\n")
+        self.diskstats.append(f"{major:4d} {minor:7d} {name} 1200 30 96000 400 800 20 64000 900 0 1300 1300 0 0 0 0 10 5")
+        self.count += 1
+
+
+def generate(root, n):
+    t = Tree(root)
+    dm_minor = 0
+    i = 0
+    while t.count < n:
+        disk, part = f"nvme{i}n1", f"nvme{i}n1p1"
+        t.device(disk, f"pci0000:00/nvme/nvme{i}/{disk}", 259, 2 * i)
+        t.device(part, f"pci0000:00/nvme/nvme{i}/{disk}/{part}", 259, 2 * i + 1, parent=disk)
+        vg = f"vg{i}"
+        if i % 2 == 0:  # a plain LV with ext4
+            lv = f"dm-{dm_minor}"
+            t.device(lv, f"virtual/block/{lv}", 253, dm_minor, slaves=[part], dm=(f"{vg}-data", f"LVM-{i:032d}"))
+            t.dm_table.append(f"{vg}-data: 0 2097152 linear 259:{2 * i + 1} 2048")
+            t.dm_status.append(f"{vg}-data: 0 2097152 linear ")
+            t.mountinfo.append(f"{100 + i} 1 253:{dm_minor} / /srv/{vg} rw,relatime - ext4 /dev/mapper/{vg}-data rw")
+            write(os.path.join(t.proc, "fs/ext4", lv, "options"), EXT4_OPTIONS)
+            write(os.path.join(t.proc, "fs/jbd2", f"{lv}-8", "info"), JBD2_INFO)
+            os.makedirs(os.path.join(root, "dev"), exist_ok=True)
+            with open(os.path.join(root, "dev", lv), "wb") as f:
+                f.write(superblock(128 << 20))
+            dm_minor += 1
+        else:  # origin + snapshot: -real, -cow, origin, snapshot (the NVMe incident's shape)
+            real, cow, origin, snap = (f"dm-{dm_minor + k}" for k in range(4))
+            t.device(real, f"virtual/block/{real}", 253, dm_minor, slaves=[part], dm=(f"{vg}-lv-real", f"LVM-{i:032d}-real"))
+            t.device(cow, f"virtual/block/{cow}", 253, dm_minor + 1, slaves=[part], dm=(f"{vg}-snap-cow", f"LVM-{i:032d}-cow"))
+            t.device(origin, f"virtual/block/{origin}", 253, dm_minor + 2, slaves=[real], dm=(f"{vg}-lv", f"LVM-{i:032d}"))
+            t.device(snap, f"virtual/block/{snap}", 253, dm_minor + 3, slaves=[real, cow], dm=(f"{vg}-snap", f"LVM-{i:032d}s"))
+            t.dm_table += [f"{vg}-lv-real: 0 2097152 linear 259:{2 * i + 1} 2048",
+                           f"{vg}-snap-cow: 0 409600 linear 259:{2 * i + 1} 2099200",
+                           f"{vg}-lv: 0 2097152 snapshot-origin 253:{dm_minor}",
+                           f"{vg}-snap: 0 2097152 snapshot 253:{dm_minor} 253:{dm_minor + 1} P 8"]
+            t.dm_status += [f"{vg}-lv-real: 0 2097152 linear ", f"{vg}-snap-cow: 0 409600 linear ",
+                            f"{vg}-lv: 0 2097152 snapshot-origin ", f"{vg}-snap: 0 2097152 snapshot 2048/409600 16"]
+            dm_minor += 4
+        i += 1
+    write(os.path.join(t.proc, "diskstats"), "\n".join(t.diskstats) + "\n")
+    write(os.path.join(t.proc, "self", "mountinfo"), "\n".join(t.mountinfo) + "\n")
+    os.makedirs(os.path.join(root, "udev"), exist_ok=True)
+    # dmsetup stand-in: prints the synthetic table/status like the real one would
+    for cmd, lines in (("table", t.dm_table), ("status", t.dm_status)):
+        write(os.path.join(root, f"dmsetup_{cmd}"), "\n".join(lines) + "\n")
+    fake = os.path.join(root, "dmsetup")
+    write(fake, f'#!/bin/sh\nexec cat "{root}/dmsetup_$1"\n')
+    os.chmod(fake, 0o755)
+    return t.count
+
+
+def time_scrape(url):
+    start = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=30) as r:
+        body = r.read()
+    return time.perf_counter() - start, len(body)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", type=int, default=1024)
+    p.add_argument("--rounds", type=int, default=40)
+    args = p.parse_args()
+    if not NODE_EXPORTER:
+        sys.exit("node_exporter not found (apt-get install prometheus-node-exporter)")
+    root = tempfile.mkdtemp(prefix="blockstack-bench-")
+    try:
+        n = generate(root, args.devices)
+        ours, theirs = procs.free_port(), procs.free_port()
+        ours_url, theirs_url = f"http://127.0.0.1:{ours}/metrics", f"http://127.0.0.1:{theirs}/metrics"
+        ours_argv = [EXPORTER, f"--web.listen-address=127.0.0.1:{ours}", f"--path.sysfs={root}/sys",
+                     f"--path.procfs={root}/proc", f"--path.dev={root}/dev", f"--collector.dm.dmsetup={root}/dmsetup",
+                     "--log.level=error"]
+        theirs_argv = [NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{theirs}", "--collector.disable-defaults",
+                       "--collector.diskstats", r"--collector.diskstats.device-exclude=^(ram|fd|sr)\d+$",
+                       f"--path.procfs={root}/proc", f"--path.sysfs={root}/sys", f"--path.udev.data={root}/udev"]
+        with procs.running(ours_argv, health_url=ours_url), procs.running(theirs_argv, health_url=theirs_url):
+            for _ in range(3):  # warm up both
+                time_scrape(ours_url), time_scrape(theirs_url)
+            a, b = [], []
+            for _ in range(args.rounds):
+                t, ours_bytes = time_scrape(ours_url)
+                a.append(t)
+                t, theirs_bytes = time_scrape(theirs_url)
+                b.append(t)
+        ma, mb = statistics.median(a), statistics.median(b)
+        print(f"synthetic tree: {n} block devices, {args.rounds} alternating scrapes each")
+        print(f"blockstack-exporter (all collectors): median {ma * 1e3:7.1f} ms  ({ours_bytes / 1024:.0f} KiB)")
+        print(f"node_exporter diskstats only:         median {mb * 1e3:7.1f} ms  ({theirs_bytes / 1024:.0f} KiB)")
+        print(f"ratio blockstack/node_exporter: {ma / mb:.2f}x (goal <= 1.0x)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
