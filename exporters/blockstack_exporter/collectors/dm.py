@@ -1,4 +1,240 @@
-"""device-mapper tables and status (placeholder: being written)."""
+"""device-mapper tables and status, read through device-mapper itself with `dmsetup`.
+
+Two commands per scrape, and only when sysfs shows dm devices:
+
+    dmsetup table                 NAME: START LENGTH TARGET ARGS...   (one line per target)
+    dmsetup status --noflush      NAME: START LENGTH TARGET STATUS...
+
+Without a device argument dmsetup prefixes every line with the (mangled) device name. `--noflush`
+keeps the status call from committing thin-pool metadata on every scrape (dm-thin.c pool_status
+commits unless DM_STATUS_NOFLUSH_FLAG is set); the numbers are at most one commit period old.
+dmsetup prints device numbers as MAJ:MIN (the kernel's format_dev_t); they are mapped to kernel
+names through /sys/dev/block, dm names to dm-N through /sys/block/dm-N/dm/name. `lvs` is never run:
+it takes LVM's locks and scans every PV, and a scrape must not.
+
+Formats, from the kernel:
+- snapshot / snapshot-merge table (Documentation/admin-guide/device-mapper/snapshot.rst):
+      <origin> <COW device> <P|PO|N> <chunksize sectors> [<#feature args> [<arg>]*]
+  status (drivers/md/dm-snap.c snapshot_status), one of:
+      <sectors_allocated>/<total_sectors> <metadata_sectors>   (metadata absent before 2.6.33)
+      Invalid | Merge failed | Overflow | Unknown
+  sectors_allocated and total_sectors both include the metadata (dm-snap-persistent.c
+  persistent_usage); a transient (N) store reports 0 metadata. A merge is done when
+  sectors_allocated == metadata_sectors.
+- snapshot-origin table: <origin>; status: empty.
+- thin-pool table (Documentation/admin-guide/device-mapper/thin-provisioning.rst):
+      <metadata dev> <data dev> <data block size sectors> <low water mark> [<#features> <arg>...]
+  status (dm-thin.c pool_status):
+      <transaction id> <used meta>/<total meta> <used data>/<total data> <held root|->
+      [ro|rw|out_of_data_space] [[no_]discard_passdown|ignore_discard]
+      [error|queue]_if_no_space [needs_check|-] [<metadata low watermark>]
+  or just `Fail` / `Error`. Metadata blocks are 4 KiB (THIN_METADATA_BLOCK_SIZE); data blocks
+  are the table's data block size.
+Every other target (linear, thin, raid, crypt, ...) is published as blockstack_dm_target_info only;
+its arguments are never logged or exported (a crypt table can carry a key).
+"""
+import logging
+import os
+import re
+import signal
+import subprocess
+
+from prometheus_client.core import GaugeMetricFamily
+
+from ..devices import name_of_devno
+from ..fs import ParseError
+
+log = logging.getLogger("blockstack_exporter")
+
+SECTOR = 512
+THIN_METADATA_BLOCK = 4096  # drivers/md/dm-thin-metadata.h THIN_METADATA_BLOCK_SIZE
+SNAPSHOT_STATES = ("valid", "invalid", "overflow", "merge_failed", "merging")
+TABLE_ARGS = ("table",)
+STATUS_ARGS = ("status", "--noflush")
+MISSING = object()  # the status call failed: already reported once
+KILL_GRACE = 1.0  # seconds to reap a killed dmsetup before abandoning it (stuck in an ioctl)
+
+_LINE = re.compile(r"^(\S+?):(?: +(\d+) +(\d+) +(\S+)(?: (.*))?)? *$", re.ASCII)  # mangled names hold no spaces
+_DEVNO = re.compile(r"^\d+:\d+$", re.ASCII)
+_MANGLED = re.compile(r"\\x([0-9a-fA-F]{2})")
+
+
+class DmsetupError(Exception):
+    """dmsetup could not be run, failed, or timed out."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers: pure functions of text, raising only ParseError.
+# ---------------------------------------------------------------------------------------------
+
+class Target:
+    __slots__ = ("name", "start", "length", "target", "params")
+
+    def __init__(self, name, start, length, target, params):
+        self.name, self.start, self.length, self.target, self.params = name, start, length, target, params
+
+    def __repr__(self):
+        return f"Target({self.name!r}, {self.start}, {self.length}, {self.target!r})"
+
+
+def unmangle(name):
+    """dmsetup's default --manglename auto prints characters outside its whitelist as \\xNN."""
+    if "\\x" not in name:
+        return name
+    return _MANGLED.sub(lambda m: chr(int(m.group(1), 16)), name)
+
+
+def parse_line(line):
+    """'vg-lv: 0 2097152 linear 8:19 384' -> Target; 'vg-lv:' (no table loaded) -> None target.
+
+    Raises ParseError on anything else. The message never quotes the line: a crypt table line
+    may hold a key."""
+    m = _LINE.match(line)
+    if not m:
+        raise ParseError(f"unparseable line ({len(line)} characters)")
+    name = unmangle(m.group(1))
+    if m.group(2) is None:
+        return Target(name, None, None, None, "")
+    return Target(name, int(m.group(2)), int(m.group(3)), m.group(4), m.group(5) or "")
+
+
+def parse_listing(text):
+    """All lines of `dmsetup table`/`status` output -> ([Target], [(line number, ParseError)])."""
+    targets, errors = [], []
+    if text.strip() == "No devices found":
+        return targets, errors
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            targets.append(parse_line(line))
+        except ParseError as e:
+            errors.append((number, e))
+    return targets, errors
+
+
+def _int(word, what):
+    if not word.isdigit() or not word.isascii():
+        raise ParseError(f"{what}: expected a non-negative integer, got {word[:40]!r}")
+    return int(word)
+
+
+def _devno(word, what):
+    if not _DEVNO.match(word) or not word.isascii():
+        raise ParseError(f"{what}: expected MAJ:MIN, got {word[:40]!r}")
+    return word
+
+
+def _fraction(word, what):
+    used, sep, total = word.partition("/")
+    if not sep:
+        raise ParseError(f"{what}: expected USED/TOTAL, got {word[:40]!r}")
+    return _int(used, what), _int(total, what)
+
+
+def parse_snapshot_table(params):
+    """-> {origin, cow, persistent ('P'|'PO'|'N'), chunk_sectors, features [..]}."""
+    words = params.split()
+    if len(words) < 4:
+        raise ParseError(f"snapshot table: expected 4 or more arguments, got {len(words)}")
+    store = words[2].upper()
+    if store not in ("P", "PO", "N"):
+        raise ParseError(f"snapshot table: persistence is not P, PO or N: {words[2][:10]!r}")
+    chunk = _int(words[3], "snapshot chunk size")
+    features = []
+    if len(words) > 4:
+        count = _int(words[4], "snapshot feature count")
+        features = words[5:]
+        if count != len(features):
+            raise ParseError(f"snapshot table: {count} feature arguments announced, {len(features)} given")
+    return {"origin": _devno(words[0], "snapshot origin"), "cow": _devno(words[1], "snapshot cow"),
+            "persistent": store, "chunk_sectors": chunk, "features": features}
+
+
+def parse_snapshot_status(params):
+    """-> {state, used_sectors, total_sectors, metadata_sectors}; numbers are None when not reported.
+
+    state is the kernel's word mapped to valid|invalid|overflow|merge_failed ("Unknown", a store
+    without a usage function, counts as valid). A newer kernel may append a cause to Invalid."""
+    text = params.strip()
+    out = {"state": "valid", "used_sectors": None, "total_sectors": None, "metadata_sectors": None}
+    if text == "Invalid" or text.startswith("Invalid "):
+        out["state"] = "invalid"
+    elif text == "Merge failed":
+        out["state"] = "merge_failed"
+    elif text == "Overflow":
+        out["state"] = "overflow"
+    elif text == "Unknown":
+        pass
+    else:
+        words = text.split()
+        if len(words) not in (1, 2):
+            raise ParseError(f"snapshot status: unexpected {text[:60]!r}")
+        used, total = _fraction(words[0], "snapshot status")
+        out["used_sectors"], out["total_sectors"] = used, total
+        if len(words) == 2:
+            out["metadata_sectors"] = _int(words[1], "snapshot metadata sectors")
+    return out
+
+
+def parse_origin_table(params):
+    words = params.split()
+    if len(words) != 1:
+        raise ParseError(f"snapshot-origin table: expected 1 argument, got {len(words)}")
+    return _devno(words[0], "snapshot-origin origin")
+
+
+def parse_thin_pool_table(params):
+    """-> {metadata_dev, data_dev, data_block_sectors, low_water_mark, features [..]}."""
+    words = params.split()
+    if len(words) < 4:
+        raise ParseError(f"thin-pool table: expected 4 or more arguments, got {len(words)}")
+    block = _int(words[2], "thin-pool data block size")
+    if block == 0:
+        raise ParseError("thin-pool table: data block size 0")
+    features = []
+    if len(words) > 4:
+        count = _int(words[4], "thin-pool feature count")
+        features = words[5:]
+        if count != len(features):
+            raise ParseError(f"thin-pool table: {count} feature arguments announced, {len(features)} given")
+    return {"metadata_dev": _devno(words[0], "thin-pool metadata device"),
+            "data_dev": _devno(words[1], "thin-pool data device"),
+            "data_block_sectors": block, "low_water_mark": _int(words[3], "thin-pool low water mark"),
+            "features": features}
+
+
+def parse_thin_pool_status(params):
+    """-> {failed: None|'Fail'|'Error', transaction_id, used/total metadata and data blocks,
+    held_root, mode, needs_check}. Fields newer kernels added are optional."""
+    words = params.split()
+    if words in (["Fail"], ["Error"]):
+        return {"failed": words[0]}
+    if len(words) < 4:
+        raise ParseError(f"thin-pool status: expected 4 or more fields, got {len(words)}")
+    used_meta, total_meta = _fraction(words[1], "thin-pool metadata blocks")
+    used_data, total_data = _fraction(words[2], "thin-pool data blocks")
+    out = {"failed": None, "transaction_id": _int(words[0], "thin-pool transaction id"),
+           "used_metadata_blocks": used_meta, "total_metadata_blocks": total_meta,
+           "used_data_blocks": used_data, "total_data_blocks": total_data,
+           "held_root": None if words[3] == "-" else _int(words[3], "thin-pool held root"),
+           "mode": None, "needs_check": False}
+    for w in words[4:]:
+        if w in ("rw", "ro", "out_of_data_space"):
+            out["mode"] = w
+        elif w == "needs_check":
+            out["needs_check"] = True
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Running dmsetup
+# ---------------------------------------------------------------------------------------------
+
+def _stderr(data):
+    """dmsetup's complaint on one line: '/dev/mapper/control: open failed: ...; Command failed.'"""
+    lines = [l.strip() for l in data.decode("utf-8", "replace").splitlines() if l.strip()]
+    return "; ".join(lines)[:300]
 
 
 class DmCollector:
@@ -6,6 +242,214 @@ class DmCollector:
 
     def __init__(self, dmsetup="dmsetup", timeout=5.0):
         self.dmsetup, self.timeout = dmsetup, timeout
+        self._abandoned = []  # dmsetup processes that did not die when killed (stuck in an ioctl)
+
+    def run(self, args):
+        """stdout of `dmsetup ARGS` as text; DmsetupError if absent, failing or slower than the timeout.
+
+        dmsetup runs in its own session so that a timeout kills it and anything it started."""
+        self._reap()
+        argv = [self.dmsetup, *args]
+        env = dict(os.environ, LC_ALL="C")
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True, env=env)
+        except OSError as e:
+            raise DmsetupError(f"cannot run {self.dmsetup}: {e.strerror or e}") from None
+        try:
+            out, err = proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self._kill(proc)
+            raise DmsetupError(f"`dmsetup {' '.join(args)}` timed out after {self.timeout:g}s; killed") from None
+        if proc.returncode != 0:
+            raise DmsetupError(f"`dmsetup {' '.join(args)}` exited with {proc.returncode}: {_stderr(err)}")
+        return out.decode("utf-8", "replace")
+
+    def _kill(self, proc):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.communicate(timeout=KILL_GRACE)
+        except subprocess.TimeoutExpired:
+            # Uninterruptible sleep: the kill lands when the ioctl returns. Do not wait for it.
+            for pipe in (proc.stdout, proc.stderr):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+            self._abandoned.append(proc)
+            log.warning("collector dm: dmsetup pid %d did not exit after SIGKILL; abandoned", proc.pid)
+
+    def _reap(self):
+        self._abandoned = [p for p in self._abandoned if p.poll() is None]
+
+    # -----------------------------------------------------------------------------------------
 
     def collect(self, scrape):
-        return iter(())
+        dm = scrape.dm
+        labels = ["device", "name"]
+        m = {
+            "target": GaugeMetricFamily(
+                "blockstack_dm_target_info",
+                "Each device-mapper target type in the device's table (value always 1).",
+                labels=labels + ["target"]),
+            "snap": GaugeMetricFamily(
+                "blockstack_dm_snapshot_info",
+                "A snapshot or snapshot-merge target: origin and cow are the devices beneath it "
+                "(origin is the -real device under LVM), persistent is the exception store type "
+                "(P, PO or N), merge is true for snapshot-merge (value always 1).",
+                labels=labels + ["origin", "cow", "persistent", "merge"]),
+            "used": GaugeMetricFamily(
+                "blockstack_dm_snapshot_cow_used_bytes",
+                "Bytes of the COW device in use, data and metadata together (sectors_allocated).",
+                labels=labels),
+            "size": GaugeMetricFamily(
+                "blockstack_dm_snapshot_cow_size_bytes", "Size of the COW device in bytes.", labels=labels),
+            "meta": GaugeMetricFamily(
+                "blockstack_dm_snapshot_metadata_bytes",
+                "Bytes of the COW device holding the exception store's header and metadata; a merge "
+                "has finished when used equals metadata.", labels=labels),
+            "chunk": GaugeMetricFamily(
+                "blockstack_dm_snapshot_chunk_size_bytes",
+                "Snapshot chunk size in bytes: the unit copied on first write, and the size of the "
+                "requests the snapshot sends to the devices beneath it.", labels=labels),
+            "state": GaugeMetricFamily(
+                "blockstack_dm_snapshot_state",
+                "Snapshot state, 1 for the current one: valid, invalid (dropped, e.g. COW full), "
+                "overflow (COW full, store kept), merge_failed, merging (snapshot-merge running).",
+                labels=labels + ["state"]),
+            "origin": GaugeMetricFamily(
+                "blockstack_dm_snapshot_origin_info",
+                "A snapshot-origin or snapshot-merge target and the device it maps (value always 1).",
+                labels=labels + ["origin"]),
+            "data_used": GaugeMetricFamily(
+                "blockstack_dm_thin_pool_data_used_bytes", "Thin-pool data space in use, in bytes.",
+                labels=labels),
+            "data_size": GaugeMetricFamily(
+                "blockstack_dm_thin_pool_data_size_bytes", "Thin-pool data space, in bytes.", labels=labels),
+            "meta_used": GaugeMetricFamily(
+                "blockstack_dm_thin_pool_metadata_used_bytes", "Thin-pool metadata space in use, in bytes.",
+                labels=labels),
+            "meta_size": GaugeMetricFamily(
+                "blockstack_dm_thin_pool_metadata_size_bytes", "Thin-pool metadata space, in bytes.",
+                labels=labels),
+        }
+        if dm:
+            self._collect(scrape, dm, m)
+        yield from (family for family in m.values() if family.samples)  # no HELP without a series
+
+    def _collect(self, scrape, dm, m):
+        table_text = self.run(TABLE_ARGS)   # a failure here fails the collector: nothing to publish
+        try:
+            status_text = self.run(STATUS_ARGS)
+        except DmsetupError as e:
+            scrape.error(str(e))  # tables are still published; usage and states are not
+            status_text = None
+        tables = self._listing(scrape, "table", table_text)
+        kernel_of = {name: kname for kname, (name, _) in dm.items()}
+
+        status_of = None  # (name, start, length, target) -> status; None: status unavailable
+        if status_text is not None:
+            status_of = {}
+            for t in self._listing(scrape, "status", status_text):
+                status_of.setdefault((t.name, t.start, t.length, t.target), t.params)
+
+        by_name = {}
+        for t in tables:
+            by_name.setdefault(t.name, []).append(t)
+        for name in sorted(set(by_name) - set(kernel_of)):
+            scrape.error(f"{name}: listed by dmsetup but not in sysfs (created during the scrape?)")
+        for kname in sorted(dm):
+            if dm[kname][0] not in by_name:
+                scrape.error(f"{kname} ({dm[kname][0]}): in sysfs but not listed by dmsetup (removed during the scrape?)")
+
+        for name, targets in sorted(by_name.items()):
+            device = kernel_of.get(name)
+            if device is None:
+                continue
+            seen_types, handled = set(), set()
+            for t in targets:
+                if t.target is None:
+                    continue  # a device without a live table
+                if t.target not in seen_types:
+                    seen_types.add(t.target)
+                    m["target"].add_metric([device, name, t.target], 1)
+                if t.target not in ("snapshot", "snapshot-merge", "snapshot-origin", "thin-pool"):
+                    continue
+                if t.target in handled:
+                    scrape.error(f"{device}: more than one {t.target} segment; only the first is published")
+                    continue
+                handled.add(t.target)
+                status = MISSING if status_of is None else status_of.get((t.name, t.start, t.length, t.target))
+                try:
+                    if t.target in ("snapshot", "snapshot-merge"):
+                        self._snapshot(scrape, device, name, t, status, m)
+                    elif t.target == "snapshot-origin":
+                        origin = self._device_name(scrape, parse_origin_table(t.params))
+                        m["origin"].add_metric([device, name, origin], 1)
+                    else:
+                        self._thin_pool(scrape, device, name, t, status, m)
+                except ParseError as e:
+                    scrape.error(f"{device} ({name}): {e}")
+
+    def _listing(self, scrape, what, text):
+        targets, errors = parse_listing(text)
+        for number, e in errors:
+            scrape.error(f"dmsetup {what} line {number}: {e}")
+        return targets
+
+    def _device_name(self, scrape, devno):
+        kname = name_of_devno(scrape.paths.sysfs, devno)
+        if kname is None:
+            scrape.error(f"device {devno} is not in /sys/dev/block")
+            return devno
+        return kname
+
+    def _snapshot(self, scrape, device, name, t, status, m):
+        table = parse_snapshot_table(t.params)
+        merge = t.target == "snapshot-merge"
+        origin = self._device_name(scrape, table["origin"])
+        cow = self._device_name(scrape, table["cow"])
+        lv = [device, name]
+        m["snap"].add_metric(lv + [origin, cow, table["persistent"], "true" if merge else "false"], 1)
+        m["chunk"].add_metric(lv, table["chunk_sectors"] * SECTOR)
+        if merge:
+            m["origin"].add_metric(lv + [origin], 1)
+        if status is MISSING:
+            return
+        if status is None:
+            scrape.error(f"{device} ({name}): no {t.target} status line")
+            return
+        st = parse_snapshot_status(status)
+        state = st["state"]
+        if state == "valid" and merge:
+            state = "merging"
+        for s in SNAPSHOT_STATES:
+            m["state"].add_metric(lv + [s], 1 if s == state else 0)
+        if state in ("invalid", "overflow", "merge_failed"):
+            scrape.error(f"{device} ({name}): snapshot is {state}")
+        if st["used_sectors"] is not None:
+            m["used"].add_metric(lv, st["used_sectors"] * SECTOR)
+            m["size"].add_metric(lv, st["total_sectors"] * SECTOR)
+        if st["metadata_sectors"] is not None:
+            m["meta"].add_metric(lv, st["metadata_sectors"] * SECTOR)
+
+    def _thin_pool(self, scrape, device, name, t, status, m):
+        table = parse_thin_pool_table(t.params)
+        if status is MISSING:
+            return
+        if status is None:
+            scrape.error(f"{device} ({name}): no thin-pool status line")
+            return
+        st = parse_thin_pool_status(status)
+        if st["failed"]:
+            scrape.error(f"{device} ({name}): thin-pool status is {st['failed']}")
+            return
+        lv = [device, name]
+        block = table["data_block_sectors"] * SECTOR
+        m["data_used"].add_metric(lv, st["used_data_blocks"] * block)
+        m["data_size"].add_metric(lv, st["total_data_blocks"] * block)
+        m["meta_used"].add_metric(lv, st["used_metadata_blocks"] * THIN_METADATA_BLOCK)
+        m["meta_size"].add_metric(lv, st["total_metadata_blocks"] * THIN_METADATA_BLOCK)

@@ -1,0 +1,432 @@
+"""The dm collector against recorded `dmsetup table` / `dmsetup status --noflush` outputs.
+
+The real collector runs: it starts tests/fake_dmsetup.py as its dmsetup (a subprocess, with the
+timeout), which prints fixtures/dm/<scenario>/dmsetup_<args joined by _>. Each scenario's sysfs
+is built in tmp_path from the compact description in SYSFS below. Where each fixture comes from:
+fixtures/dm/README.md.
+"""
+import os
+import time
+
+import pytest
+from hypothesis import given, settings, strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
+
+from blockstack_exporter.collectors.dm import (
+    DmCollector, parse_line, parse_listing, parse_origin_table, parse_snapshot_status,
+    parse_snapshot_table, parse_thin_pool_status, parse_thin_pool_table)
+from blockstack_exporter.collectors.jbd2 import Jbd2Collector
+from blockstack_exporter.fs import ParseError
+from blockstack_exporter.main import build_registry, parse_args
+from blockstack_exporter.scrape import BlockstackCollector, Paths
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE = os.path.join(HERE, "fake_dmsetup.py")
+DM_FIXTURES = os.path.join(HERE, "fixtures", "dm")
+SECTOR = 512
+
+# One line per block device: `disk NAME MAJ:MIN`, `part NAME MAJ:MIN DISK`, `dm dm-N MAJ:MIN DMNAME`.
+# dm uuids are LVM-style placeholders (the collector does not use them).
+SYSFS = {
+    # lvm-snapshot-nvme-merges.md: nvme1n1 (259,0 in its btrace), seclv + snapshot tmp_backup1.
+    "nvme-incident": """
+        disk nvme1n1 259:0
+        dm   dm-0 253:0 secvol-seclv
+        dm   dm-1 253:1 secvol-seclv-real
+        dm   dm-2 253:2 secvol-tmp_backup1-cow
+        dm   dm-3 253:3 secvol-tmp_backup1
+    """,
+    # snapshot.rst "How snapshot-merge is used by LVM2": base 254:10, -real 254:11, -cow 254:12 on 8:19.
+    "snapshot-merge": """
+        disk sdb 8:16
+        part sdb3 8:19 sdb
+        dm   dm-10 254:10 volumeGroup-base
+        dm   dm-11 254:11 volumeGroup-base-real
+        dm   dm-12 254:12 volumeGroup-base-cow
+    """,
+    "snapshot-states": """
+        disk sda 8:0
+        part sda2 8:2 sda
+        part sda3 8:3 sda
+        dm   dm-0 253:0 vg0-data
+        dm   dm-1 253:1 vg0-data-real
+        dm   dm-2 253:2 vg0-full-cow
+        dm   dm-3 253:3 vg0-full
+        dm   dm-4 253:4 vg0-kept-cow
+        dm   dm-5 253:5 vg0-kept
+        dm   dm-6 253:6 vg1-home-real
+        dm   dm-7 253:7 vg1-home-cow
+        dm   dm-8 253:8 vg1-home
+    """,
+    # dm-devel 2020-05-08 (Michal Soltys): thin pool tp_ssd, metadata raid1 on sda3/sdb3, data on md125.
+    "thin-pool": """
+        disk sda 8:0
+        part sda3 8:3 sda
+        disk sdb 8:16
+        part sdb3 8:19 sdb
+        disk md125 9:125
+        dm   dm-0 253:0 x22v0-tp_ssd_tmeta_rmeta_0
+        dm   dm-1 253:1 x22v0-tp_ssd_tmeta_rimage_0
+        dm   dm-2 253:2 x22v0-tp_ssd_tmeta_rmeta_1
+        dm   dm-3 253:3 x22v0-tp_ssd_tmeta_rimage_1
+        dm   dm-4 253:4 x22v0-tp_ssd_tmeta
+        dm   dm-5 253:5 x22v0-tp_ssd_tdata
+        dm   dm-6 253:6 x22v0-tp_ssd-tpool
+        dm   dm-7 253:7 x22v0-tp_ssd
+        dm   dm-8 253:8 x22v0-gitlab_root
+        dm   dm-9 253:9 x22v0-gerrit--new
+        dm   dm-10 253:10 x22v0-gerrit--root
+    """,
+    "unknown-targets": """
+        disk sdb 8:16
+        part sdb3 8:19 sdb
+        dm   dm-0 253:0 debian_crypt
+        dm   dm-1 253:1 goodram_ssd-root
+        dm   dm-2 253:2 goodram_ssd-home
+        dm   dm-3 253:3 frob-test
+    """,
+    # dm-7 is in sysfs but not in dmsetup's listing (removed between the two reads); ghost-dev
+    # is listed by dmsetup but not in sysfs.
+    "garbage": """
+        disk sda 8:0
+        part sda2 8:2 sda
+        dm   dm-0 253:0 g-real
+        dm   dm-1 253:1 g-snap-cow
+        dm   dm-2 253:2 g-snap
+        dm   dm-3 253:3 g-bad
+        dm   dm-4 253:4 g-pool
+        dm   dm-5 253:5 g-pool2
+        dm   dm-6 253:6 g-origin
+        dm   dm-7 253:7 vanished-lv
+        dm   dm-8 253:8 g-ok
+    """,
+    "no-dm": """
+        disk vda 254:0
+    """,
+}
+
+
+def build_sysfs(root, description):
+    """A minimal sysfs: class/block links, dev/block links, dm/name and dm/uuid (with newline)."""
+    sysfs = os.path.join(root, "sys")
+    for d in ("class/block", "dev/block", "devices/virtual/block", "devices/pci0000:00/block"):
+        os.makedirs(os.path.join(sysfs, d), exist_ok=True)
+    for line in description.splitlines():
+        if not line.strip():
+            continue
+        kind, name, devno, *rest = line.split()
+        if kind == "dm":
+            rel = f"devices/virtual/block/{name}"
+        elif kind == "part":
+            rel = f"devices/pci0000:00/block/{rest[0]}/{name}"
+        else:
+            rel = f"devices/pci0000:00/block/{name}"
+        os.makedirs(os.path.join(sysfs, rel), exist_ok=True)
+        os.symlink(f"../../{rel}", os.path.join(sysfs, "class/block", name))
+        os.symlink(f"../../{rel}", os.path.join(sysfs, "dev/block", devno))
+        if kind == "dm":
+            os.makedirs(os.path.join(sysfs, rel, "dm"))
+            with open(os.path.join(sysfs, rel, "dm", "name"), "w") as f:
+                f.write(rest[0] + "\n")
+            with open(os.path.join(sysfs, rel, "dm", "uuid"), "w") as f:
+                f.write(f"LVM-fixture{rest[0]}\n")
+    return Paths(sysfs=sysfs, procfs=os.path.join(root, "proc"), dev=os.path.join(root, "dev"))
+
+
+class _Frozen(Collector):
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
+class Result:
+    """One scrape, held in a fresh CollectorRegistry so get_sample_value does not scrape again
+    (each collection would run dmsetup and count the errors again)."""
+
+    def __init__(self, registry):
+        self.families = list(registry.collect())
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Frozen(self.families))
+
+    def value(self, metric, /, **labels):
+        return self.registry.get_sample_value(metric, labels)
+
+    def errors(self, collector="dm"):
+        return self.value("blockstack_collector_errors_total", collector=collector)
+
+    def success(self, collector="dm"):
+        return self.value("blockstack_scrape_collector_success", collector=collector)
+
+    def samples(self, metric):
+        return [s for f in self.families for s in f.samples if s.name == metric]
+
+    def text(self):
+        return generate_latest(self.registry).decode()
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """Points fake_dmsetup at a scenario; returns a function scenario -> Result of one scrape."""
+    log = tmp_path / "dmsetup.log"
+    monkeypatch.setenv("FAKE_DMSETUP_LOG", str(log))
+    for var in ("FAKE_DMSETUP_MODE", "FAKE_DMSETUP_ONLY", "FAKE_DMSETUP_SLEEP"):
+        monkeypatch.delenv(var, raising=False)
+
+    def scrape(scenario, sysfs=None, dmsetup=FAKE, timeout=5.0, extra=()):
+        monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", os.path.join(DM_FIXTURES, scenario))
+        paths = build_sysfs(str(tmp_path / "root"), sysfs or SYSFS[scenario])
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(BlockstackCollector([DmCollector(dmsetup=dmsetup, timeout=timeout), *extra], paths))
+        return Result(registry)
+
+    scrape.calls = lambda: log.read_text().splitlines() if log.exists() else []
+    return scrape
+
+
+# --- scenarios ---------------------------------------------------------------------------------
+
+def test_nvme_incident_snapshot_of_seclv(fake):
+    r = fake("nvme-incident")
+    assert r.success() == 1 and r.errors() == 0
+    for device, name, target in (("dm-0", "secvol-seclv", "snapshot-origin"), ("dm-1", "secvol-seclv-real", "linear"),
+                                 ("dm-2", "secvol-tmp_backup1-cow", "linear"), ("dm-3", "secvol-tmp_backup1", "snapshot")):
+        assert r.value("blockstack_dm_target_info", device=device, name=name, target=target) == 1
+    snap = dict(device="dm-3", name="secvol-tmp_backup1")
+    assert r.value("blockstack_dm_snapshot_info", **snap, origin="dm-1", cow="dm-2", persistent="P", merge="false") == 1
+    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096  # lvcreate's default, 8 sectors
+    assert r.value("blockstack_dm_snapshot_cow_used_bytes", **snap) == 208 * SECTOR
+    assert r.value("blockstack_dm_snapshot_cow_size_bytes", **snap) == 75497472 * SECTOR  # 36 GiB, 90%FREE
+    assert r.value("blockstack_dm_snapshot_metadata_bytes", **snap) == 16 * SECTOR
+    assert r.value("blockstack_dm_snapshot_state", **snap, state="valid") == 1
+    for other in ("invalid", "overflow", "merge_failed", "merging"):
+        assert r.value("blockstack_dm_snapshot_state", **snap, state=other) == 0
+    assert r.value("blockstack_dm_snapshot_origin_info", device="dm-0", name="secvol-seclv", origin="dm-1") == 1
+    # linear and snapshot-origin devices carry no snapshot series
+    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", device="dm-0", name="secvol-seclv") is None
+    assert [c.split(" ", 1)[1] for c in fake.calls()] == ["dmsetup table", "dmsetup status --noflush"]
+
+
+def test_snapshot_merge_in_progress(fake):
+    r = fake("snapshot-merge")
+    assert r.success() == 1 and r.errors() == 0
+    base = dict(device="dm-10", name="volumeGroup-base")
+    assert r.value("blockstack_dm_target_info", **base, target="snapshot-merge") == 1
+    assert r.value("blockstack_dm_snapshot_info", **base, origin="dm-11", cow="dm-12", persistent="P", merge="true") == 1
+    assert r.value("blockstack_dm_snapshot_origin_info", **base, origin="dm-11") == 1
+    assert r.value("blockstack_dm_snapshot_state", **base, state="merging") == 1
+    assert r.value("blockstack_dm_snapshot_state", **base, state="valid") == 0
+    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", **base) == 16 * SECTOR
+    assert r.value("blockstack_dm_snapshot_cow_used_bytes", **base) == 281688 * SECTOR
+    assert r.value("blockstack_dm_snapshot_cow_size_bytes", **base) == 2097152 * SECTOR
+    assert r.value("blockstack_dm_snapshot_metadata_bytes", **base) == 1104 * SECTOR
+
+
+def test_invalid_overflow_and_merge_failed_snapshots(fake):
+    r = fake("snapshot-states")
+    assert r.success() == 1
+    assert r.errors() == 3  # one per snapshot that is not well; each also logged
+    cases = (("dm-3", "vg0-full", "invalid"), ("dm-5", "vg0-kept", "overflow"), ("dm-8", "vg1-home", "merge_failed"))
+    for device, name, state in cases:
+        for s in ("valid", "invalid", "overflow", "merge_failed", "merging"):
+            assert r.value("blockstack_dm_snapshot_state", device=device, name=name, state=s) == (s == state)
+        # the kernel reports no usage for them; the table is still known
+        assert r.value("blockstack_dm_snapshot_cow_used_bytes", device=device, name=name) is None
+        assert r.value("blockstack_dm_snapshot_chunk_size_bytes", device=device, name=name) is not None
+    assert r.value("blockstack_dm_snapshot_info", device="dm-5", name="vg0-kept", origin="dm-1", cow="dm-4",
+                   persistent="PO", merge="false") == 1
+    assert r.value("blockstack_dm_snapshot_origin_info", device="dm-8", name="vg1-home", origin="dm-6") == 1
+
+
+def test_thin_pool_usage_in_bytes(fake):
+    r = fake("thin-pool")
+    assert r.success() == 1 and r.errors() == 0
+    pool = dict(device="dm-6", name="x22v0-tp_ssd-tpool")
+    block = 3072 * SECTOR  # the table's data block size: 1.5 MiB, the RAID stripe
+    assert r.value("blockstack_dm_thin_pool_data_used_bytes", **pool) == 629535 * block
+    assert r.value("blockstack_dm_thin_pool_data_size_bytes", **pool) == 838960 * block == 2577285120 * SECTOR
+    assert r.value("blockstack_dm_thin_pool_metadata_used_bytes", **pool) == 8886 * 4096
+    assert r.value("blockstack_dm_thin_pool_metadata_size_bytes", **pool) == 552960 * 4096 == 4423680 * SECTOR
+    # lvs in the same post: Data% 75.04, Meta% 1.61
+    assert round(100 * 629535 / 838960, 2) == 75.04 and round(100 * 8886 / 552960, 2) == 1.61
+    assert r.value("blockstack_dm_target_info", device="dm-4", name="x22v0-tp_ssd_tmeta", target="raid") == 1
+    assert r.value("blockstack_dm_target_info", device="dm-8", name="x22v0-gitlab_root", target="thin") == 1
+    # tdata has two linear segments: one target_info series, not two
+    assert len([s for s in r.samples("blockstack_dm_target_info") if s.labels["device"] == "dm-5"]) == 1
+    assert len(r.samples("blockstack_dm_target_info")) == 11
+
+
+def test_unknown_targets_get_target_info_only_and_no_key_material(fake):
+    r = fake("unknown-targets")
+    assert r.success() == 1 and r.errors() == 0
+    assert r.value("blockstack_dm_target_info", device="dm-0", name="debian_crypt", target="crypt") == 1
+    assert r.value("blockstack_dm_target_info", device="dm-3", name="frob-test", target="frobnicate") == 1
+    assert len([s for s in r.samples("blockstack_dm_target_info") if s.labels["device"] == "dm-3"]) == 1
+    assert "logon" not in r.text() and "aes-xts" not in r.text()
+
+
+def test_garbage_is_counted_and_the_rest_is_published(fake, caplog):
+    r = fake("garbage")
+    assert r.success() == 1
+    # 3 bad table lines, 1 bad status line, ghost-dev not in sysfs, dm-7 not in dmsetup, g-snap bad
+    # status, g-bad bad table, g-pool Fail, g-pool2 without status, g-origin's 253:99 unknown
+    assert r.errors() == 11
+    assert r.value("blockstack_dm_target_info", device="dm-8", name="g-ok", target="linear") == 1
+    assert r.value("blockstack_dm_target_info", device="dm-3", name="g-bad", target="snapshot") == 1
+    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", device="dm-2", name="g-snap") == 4096
+    assert r.value("blockstack_dm_snapshot_cow_used_bytes", device="dm-2", name="g-snap") is None
+    assert r.value("blockstack_dm_thin_pool_data_size_bytes", device="dm-4", name="g-pool") is None
+    assert r.value("blockstack_dm_snapshot_origin_info", device="dm-6", name="g-origin", origin="253:99") == 1
+    assert not any(s.labels["device"] == "dm-7" for s in r.samples("blockstack_dm_target_info"))
+    assert "vanished-lv" in caplog.text and "ghost-dev" in caplog.text
+
+
+def test_no_dm_devices_means_no_dmsetup_call(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_DMSETUP_MODE", "fail")  # would fail the collector if it ran
+    r = fake("nvme-incident", sysfs=SYSFS["no-dm"])
+    assert r.success() == 1 and r.errors() == 0
+    assert fake.calls() == []
+
+
+# --- dmsetup failing ---------------------------------------------------------------------------
+
+def test_dmsetup_missing_binary_fails_only_the_dm_collector(fake, tmp_path):
+    r = fake("nvme-incident", dmsetup=str(tmp_path / "no-such-dmsetup"), extra=[Jbd2Collector()])
+    assert r.success() == 0 and r.errors() == 1
+    assert r.success("jbd2") == 1 and r.errors("jbd2") == 0
+
+
+@pytest.mark.parametrize("mode,message", [("fail", "exited with 1: /dev/mapper/control: open failed: Permission denied"),
+                                          ("absent", "exited with 127")])
+def test_dmsetup_exiting_non_zero(fake, monkeypatch, caplog, mode, message):
+    monkeypatch.setenv("FAKE_DMSETUP_MODE", mode)
+    r = fake("nvme-incident", extra=[Jbd2Collector()])
+    assert r.success() == 0 and r.errors() == 1
+    assert r.success("jbd2") == 1
+    assert message in caplog.text
+
+
+def test_dmsetup_hanging_is_killed_at_the_timeout(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_DMSETUP_MODE", "hang")
+    monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
+    start = time.monotonic()
+    r = fake("nvme-incident", timeout=0.5, extra=[Jbd2Collector()])
+    assert time.monotonic() - start < 5
+    assert r.success() == 0 and r.errors() == 1 and r.success("jbd2") == 1
+    (pid,) = [int(c.split()[0]) for c in fake.calls()]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped
+
+
+def test_status_hanging_keeps_the_tables(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_DMSETUP_MODE", "hang")
+    monkeypatch.setenv("FAKE_DMSETUP_ONLY", "status")
+    monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
+    r = fake("nvme-incident", timeout=0.5)
+    assert r.success() == 1 and r.errors() == 1  # the timeout, reported once
+    snap = dict(device="dm-3", name="secvol-tmp_backup1")
+    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
+    assert r.value("blockstack_dm_snapshot_cow_used_bytes", **snap) is None
+    assert r.value("blockstack_dm_snapshot_state", **snap, state="valid") is None
+
+
+def test_device_vanished_between_sysfs_and_dmsetup(fake):
+    r = fake("nvme-incident", sysfs=SYSFS["nvme-incident"] + "\n dm dm-4 253:4 secvol-gone")
+    assert r.success() == 1 and r.errors() == 1
+    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", device="dm-3", name="secvol-tmp_backup1") == 4096
+
+
+def test_command_line_flag_reaches_the_collector(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", os.path.join(DM_FIXTURES, "nvme-incident"))
+    paths = build_sysfs(str(tmp_path / "root"), SYSFS["nvme-incident"])
+    args = parse_args(["--collectors", "dm", "--collector.dm.dmsetup", FAKE, "--collector.dm.timeout", "3",
+                       "--path.sysfs", paths.sysfs, "--path.procfs", paths.procfs])
+    r = Result(build_registry(args))
+    assert r.value("blockstack_dm_snapshot_cow_used_bytes", device="dm-3", name="secvol-tmp_backup1") == 208 * SECTOR
+
+
+# --- parsers -----------------------------------------------------------------------------------
+
+def test_parsers_on_documented_lines():
+    # snapshot.rst: "# dmsetup status volumeGroup-snap" / "0 8388608 snapshot 397896/2097152 1560"
+    assert parse_snapshot_status("397896/2097152 1560") == {
+        "state": "valid", "used_sectors": 397896, "total_sectors": 2097152, "metadata_sectors": 1560}
+    assert parse_snapshot_status("16/2097152")["metadata_sectors"] is None  # before 2.6.33
+    assert parse_snapshot_status("Invalid")["state"] == "invalid"
+    assert parse_snapshot_status("Merge failed")["state"] == "merge_failed"
+    assert parse_snapshot_status("Overflow")["state"] == "overflow"
+    assert parse_snapshot_table("254:11 254:12 P 16")["chunk_sectors"] == 16
+    t = parse_snapshot_table("254:11 254:12 PO 8 2 discard_zeroes_cow discard_passdown_origin")
+    assert t["persistent"] == "PO" and t["features"] == ["discard_zeroes_cow", "discard_passdown_origin"]
+    assert parse_origin_table("254:11") == "254:11"
+    assert parse_thin_pool_status("Fail") == {"failed": "Fail"}
+    s = parse_thin_pool_status("19 8886/552960 629535/838960 - rw no_discard_passdown queue_if_no_space - 1024 ")
+    assert (s["used_data_blocks"], s["total_data_blocks"], s["mode"], s["held_root"]) == (629535, 838960, "rw", None)
+    assert parse_thin_pool_table("253:4 253:5 3072 0 1 skip_block_zeroing")["features"] == ["skip_block_zeroing"]
+    assert parse_line("x22v0-tp_ssd_tdata: 0 2147696640 linear ").params == ""
+    assert parse_line("vg-a\\x20b: 0 8 zero").name == "vg-a b"  # dmsetup mangles a space as \x20
+    assert parse_listing("No devices found\n") == ([], [])
+    for bad in ("", "no colon here", ": 0 1 linear", "x: 0 y linear"):
+        with pytest.raises(ParseError):
+            parse_line(bad)
+    for bad in ("1/2 3 4", "1/x 3", "Invalidated", "12 4"):
+        with pytest.raises(ParseError):
+            parse_snapshot_status(bad)
+
+
+PARSERS = (parse_line, parse_snapshot_status, parse_snapshot_table, parse_origin_table,
+           parse_thin_pool_status, parse_thin_pool_table)
+WORD = st.one_of(st.text(max_size=12), st.integers(0, 2**64).map(str), st.sampled_from(
+    ["253:1", "P", "PO", "N", "-", "rw", "ro", "Fail", "Invalid", "1/2", "/", ":", "0", "snapshot"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), st.lists(WORD, max_size=9).map(" ".join)))
+def test_parsers_raise_only_parse_error(text):
+    for parse in PARSERS:
+        try:
+            parse(text)
+        except ParseError:
+            pass
+    targets, errors = parse_listing(text)  # never raises: bad lines are returned as errors
+    assert all(isinstance(e, ParseError) for _, e in errors)
+
+
+U64 = st.integers(0, 2**64 - 1)
+NAME = st.text(st.sampled_from("abcXYZ019#+-.:=@_"), min_size=1, max_size=20).filter(lambda n: ": " not in n)
+
+
+@given(U64, U64, st.one_of(st.none(), U64))
+def test_snapshot_status_round_trips(used, total, metadata):
+    line = f"{used}/{total}" if metadata is None else f"{used}/{total} {metadata}"  # dm-snap.c DMEMIT
+    assert parse_snapshot_status(line) == {"state": "valid", "used_sectors": used, "total_sectors": total,
+                                           "metadata_sectors": metadata}
+
+
+@given(U64, U64, U64, U64, U64, st.one_of(st.none(), U64), st.sampled_from(["rw", "ro", "out_of_data_space"]),
+       st.booleans())
+def test_thin_pool_status_round_trips(txn, um, tm, ud, td, held, mode, needs_check):
+    # dm-thin.c pool_status: every field followed by a space
+    line = (f"{txn} {um}/{tm} {ud}/{td} {'-' if held is None else held} {mode} discard_passdown "
+            f"queue_if_no_space {'needs_check' if needs_check else '-'} 1024 ")
+    assert parse_thin_pool_status(line) == {
+        "failed": None, "transaction_id": txn, "used_metadata_blocks": um, "total_metadata_blocks": tm,
+        "used_data_blocks": ud, "total_data_blocks": td, "held_root": held, "mode": mode,
+        "needs_check": needs_check}
+
+
+@given(NAME, U64, U64, st.sampled_from(["linear", "snapshot", "thin-pool", "crypt", "x"]),
+       st.lists(st.text(st.characters(blacklist_categories=("Cs", "Zs", "Cc")), min_size=1), max_size=5))
+def test_table_line_round_trips(name, start, length, target, params):
+    line = f"{name}: {start} {length} {target} {' '.join(params)}"
+    t = parse_line(line)
+    assert (t.name, t.start, t.length, t.target, t.params.split()) == (name, start, length, target, params)
+
+
+@given(st.sampled_from(["P", "PO", "N"]), st.integers(1, 2**20), st.integers(0, 4096), st.integers(0, 4096))
+def test_snapshot_table_round_trips(store, chunk, origin_minor, cow_minor):
+    t = parse_snapshot_table(f"253:{origin_minor} 253:{cow_minor} {store} {chunk}")
+    assert (t["origin"], t["cow"], t["persistent"], t["chunk_sectors"]) == (
+        f"253:{origin_minor}", f"253:{cow_minor}", store, chunk)
