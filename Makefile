@@ -12,7 +12,7 @@ LIBBPF_SYS_VERSION    := 1.5.1+v1.5.1
 EBPF_EXPORTER := $(BUILD)/bin/ebpf_exporter
 
 .PHONY: all deps venv ebpf-exporter ebpf-build test test-exporter test-ebpf test-alerts \
-        bench-exporter bench-ebpf up down status logs clean lint run-exporter update-fixtures
+        bench-exporter bench-ebpf up down status logs clean distclean install-systemd run-exporter update-fixtures
 
 all: venv
 
@@ -70,8 +70,41 @@ bench-ebpf: venv ebpf-build
 run-exporter: venv
 	@$(VENV)/bin/blockstack-exporter
 
-up: deps venv ebpf-build
-	@echo "make up: the supervised stack lands with deploy/ (issue 6); for now: make run-exporter"
+STATE_DIR ?= $(CURDIR)/.state
+STACKCTL  := $(VPY) deploy/stackctl.py --state $(STATE_DIR)
 
+## up: install what is missing, render config into STATE_DIR, start everything under supervisord
+up: deps venv ebpf-build
+	@$(STACKCTL) up $(UP_ARGS)
+
+## down: stop everything, keep data
+down:
+	@test -x $(VPY) && $(STACKCTL) down || echo "not set up"
+
+status:
+	@$(STACKCTL) status
+
+logs:
+	@$(STACKCTL) logs
+
+## clean: stop and remove the state directory (configuration, data, logs)
 clean:
+	@test -x $(VPY) && $(STACKCTL) clean || rm -rf $(STATE_DIR)
+
+## distclean: also remove the virtual environment and build outputs
+distclean: clean
 	rm -rf $(BUILD) $(VENV)
+
+## install-systemd: production units for each component (see deploy/systemd/)
+install-systemd: deps venv ebpf-build
+	@STATE_DIR=$(if $(filter $(CURDIR)/.state,$(STATE_DIR)),/var/lib/blockstack-merges,$(STATE_DIR)) deploy/install-systemd.sh
+
+## dashboards: regenerate dashboards/block-stack-merges.json from dashboards/blockstack_dashboard.py
+.PHONY: dashboards
+dashboards: venv
+	@echo ">> generating dashboards"
+	@$(VPY) dashboards/blockstack_dashboard.py
+
+## dashboard-preview: a lab run rendered to docs/lineup.png (needs root, ~2 minutes)
+dashboard-preview: venv ebpf-build
+	@$(VPY) dashboards/preview.py

@@ -1,0 +1,200 @@
+"""Static checks of alerts/: generated rules current, promtool and amtool happy, every rule tested,
+every alert with a runbook anchor, routing as documented, and the webhook receiver writing lines."""
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.request
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ALERTS = ROOT / "alerts"
+TESTS = ALERTS / "tests"
+RUNBOOK = ROOT / "docs" / "runbook.md"
+RULE_FILES = sorted(ALERTS.glob("*.rules.yml"))
+AM_CONFIG = ALERTS / "alertmanager.yml"
+
+
+def tool(name):
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} not installed")
+    return path
+
+
+def run(argv):
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"{' '.join(map(str, argv))}\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def rules(kind):
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if kind in rule:
+                    yield path, rule
+
+
+def test_rule_files_exist():
+    assert [p.name for p in RULE_FILES] == ["alerts.rules.yml", "recording.rules.yml"]
+
+
+def test_generated_rules_are_current():
+    run([sys.executable, str(ALERTS / "generate.py"), "--check"])
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_promtool_check_rules(path):
+    out = run([tool("promtool"), "check", "rules", str(path)])
+    assert "SUCCESS" in out
+
+
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_promtool_unit_tests(path):
+    """One test file per rules file (alerts/tests/NAME.test.yml for alerts/NAME.rules.yml)."""
+    test_file = TESTS / path.name.replace(".rules.yml", ".test.yml")
+    assert test_file.exists(), f"no promtool test file for {path.name}"
+    out = run([tool("promtool"), "test", "rules", str(test_file)])
+    assert "SUCCESS" in out
+
+
+def load_tests(name):
+    return yaml.safe_load((TESTS / name).read_text())
+
+
+def test_every_test_case_is_named():
+    for name in ("alerts.test.yml", "recording.test.yml"):
+        for case in load_tests(name)["tests"]:
+            assert case.get("name"), f"{name}: a test case without a name"
+
+
+def test_every_recording_rule_is_tested():
+    tested = " ".join(t["expr"] for case in load_tests("recording.test.yml")["tests"]
+                      for t in case.get("promql_expr_test", []))
+    for _, rule in rules("record"):
+        assert re.search(re.escape(rule["record"]) + r"(\{|\b)", tested), f"{rule['record']} untested"
+
+
+def test_every_recording_rule_is_named_level_metric_operation_with_a_comment():
+    for path in RULE_FILES:
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            m = re.match(r"\s*- record: (\S+)", line)
+            if m:
+                assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", m.group(1)), m.group(1)
+                assert lines[i - 1].strip().startswith("#"), f"{m.group(1)} has no comment"
+
+
+def test_every_alert_has_positive_and_negative_cases():
+    fired, silent = set(), set()
+    for case in load_tests("alerts.test.yml")["tests"]:
+        for t in case.get("alert_rule_test", []):
+            (fired if t.get("exp_alerts") else silent).add(t["alertname"])
+    for _, rule in rules("alert"):
+        assert rule["alert"] in fired, f"{rule['alert']}: no case where it fires"
+        assert rule["alert"] in silent, f"{rule['alert']}: no case where it must not fire"
+
+
+def test_alerts_follow_the_style():
+    for _, rule in rules("alert"):
+        name = rule["alert"]
+        assert re.fullmatch(r"BlockStack[A-Z][A-Za-z0-9]+", name), name
+        assert rule.get("for"), f"{name}: no for:"
+        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
+        for key in ("summary", "description", "runbook_url"):
+            assert rule["annotations"].get(key), f"{name}: no {key}"
+        assert "{{" in rule["annotations"]["description"], f"{name}: description not templated"
+        assert rule["annotations"]["runbook_url"].endswith("#" + name.lower()), name
+
+
+def github_anchors(markdown):
+    anchors = set()
+    for line in markdown.splitlines():
+        m = re.match(r"#+\s+(.*)", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    anchors |= set(re.findall(r'<a (?:id|name)="([^"]+)"', markdown))
+    return anchors
+
+
+def test_every_alert_has_a_runbook_anchor():
+    anchors = github_anchors(RUNBOOK.read_text())
+    names = [rule["alert"] for _, rule in rules("alert")]
+    assert len(names) == len(set(names))
+    for name in names:
+        assert name.lower() in anchors, f"docs/runbook.md has no section for {name}"
+
+
+def test_amtool_check_config():
+    out = run([tool("amtool"), "check-config", str(AM_CONFIG)])
+    assert "SUCCESS" in out
+
+
+@pytest.mark.parametrize("labels,receiver", [
+    (["severity=critical", "alertname=BlockStackMergeCollapse", "host=db1", "stack=dm-3"], "page"),
+    (["severity=critical", "alertname=BlockStackSnapshotInvalid", "host=db1", "stack=dm-3"], "page"),
+    (["severity=warning", "alertname=BlockStackNomergesBeneathStack", "host=db1"], "ticket"),
+    (["severity=info", "alertname=BlockStackMaxSectorsLow", "host=db1"], "ticket"),
+])
+def test_routing(labels, receiver):
+    out = run([tool("amtool"), "config", "routes", "test", f"--config.file={AM_CONFIG}", *labels])
+    assert out.strip() == receiver
+
+
+def test_every_critical_alert_pages_and_the_rest_do_not():
+    config = yaml.safe_load(AM_CONFIG.read_text())
+    page_route = next(r for r in config["route"]["routes"] if r["receiver"] == "page")
+    assert page_route["matchers"] == ['severity="critical"']
+    assert config["route"]["group_by"] == ["host", "stack"]
+    assert pytest.approx(5) == int(page_route["group_wait"].rstrip("s"))
+    severities = {rule["alert"]: rule["labels"]["severity"] for _, rule in rules("alert")}
+    assert {a for a, s in severities.items() if s == "critical"} == {
+        "BlockStackMergeCollapse", "BlockStackMissedMerges", "BlockStackSnapshotInvalid"}
+
+
+def test_inhibition_names_existing_alerts():
+    config = yaml.safe_load(AM_CONFIG.read_text())
+    names = {rule["alert"] for _, rule in rules("alert")}
+    for rule in config["inhibit_rules"]:
+        for matcher in rule["source_matchers"] + rule["target_matchers"]:
+            m = re.fullmatch(r'alertname=~?"([^"]+)"', matcher)
+            if m:
+                for name in m.group(1).split("|"):
+                    assert name in names, f"inhibit rule names unknown alert {name}"
+
+
+def test_receiver_writes_one_json_line_per_notification(tmp_path):
+    sys.path.insert(0, str(ALERTS / "receiver"))
+    try:
+        import page_receiver
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "n.jsonl"
+    server = page_receiver.serve("127.0.0.1:0", str(out))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert urllib.request.urlopen(base + "/healthz", timeout=5).read() == b"ok\n"
+        payload = {"receiver": "page", "status": "firing",
+                   "alerts": [{"status": "firing", "labels": {"alertname": "BlockStackMergeCollapse"}}]}
+        for _ in range(2):
+            req = urllib.request.Request(base + "/page", data=json.dumps(payload).encode(),
+                                         headers={"Content-Type": "application/json"})
+            assert urllib.request.urlopen(req, timeout=5).status == 200
+        req = urllib.request.Request(base + "/page", data=b"not json")
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(req, timeout=5)
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [rec["notification"] for rec in lines] == [payload, payload]
+        assert {rec["path"] for rec in lines} == {"/page"}
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,153 @@
+"""Structural checks of the committed dashboard JSON and of the Grafana provisioning files."""
+import itertools
+import json
+import os
+import re
+
+import yaml
+
+import blockstack_dashboard
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROVISIONING = os.path.join(REPO, "deploy", "grafana", "provisioning")
+VARIABLE_USE = r"\$(?:\{{{0}(?:[:.}}])|{0}\b)|\[\[{0}(?::\w+)?\]\]"
+
+
+def panels(dashboard):
+    """Every panel, rows included, and the panels inside collapsed rows."""
+    for p in dashboard["panels"]:
+        yield p
+        yield from p.get("panels", [])
+
+
+def data_panels(dashboard):
+    return [p for p in panels(dashboard) if p["type"] != "row"]
+
+
+def test_title_uid_and_schema(dashboard):
+    assert dashboard["title"] == "Block Stack Merges"
+    assert dashboard["uid"] == "blockstack-merges" == blockstack_dashboard.CONFIG["uid"]
+    assert dashboard["schemaVersion"] >= 38  # Grafana 10's schema: no migration on load
+    assert "id" not in dashboard or dashboard["id"] is None  # provisioning assigns it
+
+
+def test_panel_ids_are_unique(dashboard):
+    ids = [p["id"] for p in panels(dashboard)]
+    assert all(isinstance(i, int) and i > 0 for i in ids)
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    assert not dupes, f"duplicate panel ids {dupes}"
+
+
+def test_every_panel_and_query_uses_the_datasource_variable(dashboard):
+    for p in data_panels(dashboard):
+        assert p.get("datasource") == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert p.get("targets"), f"{p['title']}: no query"
+        for t in p["targets"]:
+            assert t.get("datasource") == {"type": "prometheus", "uid": "${datasource}"}, (p["title"], t["refId"])
+            assert t.get("expr", "").strip(), (p["title"], t["refId"])
+        ref_ids = [t["refId"] for t in p["targets"]]
+        assert len(ref_ids) == len(set(ref_ids)), p["title"]
+    for v in dashboard["templating"]["list"]:
+        if v["type"] == "query":
+            assert v["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, v["name"]
+    for a in dashboard["annotations"]["list"]:
+        if not a.get("builtIn"):
+            assert a["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, a["name"]
+
+
+def test_every_variable_is_used(dashboard):
+    variables = dashboard["templating"]["list"]
+    names = [v["name"] for v in variables]
+    assert names == ["datasource", "host", "stack", "device"]
+    for v in variables:
+        pattern = re.compile(VARIABLE_USE.format(re.escape(v["name"])))
+        elsewhere = [json.dumps(p) for p in panels(dashboard)] + [json.dumps(a) for a in dashboard["annotations"]["list"]]
+        elsewhere += [json.dumps(o.get("query", "")) + json.dumps(o.get("datasource", "")) for o in variables
+                      if o is not v]
+        assert any(pattern.search(text) for text in elsewhere), f"variable ${v['name']} is never used"
+
+
+def test_every_query_follows_host_and_device(dashboard):
+    """All panels follow the variables: each query selects $host, and $device (or the $stack it comes from)."""
+    for p in data_panels(dashboard):
+        for t in p["targets"]:
+            expr = t["expr"]
+            assert '"$host"' in expr, (p["title"], t["refId"])
+            assert '"$device"' in expr or '"$stack"' in expr, (p["title"], t["refId"])
+
+
+def test_grid_positions_do_not_overlap(dashboard):
+    boxes = []
+    for p in dashboard["panels"]:  # top-level grid (panels of a collapsed row are not on it)
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["w"] > 0 and g["h"] > 0, p["title"]
+        boxes.append((p["title"], g["x"], g["y"], g["x"] + g["w"], g["y"] + g["h"]))
+    for a, b in itertools.combinations(boxes, 2):
+        overlap = a[1] < b[3] and b[1] < a[3] and a[2] < b[4] and b[2] < a[4]
+        assert not overlap, f"{a[0]!r} overlaps {b[0]!r}"
+
+
+def test_every_panel_tells_healthy_from_sick(dashboard):
+    for p in data_panels(dashboard):
+        text = p.get("description", "")
+        assert "Healthy" in text and "Sick" in text, f"{p['title']}: description lacks healthy/sick"
+        assert re.search(r"\d", text), f"{p['title']}: description quotes no figure"
+
+
+def test_heatmaps_read_histogram_buckets(dashboard):
+    for p in data_panels(dashboard):
+        if p["type"] == "heatmap":
+            for t in p["targets"]:
+                assert t["format"] == "heatmap" and "_bucket" in t["expr"] and t["legendFormat"] == "{{le}}"
+            assert p["options"]["calculate"] is False
+
+
+def test_collapse_annotation_targets_the_lineup_panels(dashboard):
+    ann = [a for a in dashboard["annotations"]["list"] if not a.get("builtIn")]
+    assert len(ann) == 1
+    titles = {p["id"]: p["title"] for p in data_panels(dashboard)}
+    assert ann[0]["filter"]["exclude"] is False
+    assert {titles[i] for i in ann[0]["filter"]["ids"]} == {"Average request size per layer (upper vs lower)", "IOPS per layer",
+                                           "Throughput per layer", "Merge ratio per layer", "Missed merges per layer"}
+    assert 'ALERTS{alertname=~"' in ann[0]["expr"] and "BlockStackMergeCollapse" in ann[0]["expr"]
+
+
+def test_the_collapse_alert_names_exist_in_alerts():
+    """The annotation's alert names follow alerts/ (the alerts engineer's rule files)."""
+    names = set()
+    for path in os.listdir(os.path.join(REPO, "alerts")):
+        if path.endswith(".rules.yml"):
+            with open(os.path.join(REPO, "alerts", path)) as f:
+                for group in yaml.safe_load(f)["groups"]:
+                    names.update(r["alert"] for r in group["rules"] if "alert" in r)
+    pattern = re.compile(blockstack_dashboard.CONFIG["collapse_alerts"])
+    assert any(pattern.fullmatch(n) for n in names), f"no alert in alerts/ matches the annotation: {sorted(names)}"
+
+
+# --- provisioning ---------------------------------------------------------------------------------
+
+def load(name):
+    with open(os.path.join(PROVISIONING, name)) as f:
+        return yaml.safe_load(f)
+
+
+def test_datasource_provisioning(dashboard):
+    doc = load("datasources/blockstack.yml")
+    assert doc["apiVersion"] == 1
+    (ds,) = doc["datasources"]
+    assert ds["type"] == "prometheus" and ds["access"] == "proxy" and ds["url"].startswith("http")
+    assert ds["uid"] == blockstack_dashboard.CONFIG["datasource_uid"]
+    assert re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", ds["uid"])  # Grafana's uid rule
+    default = next(v for v in dashboard["templating"]["list"] if v["name"] == "datasource")
+    assert default["current"]["value"] == ds["uid"] and default["query"] == ds["type"]
+    assert re.fullmatch(r"\d+s", ds["jsonData"]["timeInterval"])
+
+
+def test_dashboard_provider_provisioning():
+    doc = load("dashboards/blockstack.yml")
+    assert doc["apiVersion"] == 1
+    (p,) = doc["providers"]
+    assert p["type"] == "file" and p["options"]["path"].startswith("/")
+    assert set(p) <= {"name", "orgId", "folder", "folderUid", "type", "disableDeletion", "allowUiUpdates",
+                      "updateIntervalSeconds", "options"}
+    assert set(p["options"]) <= {"path", "foldersFromFilesStructure"}

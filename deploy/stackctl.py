@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""Run the Block Stack Merges stack on this host under supervisord.
+
+    stackctl.py up [--state DIR] [--port NAME=PORT ...] [--listen ADDR]
+    stackctl.py down | status | logs [NAME] | clean | render      (all take --state)
+
+`up` renders the configuration into the state directory, starts supervisord there (or updates
+the one already running), waits until every component's health endpoint answers and prints
+where to look. A second `up` with nothing changed touches nothing. `down` stops everything and
+keeps the data; `clean` also removes the state directory.
+
+Everything listens on 127.0.0.1. `--listen 0.0.0.0` exposes Prometheus and Alertmanager (and
+Grafana) only with basic auth: a generated password, kept 0600 in the state directory, hashed
+into a Prometheus-family `--web.config.file`. Exporters always stay on loopback.
+"""
+import argparse
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(REPO, "lab"))
+
+from blockstack_lab import procs  # noqa: E402
+from blockstack_lab.stack import COMPONENTS, Stack  # noqa: E402
+
+DEFAULT_PORTS = {"prometheus": 9090, "alertmanager": 9093, "node": 9100, "blockstack": 9363,
+                 "ebpf": 9435, "receiver": 9466, "grafana": 3000}
+VENV_BIN = os.path.join(REPO, ".venv", "bin")
+GRAFANA_HINT = ("Grafana is not installed: everything else runs. To add it on Debian/Ubuntu, install the "
+                "`grafana` package from Grafana's APT repository (https://apt.grafana.com) or unpack the "
+                "tarball and set GRAFANA_HOME; `make up` picks it up next time.")
+
+
+def state_dir(args):
+    return os.path.abspath(args.state or os.environ.get("STATE_DIR") or os.path.join(REPO, ".state"))
+
+
+def write_private(path, text):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+
+
+def write_if_changed(path, text, private=False):
+    """Write text to path unless it is already there; True if the file changed."""
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return False
+    except FileNotFoundError:
+        pass
+    if private:
+        write_private(path, text)
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+    return True
+
+
+def secret(state, name):
+    """A generated password kept 0600 in the state directory; the same one on every run."""
+    path = os.path.join(state, "secrets", name)
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        write_private(path, secrets.token_urlsafe(18) + "\n")
+    with open(path) as f:
+        return f.read().strip()
+
+
+def grafana_binary():
+    home = os.environ.get("GRAFANA_HOME")
+    candidates = [os.path.join(home, "bin", "grafana")] if home else []
+    candidates += [shutil.which("grafana") or "", shutil.which("grafana-server") or ""]
+    for c in candidates:
+        if c and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+class Deployment:
+    def __init__(self, state, ports=None, listen="127.0.0.1"):
+        self.state = state
+        self.listen = listen
+        saved = self._load_ports()
+        self.ports = {**DEFAULT_PORTS, **saved, **(ports or {})}
+        self.grafana = grafana_binary()
+        components = list(COMPONENTS)
+        self.stack = Stack(os.path.join(state, "config"), components=components,
+                           ports={c: self.ports[c] for c in components},
+                           ebpf_configs=self._ebpf_configs(), data_dir=os.path.join(state, "data"))
+
+    # -- state ------------------------------------------------------------------------
+
+    def _load_ports(self):
+        try:
+            with open(os.path.join(self.state, "ports.json")) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return {}
+
+    def _ebpf_configs(self):
+        """The ebpf_exporter configs this kernel loads, probed once per kernel and build."""
+        from blockstack_lab import stack as stackmod
+        cache = os.path.join(self.state, "ebpf-configs.txt")
+        key = f"{os.uname().release} {_mtime(stackmod.EBPF_CONFIG_DIR)}"
+        try:
+            with open(cache) as f:
+                cached_key, names = f.read().split("\n")[:2]
+            if cached_key == key and names:
+                return names
+        except (FileNotFoundError, ValueError):
+            pass
+        names = stackmod.ebpf_config_names()
+        os.makedirs(self.state, exist_ok=True)
+        with open(cache, "w") as f:
+            f.write(f"{key}\n{names}\n")
+        return names
+
+    @property
+    def sock(self):
+        return os.path.join(self.state, "supervisor.sock")
+
+    @property
+    def conf(self):
+        return os.path.join(self.state, "supervisord.conf")
+
+    # -- rendering --------------------------------------------------------------------
+
+    def programs(self):
+        """{name: (argv, env, health_url)} for supervisord."""
+        cmds = self.stack.commands()
+        if self.listen != "127.0.0.1":
+            web_config = os.path.join(self.stack.workdir, "web-config.yml")
+            for name in ("prometheus", "alertmanager"):
+                argv = cmds[name][0]
+                argv[:] = [a.replace("--web.listen-address=127.0.0.1:", f"--web.listen-address={self.listen}:") for a in argv]
+                argv.append(f"--web.config.file={web_config}")
+        if self.grafana:
+            cmds["grafana"] = self._grafana_command()
+        return cmds
+
+    def _grafana_command(self):
+        home = os.environ.get("GRAFANA_HOME") or "/usr/share/grafana"
+        ini = os.path.join(self.stack.workdir, "grafana.ini")
+        argv = [self.grafana] + (["server"] if os.path.basename(self.grafana) == "grafana" else [])
+        argv += [f"--homepath={home}", f"--config={ini}"]
+        return argv, {}, f"http://127.0.0.1:{self.ports['grafana']}/api/health"
+
+    def render(self):
+        """Write every configuration file; True if supervisord's own configuration changed."""
+        os.makedirs(os.path.join(self.state, "logs"), exist_ok=True)
+        os.makedirs(os.path.join(self.state, "data"), exist_ok=True)
+        self.stack.render()
+        write_if_changed(os.path.join(self.state, "ports.json"), json.dumps(self.ports, indent=1, sort_keys=True) + "\n")
+        if self.listen != "127.0.0.1":
+            self._render_basic_auth()
+        if self.grafana:
+            self._render_grafana()
+        return write_if_changed(self.conf, self.supervisord_conf(), private=True)
+
+    def _render_basic_auth(self):
+        import bcrypt
+        password = secret(self.state, "admin-password")
+        hashed_path = os.path.join(self.state, "secrets", "admin-password.bcrypt")
+        if not os.path.exists(hashed_path):
+            write_private(hashed_path, bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode())
+        with open(hashed_path) as f:
+            hashed = f.read().strip()
+        write_if_changed(os.path.join(self.stack.workdir, "web-config.yml"),
+                         f"# basic auth for every non-loopback listener; user admin, password in {self.state}/secrets/admin-password\n"
+                         f"basic_auth_users:\n  admin: {hashed}\n", private=True)
+
+    def _render_grafana(self):
+        gdir = os.path.join(self.state, "grafana")
+        os.makedirs(gdir, exist_ok=True)
+        secret(self.state, "grafana-admin-password")
+        ini = f"""# rendered by deploy/stackctl.py
+[paths]
+data = {gdir}/data
+logs = {gdir}/logs
+plugins = {gdir}/plugins
+provisioning = {os.path.join(self.stack.workdir, "grafana-provisioning")}
+
+[server]
+http_addr = {self.listen}
+http_port = {self.ports['grafana']}
+
+[security]
+admin_user = admin
+admin_password = $__file{{{self.state}/secrets/grafana-admin-password}}
+
+[auth.anonymous]
+enabled = false
+
+[analytics]
+reporting_enabled = false
+check_for_updates = false
+"""
+        write_if_changed(os.path.join(self.stack.workdir, "grafana.ini"), ini)
+        # deploy/grafana/provisioning as shipped, pointed at this stack's Prometheus and dashboards/
+        src = os.path.join(REPO, "deploy", "grafana", "provisioning")
+        for kind in ("datasources", "dashboards"):
+            os.makedirs(os.path.join(self.stack.workdir, "grafana-provisioning", kind), exist_ok=True)
+            for name in os.listdir(os.path.join(src, kind)):
+                with open(os.path.join(src, kind, name)) as f:
+                    text = f.read()
+                text = text.replace("http://127.0.0.1:9090", self.stack.url("prometheus"))
+                text = text.replace("/var/lib/grafana/dashboards/blockstack", os.path.join(REPO, "dashboards"))
+                write_if_changed(os.path.join(self.stack.workdir, "grafana-provisioning", kind, name), text)
+
+    def supervisord_conf(self):
+        s, logs = self.state, os.path.join(self.state, "logs")
+        lines = [
+            "; rendered by deploy/stackctl.py: edit the source, not this file",
+            "[unix_http_server]", f"file={self.sock}", "chmod=0700", "",
+            "[supervisord]", f"logfile={logs}/supervisord.log", f"pidfile={s}/supervisord.pid",
+            f"childlogdir={logs}", "logfile_maxbytes=10MB", "logfile_backups=3", "",
+            "[rpcinterface:supervisor]", "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface", "",
+            "[supervisorctl]", f"serverurl=unix://{self.sock}", "",
+        ]
+        for name, (argv, env, _) in self.programs().items():
+            command = " ".join(shlex.quote(a) for a in argv).replace("%", "%%")
+            lines += [f"[program:{name}]", f"command={command}", f"directory={s}",
+                      "autostart=true", "autorestart=true", "startsecs=1", "startretries=100",
+                      "stopasgroup=true", "killasgroup=true", "stopwaitsecs=20",
+                      f"stdout_logfile={logs}/{name}.log", "redirect_stderr=true",
+                      "stdout_logfile_maxbytes=10MB", "stdout_logfile_backups=3"]
+            if env:
+                lines.append("environment=" + ",".join(f'{k}="{v}"' for k, v in env.items()))
+            lines.append("")
+        return "\n".join(lines)
+
+    # -- control ----------------------------------------------------------------------
+
+    def supervisord_pid(self):
+        try:
+            with open(os.path.join(self.state, "supervisord.pid")) as f:
+                pid = int(f.read().strip())
+            os.kill(pid, 0)
+            return pid
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            return None
+
+    def ctl(self, *args, check=True):
+        return subprocess.run([os.path.join(VENV_BIN, "supervisorctl"), "-c", self.conf, *args],
+                              capture_output=True, text=True, timeout=120, check=check)
+
+    def up(self, timeout=120):
+        start = time.monotonic()
+        conf_changed = self.render()
+        if self.supervisord_pid() is None:
+            subprocess.run([os.path.join(VENV_BIN, "supervisord"), "-c", self.conf], check=True, timeout=60)
+            self._wait_sock()
+        elif conf_changed:
+            self.ctl("reread")
+            self.ctl("update")  # restarts only the programs whose command changed
+        else:
+            self.ctl("start", "all", check=False)  # anything stopped by hand comes back; else a no-op
+        self.wait_healthy(timeout)
+        self._reload_prometheus()  # rule and target edits apply without a restart; a no-op otherwise
+        self.print_urls(time.monotonic() - start)
+
+    def _reload_prometheus(self):
+        import urllib.request
+        req = urllib.request.Request(self.stack.url("prometheus", "/-/reload"), method="POST")
+        with urllib.request.urlopen(req, timeout=10):
+            pass
+
+    def _wait_sock(self, timeout=30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.path.exists(self.sock) and self.ctl("pid", check=False).returncode == 0:
+                return
+            time.sleep(0.1)
+        raise TimeoutError("supervisord did not come up; see " + os.path.join(self.state, "logs", "supervisord.log"))
+
+    def wait_healthy(self, timeout=120):
+        deadline = time.monotonic() + timeout
+        for name, (_, _, url) in self.programs().items():
+            while True:
+                try:
+                    procs.http_get(url, timeout=2)
+                    break
+                except OSError as e:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{name} did not answer {url}: {e}; see {self.state}/logs/{name}.log")
+                    time.sleep(0.2)
+
+    def print_urls(self, elapsed):
+        host = "127.0.0.1" if self.listen in ("127.0.0.1", "0.0.0.0") else self.listen
+        print(f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}")
+        print(f"  Prometheus     http://{host}:{self.ports['prometheus']}/   (alerts: /alerts)")
+        print(f"  Alertmanager   http://{host}:{self.ports['alertmanager']}/")
+        print(f"  pages file     {self.stack.pages_file}")
+        for name, label in (("node", "node_exporter"), ("blockstack", "blockstack-exporter"), ("ebpf", "ebpf_exporter"),
+                            ("receiver", "page receiver")):
+            print(f"  {label:<14} http://127.0.0.1:{self.ports[name]}/metrics" if name != "receiver"
+                  else f"  {label:<14} http://127.0.0.1:{self.ports[name]}/")
+        if self.grafana:
+            print(f"  Grafana        http://{host}:{self.ports['grafana']}/d/block-stack-merges  "
+                  f"(admin, password in {self.state}/secrets/grafana-admin-password)")
+        else:
+            print(GRAFANA_HINT)
+        if self.listen != "127.0.0.1":
+            print(f"  basic auth: admin / password in {self.state}/secrets/admin-password")
+
+    def down(self):
+        pid = self.supervisord_pid()
+        if pid is None:
+            print("not running")
+            return
+        self.ctl("stop", "all", check=False)
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(300):
+            if self.supervisord_pid() is None:
+                break
+            time.sleep(0.1)
+        print(f"stopped; data kept in {self.state}/data")
+
+
+def _mtime(path):
+    try:
+        return int(max(os.stat(os.path.join(path, f)).st_mtime for f in os.listdir(path)))
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=["up", "down", "status", "logs", "clean", "render"])
+    p.add_argument("name", nargs="?", help="component, for logs")
+    p.add_argument("--state", help="state directory (default $STATE_DIR or .state in the repository)")
+    p.add_argument("--port", action="append", default=[], metavar="NAME=PORT", help=f"override a port ({', '.join(DEFAULT_PORTS)})")
+    p.add_argument("--listen", default=os.environ.get("LISTEN", "127.0.0.1"),
+                   help="address for Prometheus, Alertmanager and Grafana; anything but 127.0.0.1 turns on basic auth")
+    args = p.parse_args(argv)
+    ports = {}
+    for item in args.port:
+        name, _, port = item.partition("=")
+        if name not in DEFAULT_PORTS or not port.isdigit():
+            p.error(f"--port {item}: expected NAME=PORT with NAME in {', '.join(DEFAULT_PORTS)}")
+        ports[name] = int(port)
+    state = state_dir(args)
+    if args.command == "clean":
+        pid_file = os.path.join(state, "supervisord.pid")
+        if os.path.exists(pid_file):
+            Deployment(state).down()
+        shutil.rmtree(state, ignore_errors=True)
+        print(f"removed {state}")
+        return
+    if args.command in ("status", "logs", "down") and not os.path.exists(os.path.join(state, "supervisord.conf")):
+        print(f"not set up in {state} (make up)")
+        return
+    d = Deployment(state, ports, args.listen)
+    if args.command == "up":
+        d.up()
+    elif args.command == "render":
+        d.render()
+        print(f"rendered into {state}")
+    elif args.command == "down":
+        d.down()
+    elif args.command == "status":
+        if d.supervisord_pid() is None:
+            print("not running (make up)")
+            sys.exit(3)
+        r = d.ctl("status", check=False)
+        print(r.stdout, end="")
+        sys.exit(0 if r.returncode == 0 else 3)
+    elif args.command == "logs":
+        logs = os.path.join(state, "logs")
+        names = [args.name] if args.name else sorted(f[:-4] for f in os.listdir(logs) if f.endswith(".log"))
+        for n in names:
+            print(f"==> {logs}/{n}.log <==")
+            subprocess.run(["tail", "-n", "20", os.path.join(logs, f"{n}.log")])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""The whole stack — exporters, Prometheus, Alertmanager, the page receiver — rendered into one
+directory and started on loopback ports. Used by the integration tests and the lab; `make up`
+renders the same configuration and hands the same commands to the supervisor.
+"""
+import contextlib
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+
+import yaml
+
+from . import procs
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.path.join(REPO, ".build")
+VENV_BIN = os.path.join(REPO, ".venv", "bin")
+EBPF_EXPORTER = os.path.join(BUILD, "bin", "ebpf_exporter")
+EBPF_CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
+# node_exporter's default --collector.diskstats.device-exclude drops loop devices and
+# partitions; the stack must see every layer, so only RAM disks, floppies and CD-ROMs go.
+DISKSTATS_EXCLUDE = r"^(ram|fd|sr)\d+$"
+COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus")
+
+
+def which(*names):
+    for n in names:
+        path = shutil.which(n)
+        if path:
+            return path
+    raise FileNotFoundError(f"none of {names} on PATH (run make deps)")
+
+
+def ebpf_config_names():
+    """The ebpf_exporter configs this kernel can load (jbd2 fexit where allowed, else tracepoints)."""
+    out = subprocess.run([os.path.join(REPO, "ebpf-configs", "select-configs.sh"), EBPF_EXPORTER, EBPF_CONFIG_DIR],
+                         check=True, capture_output=True, text=True, timeout=300).stdout.strip()
+    if not out:
+        raise RuntimeError("no ebpf_exporter config loads on this kernel")
+    return out
+
+
+def rule_files():
+    return sorted(glob.glob(os.path.join(REPO, "alerts", "*.rules.yml")))
+
+
+class Stack:
+    """Configuration and commands for one stack in `workdir`, every port on 127.0.0.1."""
+
+    def __init__(self, workdir, host=None, components=COMPONENTS, scrape_interval="5s",
+                 evaluation_interval="5s", ports=None, ebpf_configs=None, data_dir=None):
+        self.workdir = os.path.abspath(workdir)
+        self.data_dir = os.path.abspath(data_dir or workdir)  # TSDB and Alertmanager state
+        self.host = host or socket.gethostname()
+        self.components = list(components)
+        self.scrape_interval, self.evaluation_interval = scrape_interval, evaluation_interval
+        self.ports = dict(ports or {})
+        for c in self.components:
+            self.ports.setdefault(c, procs.free_port())
+        self._ebpf_configs = ebpf_configs
+
+    def url(self, component, path=""):
+        return f"http://127.0.0.1:{self.ports[component]}{path}"
+
+    @property
+    def pages_file(self):
+        return os.path.join(self.workdir, "pages.jsonl")
+
+    # -- configuration ---------------------------------------------------------------
+
+    def prometheus_config(self):
+        jobs = {"node": "node", "blockstack": "blockstack", "ebpf": "ebpf",
+                "alertmanager": "alertmanager", "prometheus": "prometheus"}
+        scrape_configs = []
+        for component, job in jobs.items():
+            if component in self.components:
+                scrape_configs.append({
+                    "job_name": job,
+                    "scrape_interval": self.scrape_interval,
+                    "static_configs": [{"targets": [f"127.0.0.1:{self.ports[component]}"],
+                                        "labels": {"host": self.host}}],
+                })
+        config = {
+            "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.evaluation_interval},
+            "rule_files": rule_files(),
+            "scrape_configs": scrape_configs,
+        }
+        if "alertmanager" in self.components:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [
+                {"targets": [f"127.0.0.1:{self.ports['alertmanager']}"]}]}]}
+        return config
+
+    def alertmanager_config(self):
+        """alerts/alertmanager.yml with its local webhook receivers pointed at our receiver's port."""
+        with open(os.path.join(REPO, "alerts", "alertmanager.yml")) as f:
+            config = yaml.safe_load(f)
+        for receiver in config.get("receivers", []):
+            for hook in receiver.get("webhook_configs", []):
+                parts = urllib.parse.urlsplit(hook["url"])
+                if parts.hostname in ("127.0.0.1", "localhost"):
+                    hook["url"] = urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{self.ports['receiver']}"))
+        return config
+
+    def render(self):
+        os.makedirs(self.workdir, exist_ok=True)
+        files = {"prometheus.yml": self.prometheus_config()}
+        if "alertmanager" in self.components:
+            files["alertmanager.yml"] = self.alertmanager_config()
+        for name, config in files.items():
+            with open(os.path.join(self.workdir, name), "w") as f:
+                yaml.safe_dump(config, f, sort_keys=False)
+
+    # -- processes -------------------------------------------------------------------
+
+    def commands(self):
+        """{component: (argv, env, health_url)} in start order."""
+        w, p = self.workdir, self.ports
+        cmds = {}
+        if "node" in self.components:
+            cmds["node"] = ([which("prometheus-node-exporter", "node_exporter"), f"--web.listen-address=127.0.0.1:{p['node']}",
+                             "--collector.disable-defaults", "--collector.diskstats", "--collector.cpu",
+                             "--collector.meminfo", "--collector.pressure",
+                             f"--collector.diskstats.device-exclude={DISKSTATS_EXCLUDE}"],
+                            {}, self.url("node", "/metrics"))
+        if "blockstack" in self.components:
+            cmds["blockstack"] = ([os.path.join(VENV_BIN, "blockstack-exporter"), f"--web.listen-address=127.0.0.1:{p['blockstack']}"],
+                                  {}, self.url("blockstack", "/metrics"))
+        if "ebpf" in self.components:
+            if self._ebpf_configs is None:
+                self._ebpf_configs = ebpf_config_names()
+            cmds["ebpf"] = ([EBPF_EXPORTER, f"--config.dir={EBPF_CONFIG_DIR}", f"--config.names={self._ebpf_configs}",
+                             f"--web.listen-address=127.0.0.1:{p['ebpf']}"],
+                            {"OTEL_TRACES_EXPORTER": "none"}, self.url("ebpf", "/metrics"))
+        if "receiver" in self.components:
+            cmds["receiver"] = ([os.path.join(VENV_BIN, "python"), os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
+                                 f"--listen=127.0.0.1:{p['receiver']}", f"--file={self.pages_file}"],
+                                {}, self.url("receiver", "/healthz"))
+        if "alertmanager" in self.components:
+            cmds["alertmanager"] = ([which("prometheus-alertmanager", "alertmanager"), f"--config.file={w}/alertmanager.yml",
+                                     f"--storage.path={self.data_dir}/alertmanager", f"--web.listen-address=127.0.0.1:{p['alertmanager']}",
+                                     "--cluster.listen-address="],
+                                    {}, self.url("alertmanager", "/-/ready"))
+        if "prometheus" in self.components:
+            cmds["prometheus"] = ([which("prometheus"), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",
+                                   "--storage.tsdb.retention.time=15d", f"--web.listen-address=127.0.0.1:{p['prometheus']}",
+                                   "--web.enable-lifecycle"],
+                                  {}, self.url("prometheus", "/-/ready"))
+        return cmds
+
+    @contextlib.contextmanager
+    def running(self, timeout=90):
+        """Render and start every component, each logging to workdir/NAME.log; stop all on exit."""
+        self.render()
+        with contextlib.ExitStack() as stack:
+            for name, (argv, env, health) in self.commands().items():
+                stack.enter_context(procs.running(argv, env=env, health_url=health, timeout=timeout,
+                                                  log_path=os.path.join(self.workdir, f"{name}.log")))
+            yield self
+
+    # -- queries ---------------------------------------------------------------------
+
+    def api(self, path, **params):
+        url = self.url("prometheus", path) + ("?" + urllib.parse.urlencode(params) if params else "")
+        body = json.loads(procs.http_get(url, timeout=30))
+        if body.get("status") != "success":
+            raise RuntimeError(f"{path}: {body}")
+        return body["data"]
+
+    def query(self, promql, **params):
+        return self.api("/api/v1/query", query=promql, **params)["result"]
+
+    def wait_targets_up(self, timeout=60):
+        """Until every scrape target reports up, bounded by timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            targets = self.api("/api/v1/targets")["activeTargets"]
+            if targets and all(t["health"] == "up" for t in targets):
+                return targets
+            time.sleep(1)
+        raise TimeoutError(f"targets not all up: {[(t['labels']['job'], t['health'], t['lastError']) for t in targets]}")
+
+    def pages(self):
+        """Every notification the receiver wrote, oldest first."""
+        if not os.path.exists(self.pages_file):
+            return []
+        with open(self.pages_file) as f:
+            return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,164 @@
+"""`make up` end to end: the supervised stack in a temporary state directory on free ports,
+a loop-device ext4 under sequential direct reads, a merge collapse paged and resolved, every
+component killed once and restarted, `make down` leaving nothing behind."""
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from blockstack_lab import fio, loop, procs
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus")
+PAGE_ALERTS = {"BlockStackMergeCollapse", "BlockStackMissedMerges"}
+
+
+def make(target, state, ports, timeout=600):
+    args = " ".join(f"--port {name}={port}" for name, port in ports.items())
+    start = time.monotonic()
+    r = subprocess.run(["make", "-s", target, f"STATE_DIR={state}", f"UP_ARGS={args}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"make {target} failed:\n{r.stdout}\n{r.stderr}"
+    return r.stdout, time.monotonic() - start
+
+
+def ctl(state, *args):
+    return subprocess.run([os.path.join(REPO, ".venv/bin/supervisorctl"), "-c", os.path.join(state, "supervisord.conf"), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def pids(state):
+    out = {}
+    for name in COMPONENTS:
+        r = ctl(state, "pid", name)
+        out[name] = int(r.stdout.strip()) if r.stdout.strip().isdigit() else None
+    return out
+
+
+def prom(ports, path, **params):
+    import urllib.parse
+    url = f"http://127.0.0.1:{ports['prometheus']}{path}?" + urllib.parse.urlencode(params)
+    body = json.loads(procs.http_get(url, timeout=20))
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def wait_for(what, predicate, timeout, interval=1.0):
+    """Poll predicate until it returns a truthy value, at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def notifications(state, device, status):
+    path = os.path.join(state, "config", "pages.jsonl")
+    if not os.path.exists(path):
+        return []
+    found = []
+    with open(path) as f:
+        for line in f:
+            payload = json.loads(line)["notification"]  # the receiver's envelope around the webhook body
+            for alert in payload.get("alerts", []):
+                labels = alert.get("labels", {})
+                if labels.get("alertname") in PAGE_ALERTS and labels.get("device") == device and alert.get("status") == status:
+                    found.append(alert)
+    return found
+
+
+@pytest.fixture
+def state():
+    d = tempfile.mkdtemp(prefix="blockstack-up-")
+    ports = {name: procs.free_port() for name in COMPONENTS}
+    try:
+        yield d, ports
+    finally:
+        subprocess.run(["make", "-s", "clean", f"STATE_DIR={d}"], cwd=REPO, capture_output=True, timeout=120)
+        leftovers = subprocess.run(["pgrep", "-f", d], capture_output=True, text=True).stdout.split()
+        for pid in leftovers:
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
+    state_dir, ports = state
+    out, cold = make("up", state_dir, ports)
+    assert "Prometheus" in out and f":{ports['prometheus']}" in out
+    assert "Grafana" in out  # either its URL or the one line on how to add it
+    before = pids(state_dir)
+    assert all(before.values()), before
+    conf_mtime = os.stat(os.path.join(state_dir, "supervisord.conf")).st_mtime
+
+    out, warm = make("up", state_dir, ports)
+    assert pids(state_dir) == before, "a second make up restarted something"
+    assert os.stat(os.path.join(state_dir, "supervisord.conf")).st_mtime == conf_mtime
+    print(f"\nmake up: cold {cold:.1f} s, warm {warm:.1f} s")
+
+    # backing file on tmpfs: nothing beneath the loop device, so the page names it alone
+    with loop.attached(256 << 20, directory="/dev/shm") as dev, loop.ext4(dev) as mnt:
+        name = loop.name(dev)
+        data = os.path.join(mnt, "data")
+        subprocess.run(["fio", "--name=layout", f"--filename={data}", "--size=128m", "--rw=write", "--bs=1m",
+                        "--direct=1", "--output=/dev/null"], check=True, timeout=120)
+        load = subprocess.Popen(["fio", "--name=seq", f"--filename={data}", "--size=128m", *fio.SEQ_BATCHED_READ,
+                                 "--time_based", "--runtime=400", "--output=/dev/null"],
+                                start_new_session=True)
+        try:
+            wait_for("every target up", lambda: all(
+                t["health"] == "up" for t in prom(ports, "/api/v1/targets")["activeTargets"]) and
+                len(prom(ports, "/api/v1/targets")["activeTargets"]) == 5, 60)
+            # healthy sequential reads: large requests at the loop device, and no page
+            wait_for("request sizes recorded", lambda: prom(ports, "/api/v1/query", query=
+                     f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64')["result"], 60)
+
+            # faults: kill each component once; the supervisor restarts it
+            first_sample_time = time.time()
+            samples_query = dict(query=f'node_disk_reads_completed_total{{device="{name}"}}',
+                                 start=first_sample_time - 60, end=first_sample_time, step=1)
+            before_kills = prom(ports, "/api/v1/query_range", **samples_query)["result"]
+            assert before_kills and before_kills[0]["values"]
+            for component in COMPONENTS:
+                old = pids(state_dir)[component]
+                os.kill(old, signal.SIGKILL)
+                wait_for(f"{component} restarted", lambda: (pids(state_dir)[component] or old) != old, 30, 0.2)
+            make("up", state_dir, ports)  # waits for every health endpoint again
+            wait_for("every target up after the kills", lambda: all(
+                t["health"] == "up" for t in prom(ports, "/api/v1/targets")["activeTargets"]), 60)
+            # Prometheus kept the samples from before its restart
+            assert prom(ports, "/api/v1/query_range", **samples_query)["result"] == before_kills
+
+            assert not notifications(state_dir, name, "firing"), "paged for healthy sequential I/O"
+            with loop.sysfs_setting(dev, "queue/nomerges", "2"):
+                flipped = time.monotonic()
+                try:
+                    page = wait_for("the page", lambda: notifications(state_dir, name, "firing"), 60)
+                except AssertionError:
+                    print("ALERTS:", prom(ports, "/api/v1/query", query="ALERTS")["result"])
+                    print("missed:", prom(ports, "/api/v1/query", query="host_device_operation:ebpf_block_rq_missed_merges:rate")["result"])
+                    print("qd:", prom(ports, "/api/v1/query", query="host_device:node_disk_queue_depth:avg")["result"])
+                    raise
+                to_page = time.monotonic() - flipped
+                labels = page[0]["labels"]
+                assert labels["severity"] == "critical" and labels["host"] and labels["device"] == name
+                assert "nomerges" in json.dumps(page[0]["annotations"])
+            resolved_from = time.monotonic()
+            # the receiver dies right as the collapse ends: Alertmanager retries, the resolve arrives.
+            # (Alertmanager itself was killed before the flip; a SIGKILLed single Alertmanager
+            # forgets which pages it sent, so it could not send their resolves: that is what the
+            # fleet's Alertmanager cluster is for.)
+            os.kill(pids(state_dir)["receiver"], signal.SIGKILL)
+            wait_for("the resolve", lambda: notifications(state_dir, name, "resolved"), 90)
+            print(f"page {to_page:.0f} s after the flip, resolved {time.monotonic() - resolved_from:.0f} s after the flip back")
+        finally:
+            os.killpg(load.pid, signal.SIGTERM)
+            load.wait(30)
+
+    make("down", state_dir, ports)
+    assert not subprocess.run(["pgrep", "-f", state_dir], capture_output=True, text=True).stdout.strip()
+    assert os.path.isdir(os.path.join(state_dir, "data", "prometheus")), "make down must keep data"
