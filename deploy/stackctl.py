@@ -305,7 +305,7 @@ check_for_updates = false
             print(f"  {label:<14} http://127.0.0.1:{self.ports[name]}/metrics" if name != "receiver"
                   else f"  {label:<14} http://127.0.0.1:{self.ports[name]}/")
         if self.grafana:
-            print(f"  Grafana        http://{host}:{self.ports['grafana']}/d/block-stack-merges  "
+            print(f"  Grafana        http://{host}:{self.ports['grafana']}/d/blockstack-merges  "
                   f"(admin, password in {self.state}/secrets/grafana-admin-password)")
         else:
             print(GRAFANA_HINT)

@@ -80,7 +80,7 @@ class Tree:
         if parent:
             write(os.path.join(d, "partition"), "1\n")
         else:
-            link(os.path.join(self.sys, "block", name), rel)
+            link(os.path.join(self.sys, "block", name), os.path.join("../devices", devpath))
             for k, v in QUEUE.items():
                 write(os.path.join(d, "queue", k), v + "\n")
             os.makedirs(os.path.join(d, "holders"), exist_ok=True)

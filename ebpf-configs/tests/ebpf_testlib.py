@@ -1,0 +1,107 @@
+"""Helpers for the ebpf_exporter config tests: paths, config checks, scrapes and diskstats.
+
+The configs must be built first (`make ebpf-build`, which `make test` and `make test-ebpf` run):
+ebpf_exporter in BUILD/bin, every NAME.bpf.o + NAME.yaml in BUILD/ebpf-configs.
+"""
+import os
+import re
+import subprocess
+
+from blockstack_lab import procs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIGS_SRC = os.path.dirname(HERE)
+ROOT = os.path.dirname(CONFIGS_SRC)
+BUILD = os.environ.get("BUILD", os.path.join(ROOT, ".build"))
+EXPORTER = os.path.join(BUILD, "bin", "ebpf_exporter")
+CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
+SELECT = os.path.join(CONFIGS_SRC, "select-configs.sh")
+CANNOT_LOAD = os.path.join(CONFIGS_SRC, "cannot-load.txt")
+
+# Without it the exporter's OpenTelemetry SDK tries localhost:4318 and exits 1 on SIGTERM.
+EXPORTER_ENV = {"OTEL_TRACES_EXPORTER": "none"}
+
+
+def config_names():
+    """Every config in the source tree, from its NAME.yaml."""
+    return sorted(f[:-len(".yaml")] for f in os.listdir(CONFIGS_SRC) if f.endswith(".yaml"))
+
+
+def cannot_load():
+    """{name: reason} from cannot-load.txt."""
+    reasons = {}
+    with open(CANNOT_LOAD) as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                name, _, reason = line.partition(" ")
+                reasons[name] = reason.strip()
+    return reasons
+
+
+def config_check(names, timeout=60):
+    """Run the real exporter's --config.check --config.strict; returns CompletedProcess."""
+    argv = [EXPORTER, f"--config.dir={CONFIG_DIR}", f"--config.names={names}", "--config.check", "--config.strict"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **EXPORTER_ENV))
+
+
+def selected_configs():
+    out = subprocess.run([SELECT, EXPORTER, CONFIG_DIR], check=True, capture_output=True, text=True, timeout=300)
+    return out.stdout.strip()
+
+
+# --- Prometheus text format ---------------------------------------------------------------------
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+class Scrape:
+    """Samples of one scrape: {(name, frozenset(labels.items())): value}."""
+
+    def __init__(self, text):
+        self.text = text
+        self.samples = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            m = _SAMPLE.match(line)
+            if m:
+                labels = frozenset(_LABEL.findall(m.group(2) or ""))
+                self.samples[(m.group(1), labels)] = float(m.group(3))
+
+    def value(self, name, **labels):
+        """Sum of the samples of `name` whose labels include `labels` (0 if none)."""
+        want = set(labels.items())
+        return sum(v for (n, ls), v in self.samples.items() if n == name and want <= ls)
+
+    def label_values(self, name, label):
+        return {dict(ls).get(label) for (n, ls) in self.samples if n == name}
+
+    def series(self, name):
+        return [(dict(ls), v) for (n, ls), v in self.samples.items() if n == name]
+
+
+class Exporter:
+    def __init__(self, url):
+        self.url = url
+
+    def scrape(self):
+        return Scrape(procs.http_get(self.url, timeout=10))
+
+
+# --- /proc/diskstats ----------------------------------------------------------------------------
+def diskstats(device):
+    """Fields of /proc/diskstats for one device (Documentation/admin-guide/iostats.rst):
+    reads/writes completed, sectors read/written, merges."""
+    with open("/proc/diskstats") as f:
+        for line in f:
+            fields = line.split()
+            if fields[2] == device:
+                v = [int(x) for x in fields[3:]]
+                return {"reads": v[0], "read_merges": v[1], "read_sectors": v[2],
+                        "writes": v[4], "write_merges": v[5], "write_sectors": v[6]}
+    raise KeyError(device)
+
+
+def delta(after, before):
+    return {k: after[k] - before[k] for k in after}

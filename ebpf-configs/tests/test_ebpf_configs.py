@@ -1,0 +1,174 @@
+"""Static checks of every config, then `ebpf_exporter --config.check --config.strict` on each.
+
+The programs are compiled with -Wall -Werror by `make ebpf-build` (ebpf-configs/Makefile), which
+`make test` runs first; these tests check what the build produced.
+"""
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from ebpf_testlib import (BUILD, CONFIG_DIR, CONFIGS_SRC, cannot_load, config_check, config_names,
+                          selected_configs)
+
+SCHEMA = os.path.join(BUILD, "share", "ebpf_exporter", "config-schema.yaml")
+NAMES = config_names()
+
+
+def test_every_program_has_a_config():
+    programs = sorted(f[:-len(".bpf.c")] for f in os.listdir(CONFIGS_SRC) if f.endswith(".bpf.c"))
+    assert programs == NAMES
+
+
+def test_cannot_load_list_names_real_configs_with_reasons():
+    for name, reason in cannot_load().items():
+        assert name in NAMES, f"cannot-load.txt names {name}, which is not a config"
+        assert len(reason) > 20, f"cannot-load.txt: {name} needs a reason"
+
+
+# --- JSON schema --------------------------------------------------------------------------------
+# Upstream's schema (installed by scripts/build-ebpf-exporter.sh from the ebpf_exporter module)
+# uses these keywords of JSON Schema: type, properties, additionalProperties, required, items,
+# enum, anyOf and $ref to #/definitions. This validator implements exactly those and refuses any
+# other, so a schema update that needs more fails loudly instead of checking less.
+_KNOWN = {"type", "properties", "additionalProperties", "required", "items", "enum", "anyOf", "$ref",
+          "title", "$schema", "definitions"}
+_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "number": (int, float)}
+
+
+def schema_errors(value, schema, root, path="$"):
+    unknown = set(schema) - _KNOWN
+    if unknown:
+        raise NotImplementedError(f"schema keywords {unknown} at {path}")
+    if "$ref" in schema:
+        node = root
+        for part in schema["$ref"].lstrip("#/").split("/"):
+            node = node[part]
+        return schema_errors(value, node, root, path)
+    errors = []
+    if "type" in schema:
+        want = _TYPES[schema["type"]]
+        if not isinstance(value, want) or (schema["type"] == "number" and isinstance(value, bool)):
+            return [f"{path}: expected {schema['type']}, got {type(value).__name__}"]
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} not in {schema['enum']}")
+    if "anyOf" in schema and all(schema_errors(value, s, root, path) for s in schema["anyOf"]):
+        errors.append(f"{path}: matches none of anyOf")
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append(f"{path}: missing {key}")
+        props = schema.get("properties", {})
+        for key, item in value.items():
+            if key in props:
+                errors += schema_errors(item, props[key], root, f"{path}.{key}")
+            elif schema.get("additionalProperties") is False:
+                errors.append(f"{path}: unexpected key {key}")
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema["items"], root, f"{path}[{i}]")
+    return errors
+
+
+def load_config(name):
+    with open(os.path.join(CONFIGS_SRC, name + ".yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def test_schema_validator_rejects_bad_configs():
+    with open(SCHEMA) as f:
+        schema = yaml.safe_load(f)
+    good = load_config("block_sizes")
+    assert schema_errors(good, schema, schema) == []
+    bad = load_config("block_sizes")
+    bad["metrics"]["histograms"][0]["bucket_type"] = "log10"
+    del bad["metrics"]["counters"][0]["help"]
+    bad["metrics"]["counters"][1]["labels"][0]["decoders"][0]["name"] = "majorminr"
+    errors = schema_errors(bad, schema, schema)
+    assert len(errors) == 3, errors
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_yaml_matches_upstream_schema(name):
+    with open(SCHEMA) as f:
+        schema = yaml.safe_load(f)
+    assert schema_errors(load_config(name), schema, schema) == []
+
+
+# --- maps in the objects against the YAML ---------------------------------------------------------
+def btf_types(obj):
+    out = subprocess.run(["bpftool", "-j", "btf", "dump", "file", obj], check=True, capture_output=True,
+                         text=True, timeout=60).stdout
+    return {t["id"]: t for t in json.loads(out)["types"]}
+
+
+def type_size(types, type_id):
+    t = types[type_id]
+    while t["kind"] in ("TYPEDEF", "CONST", "VOLATILE", "RESTRICT", "TYPE_TAG"):
+        t = types[t["type_id"]]
+    return t["size"]
+
+
+def map_key_value_sizes(types, map_name):
+    """Key and value size of the map variable `map_name` in a libbpf-style .maps section."""
+    for t in types.values():
+        if t["kind"] == "VAR" and t["name"] == map_name:
+            members = {m["name"]: m["type_id"] for m in types[t["type_id"]]["members"]}
+            # __type(key, T) is a member `T *key`.
+            return (type_size(types, types[members["key"]]["type_id"]),
+                    type_size(types, types[members["value"]]["type_id"]))
+    return None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_metric_has_its_map_with_matching_key_layout(name):
+    """The map is named like the metric; its key is exactly the labels' bytes, its value a u64
+    (ebpf_exporter decodes labels from the key's bytes in order, `size` then `padding` each)."""
+    types = btf_types(os.path.join(CONFIG_DIR, name + ".bpf.o"))
+    metrics = load_config(name)["metrics"]
+    for metric in metrics.get("counters", []) + metrics.get("histograms", []):
+        sizes = map_key_value_sizes(types, metric["name"])
+        assert sizes is not None, f"{name}.bpf.o has no map named {metric['name']}"
+        key_size, value_size = sizes
+        label_bytes = sum(label["size"] + label.get("padding", 0) for label in metric["labels"])
+        assert key_size == label_bytes, f"{metric['name']}: key is {key_size} bytes, labels take {label_bytes}"
+        assert value_size == 8
+
+
+def test_jbd2_variants_export_the_same_metric():
+    """Dashboards and alerts work with either variant only if both define the metric alike."""
+    assert load_config("jbd2_credit_wait")["metrics"] == load_config("jbd2_credit_wait_fexit")["metrics"]
+
+
+def test_metric_names_match_the_contract():
+    with open(os.path.join(os.path.dirname(CONFIGS_SRC), "docs", "metrics-contract.md")) as f:
+        contract = f.read()
+    for name in NAMES:
+        metrics = load_config(name)["metrics"]
+        for metric in metrics.get("counters", []) + metrics.get("histograms", []):
+            assert f"ebpf_exporter_{metric['name']}{{" in contract, metric["name"]
+
+
+# --- the real exporter loads them -----------------------------------------------------------------
+@pytest.mark.parametrize("name", NAMES)
+def test_config_check_strict(name):
+    result = config_check(name)
+    output = result.stdout + result.stderr
+    reasons = cannot_load()
+    if result.returncode != 0 and name in reasons:
+        # listed in cannot-load.txt: it must fail for the documented reason (the kernel refusing
+        # the program with EPERM), not for a bug of ours such as a bad map or section name
+        assert "operation not permitted" in output.lower() or "permission denied" in output.lower(), output
+        return
+    assert result.returncode == 0, output
+    assert "Config check successful" in output
+
+
+def test_selected_configs_load_together_and_cover_every_metric_set():
+    names = selected_configs().split(",")
+    assert {"block_latency", "block_sizes"} <= set(names)
+    assert len({"jbd2_credit_wait", "jbd2_credit_wait_fexit"} & set(names)) == 1, names
+    result = config_check(",".join(names))
+    assert result.returncode == 0, result.stdout + result.stderr
