@@ -23,7 +23,7 @@ AM_CONFIG = ALERTS / "alertmanager.yml"
 def tool(name):
     path = shutil.which(name)
     if path is None:
-        pytest.skip(f"{name} not installed")
+        pytest.fail(f"{name} not installed (run make deps)", pytrace=False)
     return path
 
 

@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from conftest import EXPORTER, HOST_LOOP, scrape_tree
+from exporter_testlib import EXPORTER, HOST_LOOP, scrape_tree
 from blockstack_lab import procs
 
 LOOP0_QUEUE = "sys/devices/virtual/block/loop0/queue"

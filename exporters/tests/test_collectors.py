@@ -1,7 +1,7 @@
 """Collectors on the host-loop fixture: a tree captured on a real machine (kernel 6.18) with
 loop1 on a file on ext4 on loop0 (loop0 nomerges=2, max_sectors_kb=4), ext4 on loop1 mounted
 dioread_lock,nodelalloc,commit=10, a partitioned loop2, and the host's vda and zram0."""
-from conftest import HOST_LOOP, registry_for
+from exporter_testlib import HOST_LOOP, registry_for
 
 
 def value(metric, **labels):

@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 
-from conftest import EXPORTER, FIXTURES, HERE
+from exporter_testlib import EXPORTER, FIXTURES, HERE
 from blockstack_lab import procs
 
 GOLDEN = os.path.join(HERE, "e2e-output.txt")

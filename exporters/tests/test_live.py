@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import EXPORTER
+from exporter_testlib import EXPORTER
 from blockstack_lab import loop, procs
 
 

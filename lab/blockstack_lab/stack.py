@@ -27,12 +27,30 @@ DISKSTATS_EXCLUDE = r"^(ram|fd|sr)\d+$"
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus")
 
 
-def which(*names):
+def which(*names, target="deps"):
+    """The first of names (on PATH, or absolute paths) that is an executable here."""
     for n in names:
         path = shutil.which(n)
         if path:
             return path
-    raise FileNotFoundError(f"none of {names} on PATH (run make deps)")
+    raise FileNotFoundError(f"{' or '.join(names)} not found (run make {target})")
+
+
+# Each component's program (names on PATH or absolute paths, the first found wins) and the make
+# target that installs or builds it.
+PROGRAMS = {
+    "node": (("prometheus-node-exporter", "node_exporter"), "deps"),
+    "blockstack": ((os.path.join(VENV_BIN, "blockstack-exporter"),), "venv"),
+    "ebpf": ((EBPF_EXPORTER,), "ebpf-build"),
+    "receiver": ((os.path.join(VENV_BIN, "python"),), "venv"),
+    "alertmanager": (("prometheus-alertmanager", "alertmanager"), "deps"),
+    "prometheus": (("prometheus",), "deps"),
+}
+
+
+def program(component):
+    names, target = PROGRAMS[component]
+    return which(*names, target=target)
 
 
 def ebpf_config_names():
@@ -62,6 +80,18 @@ class Stack:
         for c in self.components:
             self.ports.setdefault(c, procs.free_port())
         self._ebpf_configs = ebpf_configs
+
+    def missing(self):
+        """What this stack needs and cannot find here, each naming the make target that provides it."""
+        problems = []
+        for component in self.components:
+            try:
+                program(component)
+            except FileNotFoundError as e:
+                problems.append(str(e))
+        if "ebpf" in self.components and not glob.glob(os.path.join(EBPF_CONFIG_DIR, "*.bpf.o")):
+            problems.append(f"no compiled BPF configs in {EBPF_CONFIG_DIR} (run make ebpf-build)")
+        return problems
 
     def url(self, component, path=""):
         return f"http://127.0.0.1:{self.ports[component]}{path}"
@@ -121,31 +151,31 @@ class Stack:
         w, p = self.workdir, self.ports
         cmds = {}
         if "node" in self.components:
-            cmds["node"] = ([which("prometheus-node-exporter", "node_exporter"), f"--web.listen-address=127.0.0.1:{p['node']}",
+            cmds["node"] = ([program("node"), f"--web.listen-address=127.0.0.1:{p['node']}",
                              "--collector.disable-defaults", "--collector.diskstats", "--collector.cpu",
                              "--collector.meminfo", "--collector.pressure",
                              f"--collector.diskstats.device-exclude={DISKSTATS_EXCLUDE}"],
                             {}, self.url("node", "/metrics"))
         if "blockstack" in self.components:
-            cmds["blockstack"] = ([os.path.join(VENV_BIN, "blockstack-exporter"), f"--web.listen-address=127.0.0.1:{p['blockstack']}"],
+            cmds["blockstack"] = ([program("blockstack"), f"--web.listen-address=127.0.0.1:{p['blockstack']}"],
                                   {}, self.url("blockstack", "/metrics"))
         if "ebpf" in self.components:
             if self._ebpf_configs is None:
                 self._ebpf_configs = ebpf_config_names()
-            cmds["ebpf"] = ([EBPF_EXPORTER, f"--config.dir={EBPF_CONFIG_DIR}", f"--config.names={self._ebpf_configs}",
+            cmds["ebpf"] = ([program("ebpf"), f"--config.dir={EBPF_CONFIG_DIR}", f"--config.names={self._ebpf_configs}",
                              f"--web.listen-address=127.0.0.1:{p['ebpf']}"],
                             {"OTEL_TRACES_EXPORTER": "none"}, self.url("ebpf", "/metrics"))
         if "receiver" in self.components:
-            cmds["receiver"] = ([os.path.join(VENV_BIN, "python"), os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
+            cmds["receiver"] = ([program("receiver"), os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
                                  f"--listen=127.0.0.1:{p['receiver']}", f"--file={self.pages_file}"],
                                 {}, self.url("receiver", "/healthz"))
         if "alertmanager" in self.components:
-            cmds["alertmanager"] = ([which("prometheus-alertmanager", "alertmanager"), f"--config.file={w}/alertmanager.yml",
+            cmds["alertmanager"] = ([program("alertmanager"), f"--config.file={w}/alertmanager.yml",
                                      f"--storage.path={self.data_dir}/alertmanager", f"--web.listen-address=127.0.0.1:{p['alertmanager']}",
                                      "--cluster.listen-address="],
                                     {}, self.url("alertmanager", "/-/ready"))
         if "prometheus" in self.components:
-            cmds["prometheus"] = ([which("prometheus"), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",
+            cmds["prometheus"] = ([program("prometheus"), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",
                                    "--storage.tsdb.retention.time=15d", f"--web.listen-address=127.0.0.1:{p['prometheus']}",
                                    "--web.enable-lifecycle"],
                                   {}, self.url("prometheus", "/-/ready"))
