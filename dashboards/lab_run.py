@@ -18,7 +18,6 @@ Everything is undone on exit, also on failure: fio is killed by its timeout, sys
 restored, filesystems unmounted, loop devices detached, servers stopped.
 """
 import contextlib
-import glob
 import os
 import shutil
 import subprocess
@@ -40,16 +39,11 @@ NO_DISCARD = ["-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"]
 
 def missing_requirements():
     """Why a lab run cannot happen here, or None."""
-    if os.geteuid() != 0:
-        return "needs root (loop devices, mounts, BPF)"
-    for tool in ("fio", "losetup", "mkfs.ext4", "prometheus"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (make deps)"
-    if not os.access(os.path.join(REPO, ".build", "bin", "ebpf_exporter"), os.X_OK):
-        return "ebpf_exporter is not built (make ebpf-build)"
-    if not glob.glob(os.path.join(REPO, ".build", "ebpf-configs", "*.bpf.o")):
-        return "BPF programs are not compiled (make ebpf-build)"
-    return None
+    problems = [] if os.geteuid() == 0 else ["needs root (loop devices, mounts, BPF)"]
+    problems += [f"{tool} is not installed (run make deps)" for tool in ("fio", "losetup", "mkfs.ext4")
+                 if shutil.which(tool) is None]
+    problems += Stack(REPO, components=COMPONENTS).missing()
+    return "; ".join(problems) or None
 
 
 def _fill(path, size):

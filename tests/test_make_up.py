@@ -47,17 +47,6 @@ def prom(ports, path, **params):
     return body["data"]
 
 
-def wait_for(what, predicate, timeout, interval=1.0):
-    """Poll predicate until it returns a truthy value, at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def notifications(state, device, status):
     path = os.path.join(state, "config", "pages.jsonl")
     if not os.path.exists(path):
@@ -110,11 +99,11 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
                                  "--time_based", "--runtime=400", "--output=/dev/null"],
                                 start_new_session=True)
         try:
-            wait_for("every target up", lambda: all(
+            procs.wait_until("every target up", lambda: all(
                 t["health"] == "up" for t in prom(ports, "/api/v1/targets")["activeTargets"]) and
                 len(prom(ports, "/api/v1/targets")["activeTargets"]) == 5, 60)
             # healthy sequential reads: large requests at the loop device, and no page
-            wait_for("request sizes recorded", lambda: prom(ports, "/api/v1/query", query=
+            procs.wait_until("request sizes recorded", lambda: prom(ports, "/api/v1/query", query=
                      f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64')["result"], 60)
 
             # faults: kill each component once; the supervisor restarts it
@@ -126,9 +115,9 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
             for component in COMPONENTS:
                 old = pids(state_dir)[component]
                 os.kill(old, signal.SIGKILL)
-                wait_for(f"{component} restarted", lambda: (pids(state_dir)[component] or old) != old, 30, 0.2)
+                procs.wait_until(f"{component} restarted", lambda: (pids(state_dir)[component] or old) != old, 30, 0.2)
             make("up", state_dir, ports)  # waits for every health endpoint again
-            wait_for("every target up after the kills", lambda: all(
+            procs.wait_until("every target up after the kills", lambda: all(
                 t["health"] == "up" for t in prom(ports, "/api/v1/targets")["activeTargets"]), 60)
             # Prometheus kept the samples from before its restart
             assert prom(ports, "/api/v1/query_range", **samples_query)["result"] == before_kills
@@ -137,8 +126,8 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
             with loop.sysfs_setting(dev, "queue/nomerges", "2"):
                 flipped = time.monotonic()
                 try:
-                    page = wait_for("the page", lambda: notifications(state_dir, name, "firing"), 60)
-                except AssertionError:
+                    page = procs.wait_until("the page", lambda: notifications(state_dir, name, "firing"), 60)
+                except TimeoutError:
                     print("ALERTS:", prom(ports, "/api/v1/query", query="ALERTS")["result"])
                     print("missed:", prom(ports, "/api/v1/query", query="host_device_operation:ebpf_block_rq_missed_merges:rate")["result"])
                     print("qd:", prom(ports, "/api/v1/query", query="host_device:node_disk_queue_depth:avg")["result"])
@@ -153,7 +142,7 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
             # forgets which pages it sent, so it could not send their resolves: that is what the
             # fleet's Alertmanager cluster is for.)
             os.kill(pids(state_dir)["receiver"], signal.SIGKILL)
-            wait_for("the resolve", lambda: notifications(state_dir, name, "resolved"), 90)
+            procs.wait_until("the resolve", lambda: notifications(state_dir, name, "resolved"), 90)
             print(f"page {to_page:.0f} s after the flip, resolved {time.monotonic() - resolved_from:.0f} s after the flip back")
         finally:
             os.killpg(load.pid, signal.SIGTERM)

@@ -50,16 +50,6 @@ def find_alert(stack, status, **labels):
     return None
 
 
-def wait_for(what, timeout, fn, interval=1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = fn()
-        if result:
-            return result
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def write_data(path, size):
     """Real data (not holes) so that reading the file reads loop0."""
     block = os.urandom(1 << 20)
@@ -108,7 +98,7 @@ def test_collapse_pages_and_resolves(tmp_path):
                                f'{{host="{host}",device="{name1}",lower="{name0}",operation="read"}} > 64') and \
                 stack.query('host_device_operation:node_disk_request_size_sectors:avg'
                             f'{{host="{host}",device="{name2}",operation="read"}} > 64')
-        wait_for("a healthy lineup of loop1 over loop0 in Prometheus", 60, healthy_lineup)
+        procs.wait_until("a healthy lineup of loop1 over loop0 in Prometheus", healthy_lineup, 60)
         assert find_alert(stack, "firing", alertname="BlockStackMergeCollapse") is None
         assert find_alert(stack, "firing", alertname="BlockStackMissedMerges") is None
 
@@ -116,8 +106,8 @@ def test_collapse_pages_and_resolves(tmp_path):
         with loop.sysfs_setting(dev0, "queue/max_sectors_kb", 4), loop.sysfs_setting(dev2, "queue/nomerges", 2):
             flipped = time.time()
 
-            record, alert = wait_for("the BlockStackMergeCollapse page", PAGE_TIMEOUT, lambda: find_alert(
-                stack, "firing", alertname="BlockStackMergeCollapse", device=name0))
+            record, alert = procs.wait_until("the BlockStackMergeCollapse page", lambda: find_alert(
+                stack, "firing", alertname="BlockStackMergeCollapse", device=name0), PAGE_TIMEOUT)
             print(f"layered collapse paged {record['received_at'] - flipped:.1f}s after the flip")
             assert record["path"] == "/page"
             assert record["notification"]["receiver"] == "page"
@@ -133,8 +123,8 @@ def test_collapse_pages_and_resolves(tmp_path):
             assert f"{name0} serves read requests of" in alert["annotations"]["description"]
             assert alert["annotations"]["runbook_url"].endswith("#blockstackmergecollapse")
 
-            record, alert = wait_for("the BlockStackMissedMerges page", PAGE_TIMEOUT, lambda: find_alert(
-                stack, "firing", alertname="BlockStackMissedMerges", device=name2))
+            record, alert = procs.wait_until("the BlockStackMissedMerges page", lambda: find_alert(
+                stack, "firing", alertname="BlockStackMissedMerges", device=name2), PAGE_TIMEOUT)
             print(f"single-device collapse paged {record['received_at'] - flipped:.1f}s after the flip")
             assert record["path"] == "/page"
             assert record["notification"]["receiver"] == "page"
@@ -156,7 +146,7 @@ def test_collapse_pages_and_resolves(tmp_path):
         restored = time.time()
 
         for alertname, device in (("BlockStackMergeCollapse", name0), ("BlockStackMissedMerges", name2)):
-            record, _ = wait_for(f"the {alertname} resolve", RESOLVE_TIMEOUT, lambda: find_alert(
-                stack, "resolved", alertname=alertname, device=device))
+            record, _ = procs.wait_until(f"the {alertname} resolve", lambda: find_alert(
+                stack, "resolved", alertname=alertname, device=device), RESOLVE_TIMEOUT)
             print(f"{alertname} on {device} resolved {record['received_at'] - restored:.1f}s after the restore")
             assert record["path"] == "/page"

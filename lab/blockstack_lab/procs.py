@@ -20,6 +20,17 @@ def http_get(url, timeout=5):
         return r.read().decode()
 
 
+def wait_until(what, predicate, timeout, interval=1.0):
+    """Poll predicate until it returns something truthy and return that; at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
 def wait_http(url, timeout=30, proc=None):
     """Poll url until it answers 2xx; fail early if proc died. Bounded by timeout."""
     deadline = time.monotonic() + timeout
