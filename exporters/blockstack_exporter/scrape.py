@@ -8,13 +8,14 @@ that escapes a collector marks only that collector failed
 """
 import logging
 import os
+import threading
 import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from . import devices
-from .fs import ParseError, read_text
+from .fs import AttributeReader, ParseError, read_text
 
 log = logging.getLogger("blockstack_exporter")
 
@@ -29,8 +30,9 @@ class Paths:
 class Scrape:
     """What one scrape has read so far, shared by its collectors so no file is read twice."""
 
-    def __init__(self, paths, errors):
+    def __init__(self, paths, errors, attributes):
         self.paths = paths
+        self.attributes = attributes  # AttributeReader: sysfs attributes through kept descriptors
         self._errors = errors
         self.collector = None
         self._devices = None
@@ -80,9 +82,17 @@ class BlockstackCollector(Collector):
         self.collectors = collectors
         self.paths = paths
         self.errors = {c.name: 0 for c in collectors}
+        self.attributes = AttributeReader()
+        self.lock = threading.Lock()  # concurrent scrapes take turns: shared descriptors and counters
 
     def collect(self):
-        scrape = Scrape(self.paths, self.errors)
+        with self.lock:
+            families = list(self._collect())
+            self.attributes.sweep()
+        return families
+
+    def _collect(self):
+        scrape = Scrape(self.paths, self.errors, self.attributes)
         success = GaugeMetricFamily(
             "blockstack_scrape_collector_success",
             "Whether the collector's last scrape succeeded (1) or failed as a whole (0).",

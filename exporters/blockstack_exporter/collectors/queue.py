@@ -7,7 +7,7 @@ import os
 
 from prometheus_client.core import GaugeMetricFamily
 
-from ..fs import ParseError, read_text
+from ..fs import ParseError
 
 KIB = 1024
 
@@ -84,7 +84,7 @@ class QueueCollector:
         for filename, _, _, multiplier in SETTINGS:
             path = os.path.join(queue, filename)
             try:
-                values.append(parse_setting(read_text(path), multiplier))
+                values.append(parse_setting(scrape.attributes.read_text(path), multiplier))
             except FileNotFoundError:
                 if not os.path.isdir(queue):
                     scrape.error(f"{owner}: device vanished while being read")
@@ -94,7 +94,7 @@ class QueueCollector:
                 scrape.error(f"{owner}: {filename}: {e}")
                 values.append(None)
         try:
-            sched = parse_scheduler(read_text(os.path.join(queue, "scheduler")))
+            sched = parse_scheduler(scrape.attributes.read_text(os.path.join(queue, "scheduler")))
         except FileNotFoundError:
             sched = None
         except (OSError, ParseError) as e:
