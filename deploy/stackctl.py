@@ -3,6 +3,9 @@
 
     stackctl.py up [--state DIR] [--port NAME=PORT ...] [--listen ADDR]
     stackctl.py down | status | logs [NAME] | clean | render      (all take --state)
+    stackctl.py up --role agent --host NAME --listen ADDR --alertmanager ADDR:PORT ... [--replica A ...]
+    stackctl.py up --role central --listen ADDR [--inventory FILE] [--cluster-peer ADDR:PORT ...]
+    stackctl.py fleet-cert --host NAME --address ADDR      (on the central side: a host's TLS certificate)
 
 `up` renders the configuration into the state directory, starts supervisord there (or updates
 the one already running), waits until every component's health endpoint answers and prints
@@ -12,6 +15,12 @@ keeps the data; `clean` also removes the state directory.
 Everything listens on 127.0.0.1. `--listen 0.0.0.0` exposes Prometheus and Alertmanager (and
 Grafana) only with basic auth: a generated password, kept 0600 in the state directory, hashed
 into a Prometheus-family `--web.config.file`. Exporters always stay on loopback.
+
+Roles (docs/fleet.md; fleet/roles.py renders them): `--role agent` runs the exporters, one
+Prometheus per `--replica` evaluating alerts/*.rules.yml and a Thanos sidecar each on `--listen`
+(TLS + basic auth, gRPC mutual TLS); `--role central` runs Thanos Query (Grafana's datasource),
+two Alertmanager peers in a cluster on `--listen` (TLS + basic auth), the watcher Prometheus
+(BlockStackHostDown) and the page receiver. The default role is the single-host stack above.
 """
 import argparse
 import json
@@ -26,9 +35,11 @@ import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO, "lab"))
+sys.path.insert(0, REPO)  # fleet/ (the fleet roles)
 
 from blockstack_lab import procs  # noqa: E402
 from blockstack_lab.stack import COMPONENTS, Stack  # noqa: E402
+from fleet import roles as fleet_roles  # noqa: E402
 
 DEFAULT_PORTS = {"prometheus": 9090, "alertmanager": 9093, "node": 9100, "blockstack": 9363,
                  "ebpf": 9435, "receiver": 9466, "grafana": 3000}
@@ -85,17 +96,51 @@ def grafana_binary():
     return None
 
 
+ROLE_PORTS = {"agent": fleet_roles.AGENT_PORTS, "central": {**fleet_roles.CENTRAL_PORTS, "grafana": 3000}}
+
+
 class Deployment:
-    def __init__(self, state, ports=None, listen="127.0.0.1"):
+    def __init__(self, state, ports=None, listen="127.0.0.1", role="standalone", fleet=None):
+        """role: standalone (the single-host stack), agent or central (fleet/roles.py); fleet: the
+        role's options (host, replicas, alertmanagers, secrets, inventory, cluster_peers)."""
         self.state = state
         self.listen = listen
+        self.role = role
         saved = self._load_ports()
-        self.ports = {**DEFAULT_PORTS, **saved, **(ports or {})}
-        self.grafana = grafana_binary()
+        self.ports = {**(ROLE_PORTS.get(role) or DEFAULT_PORTS), **saved, **(ports or {})}
+        self.grafana = grafana_binary() if role != "agent" else None
         components = list(COMPONENTS)
-        self.stack = Stack(os.path.join(state, "config"), components=components,
-                           ports={c: self.ports[c] for c in components},
-                           ebpf_configs=self._ebpf_configs(), data_dir=os.path.join(state, "data"))
+        self.fleet = None
+        if role == "standalone":
+            self.stack = Stack(os.path.join(state, "config"), components=components,
+                               ports={c: self.ports[c] for c in components},
+                               ebpf_configs=self._ebpf_configs(), data_dir=os.path.join(state, "data"))
+            self.datasource_url = self.stack.url("prometheus")
+        else:
+            self.fleet = self._fleet_role(fleet or {})
+            self.stack = self.fleet.exporters if role == "agent" else self.fleet.receiver_stack
+            self.datasource_url = self.fleet.query_url() if role == "central" else None
+
+    def _fleet_role(self, opts):
+        config, data = os.path.join(self.state, "config"), os.path.join(self.state, "data")
+        secrets = fleet_roles.Secrets(opts.get("secrets") or os.path.join(self.state, "secrets", "fleet"))
+        if self.role == "agent":
+            if not opts.get("alertmanagers"):
+                raise SystemExit("--role agent needs --alertmanager ADDR:PORT for every central Alertmanager peer")
+            host = opts.get("host") or os.uname().nodename
+            if not fleet_roles.loopback(self.listen):
+                crt, key = secrets.cert(host)
+                for f in (crt, key, secrets.ca, secrets.password_file):
+                    if not os.path.exists(f):
+                        raise SystemExit(f"{f} missing: on the central side run `stackctl.py fleet-cert --host {host} "
+                                         f"--address {self.listen}` and copy its output files here (docs/fleet.md)")
+            return fleet_roles.Agent(config, host, opts["alertmanagers"], secrets, replicas=opts.get("replicas") or ("A",),
+                                     listen=self.listen, data_dir=data, ports=self.ports,
+                                     ebpf_configs=self._ebpf_configs())
+        secrets.ensure(server_names={"central": [self.listen, "127.0.0.1"]}, client_names=["query"])
+        return fleet_roles.Central(config, opts.get("inventory") or os.path.join(self.state, "inventory.yml"), secrets,
+                                   listen=self.listen, data_dir=data, ports=self.ports,
+                                   cluster_peers=opts.get("cluster_peers") or ())
 
     # -- state ------------------------------------------------------------------------
 
@@ -136,6 +181,11 @@ class Deployment:
 
     def programs(self):
         """{name: (argv, env, health_url)} for supervisord."""
+        if self.fleet is not None:
+            cmds = self.fleet.commands()
+            if self.grafana:
+                cmds["grafana"] = self._grafana_command()
+            return cmds
         cmds = self.stack.commands()
         if self.listen != "127.0.0.1":
             web_config = os.path.join(self.stack.workdir, "web-config.yml")
@@ -158,9 +208,9 @@ class Deployment:
         """Write every configuration file; True if supervisord's own configuration changed."""
         os.makedirs(os.path.join(self.state, "logs"), exist_ok=True)
         os.makedirs(os.path.join(self.state, "data"), exist_ok=True)
-        self.stack.render()
+        (self.fleet or self.stack).render()
         write_if_changed(os.path.join(self.state, "ports.json"), json.dumps(self.ports, indent=1, sort_keys=True) + "\n")
-        if self.listen != "127.0.0.1":
+        if self.listen != "127.0.0.1" and self.fleet is None:
             self._render_basic_auth()
         if self.grafana:
             self._render_grafana()
@@ -212,7 +262,7 @@ check_for_updates = false
             for name in os.listdir(os.path.join(src, kind)):
                 with open(os.path.join(src, kind, name)) as f:
                     text = f.read()
-                text = text.replace("http://127.0.0.1:9090", self.stack.url("prometheus"))
+                text = text.replace("http://127.0.0.1:9090", self.datasource_url)
                 text = text.replace("/var/lib/grafana/dashboards/blockstack", os.path.join(REPO, "dashboards"))
                 write_if_changed(os.path.join(self.stack.workdir, "grafana-provisioning", kind, name), text)
 
@@ -270,9 +320,15 @@ check_for_updates = false
 
     def _reload_prometheus(self):
         import urllib.request
-        req = urllib.request.Request(self.stack.url("prometheus", "/-/reload"), method="POST")
-        with urllib.request.urlopen(req, timeout=10):
-            pass
+        if self.role == "agent":
+            urls = [self.fleet.url(f"prometheus-{r}", "/-/reload") for r in self.fleet.replicas]
+        elif self.role == "central":
+            urls = [f"http://127.0.0.1:{self.fleet.ports[f'watcher-{r}']}/-/reload" for r in self.fleet.watchers]
+        else:
+            urls = [self.stack.url("prometheus", "/-/reload")]
+        for url in urls:
+            with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10):
+                pass
 
     def _wait_sock(self, timeout=30):
         deadline = time.monotonic() + timeout
@@ -286,16 +342,28 @@ check_for_updates = false
         deadline = time.monotonic() + timeout
         for name, (_, _, url) in self.programs().items():
             while True:
-                try:
-                    procs.http_get(url, timeout=2)
+                # probe: a 2xx, or 401 from a listener with basic auth on (it is up)
+                if fleet_roles.probe(url):
                     break
-                except OSError as e:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{name} did not answer {url}: {e}; see {self.state}/logs/{name}.log")
-                    time.sleep(0.2)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} did not answer {url}; see {self.state}/logs/{name}.log")
+                time.sleep(0.2)
 
     def print_urls(self, elapsed):
         host = "127.0.0.1" if self.listen in ("127.0.0.1", "0.0.0.0") else self.listen
+        if self.fleet is not None:
+            print(f"Block Stack Merges {self.role} role is up ({elapsed:.1f} s), state in {self.state}")
+            for name, (_, _, url) in self.programs().items():
+                print(f"  {name:<22} {url}")
+            if self.role == "central":
+                print(f"  pages file             {self.fleet.pages_file}")
+                print(f"  inventory              {self.fleet.inventory}  (add hosts here; no restart)")
+                print(f"  Grafana datasource     {self.datasource_url}  (Thanos Query, replica label `replica`)")
+                if not self.grafana:
+                    print(GRAFANA_HINT)
+            if not fleet_roles.loopback(self.listen):
+                print(f"  TLS + basic auth: user fleet, password in {self.fleet.secrets.password_file}")
+            return
         print(f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}")
         print(f"  Prometheus     http://{host}:{self.ports['prometheus']}/   (alerts: /alerts)")
         print(f"  Alertmanager   http://{host}:{self.ports['alertmanager']}/")
@@ -335,20 +403,40 @@ def _mtime(path):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["up", "down", "status", "logs", "clean", "render"])
+    p.add_argument("command", choices=["up", "down", "status", "logs", "clean", "render", "fleet-cert"])
     p.add_argument("name", nargs="?", help="component, for logs")
     p.add_argument("--state", help="state directory (default $STATE_DIR or .state in the repository)")
     p.add_argument("--port", action="append", default=[], metavar="NAME=PORT", help=f"override a port ({', '.join(DEFAULT_PORTS)})")
     p.add_argument("--listen", default=os.environ.get("LISTEN", "127.0.0.1"),
                    help="address for Prometheus, Alertmanager and Grafana; anything but 127.0.0.1 turns on basic auth")
+    fleet = p.add_argument_group("fleet roles (docs/fleet.md)")
+    fleet.add_argument("--role", choices=["standalone", "agent", "central"], default=os.environ.get("ROLE", "standalone"))
+    fleet.add_argument("--host", help="agent: this host's name (the `host` label; default the hostname); fleet-cert: whose")
+    fleet.add_argument("--address", help="fleet-cert: the address the host's sidecar listens on")
+    fleet.add_argument("--replica", action="append", default=[], help="agent: a Prometheus replica name (A, B); repeat for two")
+    fleet.add_argument("--alertmanager", action="append", default=[], metavar="ADDR:PORT",
+                       help="agent: a central Alertmanager peer; repeat for every peer")
+    fleet.add_argument("--fleet-secrets", help="CA, certificates and the fleet password (default STATE/secrets/fleet)")
+    fleet.add_argument("--inventory", help="central: the file_sd inventory of agent sidecars (default STATE/inventory.yml)")
+    fleet.add_argument("--cluster-peer", action="append", default=[], metavar="ADDR:PORT",
+                       help="central: an Alertmanager peer on another central machine (its cluster port)")
     args = p.parse_args(argv)
     ports = {}
+    known = ROLE_PORTS.get(args.role) or DEFAULT_PORTS
     for item in args.port:
         name, _, port = item.partition("=")
-        if name not in DEFAULT_PORTS or not port.isdigit():
-            p.error(f"--port {item}: expected NAME=PORT with NAME in {', '.join(DEFAULT_PORTS)}")
+        if name not in known or not port.isdigit():
+            p.error(f"--port {item}: expected NAME=PORT with NAME in {', '.join(known)}")
         ports[name] = int(port)
     state = state_dir(args)
+    if args.command == "fleet-cert":
+        if not (args.host and args.address):
+            p.error("fleet-cert needs --host and --address")
+        secrets = fleet_roles.Secrets(args.fleet_secrets or os.path.join(state, "secrets", "fleet")).ensure(
+            server_names={args.host: [args.address]})
+        crt, key = secrets.cert(args.host)
+        print(f"copy to {args.host}'s fleet secrets directory (0700): {secrets.ca} {crt} {key} {secrets.password_file}")
+        return
     if args.command == "clean":
         pid_file = os.path.join(state, "supervisord.pid")
         if os.path.exists(pid_file):
@@ -359,7 +447,18 @@ def main(argv=None):
     if args.command in ("status", "logs", "down") and not os.path.exists(os.path.join(state, "supervisord.conf")):
         print(f"not set up in {state} (make up)")
         return
-    d = Deployment(state, ports, args.listen)
+    fleet_opts = {"host": args.host, "replicas": args.replica, "alertmanagers": args.alertmanager,
+                  "secrets": args.fleet_secrets, "inventory": args.inventory, "cluster_peers": args.cluster_peer}
+    role_file = os.path.join(state, "role.json")
+    if args.command == "up" and args.role != "standalone":
+        os.makedirs(state, exist_ok=True)
+        write_if_changed(role_file, json.dumps({"role": args.role, "listen": args.listen, "fleet": fleet_opts}, indent=1) + "\n")
+    elif args.role == "standalone" and os.path.exists(role_file):
+        # down/status/logs/render of a role deployment: the options it was brought up with
+        with open(role_file) as f:
+            saved = json.load(f)
+        args.role, args.listen, fleet_opts = saved["role"], saved["listen"], saved["fleet"]
+    d = Deployment(state, ports, args.listen, role=args.role, fleet=fleet_opts)
     if args.command == "up":
         d.up()
     elif args.command == "render":

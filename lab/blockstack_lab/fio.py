@@ -1,6 +1,9 @@
 """fio runs with JSON output and a hard time limit."""
+import contextlib
 import json
 import subprocess
+
+from . import procs
 
 # The incident workload: batched sequential 4 KiB direct reads. On a loop device this averages
 # 256 sectors per request with nomerges=0 and 8 with nomerges=2.
@@ -22,3 +25,15 @@ def run(args, runtime=3, timeout=None, name="lab"):
 def iops(report, op="read"):
     return sum(job[op]["iops"] for job in report["jobs"])
 
+
+
+@contextlib.contextmanager
+def background(args, runtime=3600, name="lab", output="/dev/null"):
+    """fio in the background, in its own process group (its job processes included), for at most
+    `runtime` seconds; the whole group is stopped on exit. Yields the Popen."""
+    argv = ["fio", f"--name={name}", "--time_based", f"--runtime={runtime}", f"--output={output}", *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        procs.stop(proc)

@@ -60,9 +60,10 @@ def detach(dev):
 
 
 @contextlib.contextmanager
-def mounted(dev, options="", fstype="ext4"):
-    """Mount dev on a fresh temporary directory; unmount (lazily if busy) on exit."""
-    mnt = tempfile.mkdtemp(prefix="blockstack-mnt-")
+def mounted(dev, options="", fstype="ext4", directory=None):
+    """Mount dev on a fresh temporary directory (in `directory`, default the system's temporary
+    directory); unmount (lazily if busy) on exit."""
+    mnt = tempfile.mkdtemp(prefix="blockstack-mnt-", dir=directory)
     argv = ["mount", "-t", fstype] + (["-o", options] if options else []) + [dev, mnt]
     try:
         _run(argv)
@@ -89,11 +90,34 @@ def mkfs_ext4(dev, args=()):
 
 
 @contextlib.contextmanager
-def ext4(dev, mkfs_args=(), mount_options=""):
+def ext4(dev, mkfs_args=(), mount_options="", directory=None):
     """Make an ext4 filesystem on dev and mount it; yields the mountpoint."""
     mkfs_ext4(dev, mkfs_args)
-    with mounted(dev, mount_options) as mnt:
+    with mounted(dev, mount_options, directory=directory) as mnt:
         yield mnt
+
+
+def fill(path, size_bytes, chunk_bytes=4 << 20):
+    """Write size_bytes of data to path (not a hole, not unwritten extents: reads of it reach the
+    device beneath) and fsync it."""
+    chunk = b"\xa5" * chunk_bytes
+    with open(path, "wb") as f:
+        for _ in range(size_bytes // chunk_bytes):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def attached_devices():
+    """{'/dev/loopN': backing file} for every attached loop device (losetup's view)."""
+    out = subprocess.run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
+                         capture_output=True, text=True, timeout=30).stdout
+    devices = {}
+    for line in out.splitlines():
+        parts = line.split(None, 1)
+        if parts:
+            devices[parts[0]] = parts[1].strip() if len(parts) > 1 else ""
+    return devices
 
 
 def read_sysfs(dev, attr):

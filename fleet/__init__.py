@@ -1,0 +1,1 @@
+"""Block Stack Merges across a fleet: agent and central roles on Thanos and an Alertmanager cluster."""

@@ -1,0 +1,167 @@
+"""A small fleet on one machine: N simulated hosts (network namespaces on a private bridge), each
+with its own loop-device lab and an agent role, and the central role in the root namespace.
+
+    host hI (namespace, 10.200.K.(10+I)):
+        upper loopU (direct-io) -> file on ext4 -> lower loopL    (lineup series: a stacked pair)
+        plain loop devices p1, p2, ...                             (merge collapses to page on)
+        node/blockstack/ebpf exporters + Prometheus replica(s) + Thanos sidecar(s)   (agent role)
+    root namespace (10.200.K.1 on the bridge, and 127.0.0.1):
+        page receiver, 2 Alertmanager peers (cluster), watcher Prometheus, Thanos Query (central)
+
+All hosts share one kernel, so every exporter sees every loop device: each agent keeps only its
+own devices (Agent(devices=...)). Agent processes enter only the host's network namespace
+(nsenter --net), so they keep the root's /sys and tracefs (ebpf_exporter needs them).
+Everything is undone on exit, also on failure: processes, namespaces, bridge, mounts, loops.
+"""
+import contextlib
+import os
+import subprocess
+import time
+import types
+
+from blockstack_lab import loop, procs
+from blockstack_lab.stack import ebpf_config_names
+
+from . import netns
+from .roles import Agent, Central, Secrets, probe, write_inventory, FLEET_USER
+
+LOWER_SIZE = 128 << 20
+UPPER_SIZE = 64 << 20
+PLAIN_SIZE = 64 << 20
+NO_DISCARD = ["-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"]
+
+
+def _fill(path, size):
+    chunk = b"\xa5" * (4 << 20)
+    with open(path, "wb") as f:
+        for _ in range(size // len(chunk)):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def wait_until(what, predicate, timeout, interval=0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class Host:
+    def __init__(self, name, ns, address):
+        self.name, self.ns, self.address = name, ns, address
+        self.procs = {}  # component -> Popen
+        self.upper = self.lower = None
+        self.plain = []  # '/dev/loopN' of the plain devices
+
+
+@contextlib.contextmanager
+def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=None, host_down_for="15s",
+              scrape_interval="5s", log=print):
+    """Yields a namespace: central (Central), hosts {name: Host}, agents {name: Agent}, secrets,
+    auth (user, password), inventory path, start(host, component) / kill(host, component)."""
+    replicas = replicas or {}
+    plain_devices = plain_devices or {}
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    with contextlib.ExitStack() as es:
+        central_addr, nets = es.enter_context(netns.bridged_hosts(hosts))
+        log(f">> fleet: central {central_addr}, hosts {', '.join(f'{h}={a}' for h, (_, a) in nets.items())}")
+        secrets = Secrets(os.path.join(workdir, "secrets")).ensure(
+            server_names={"central": [central_addr, "127.0.0.1"], **{h: [a] for h, (_, a) in nets.items()}},
+            client_names=["query"])
+        auth = (FLEET_USER, secrets.password())
+
+        # -- each host's loop-device lab ---------------------------------------------------
+        fleet_hosts = {}
+        for h, (ns, addr) in nets.items():
+            host = fleet_hosts[h] = Host(h, ns, addr)
+            lower = es.enter_context(loop.attached(LOWER_SIZE, directory="/dev/shm"))
+            mnt = es.enter_context(loop.ext4(lower, mkfs_args=NO_DISCARD))
+            backing = os.path.join(mnt, "upper.img")
+            _fill(backing, UPPER_SIZE)
+            upper = es.enter_context(loop.attached(path=backing, direct_io=True))
+            host.upper, host.lower = loop.name(upper), loop.name(lower)
+            for _ in range(plain_devices.get(h, 0)):
+                dev = es.enter_context(loop.attached(PLAIN_SIZE, directory="/dev/shm"))
+                subprocess.run(["fio", "--name=fill", f"--filename={dev}", f"--size={PLAIN_SIZE}", "--rw=write",
+                                "--bs=1m", "--direct=1", "--output=/dev/null"], check=True, timeout=120)
+                host.plain.append(dev)
+            log(f">> fleet: {h}: {host.upper} on a file on ext4 on {host.lower}; plain {host.plain}")
+
+        # -- central role (root namespace) -------------------------------------------------
+        inventory = os.path.join(workdir, "inventory.yml")
+        cports = {name: procs.free_port() for name in (
+            "receiver", "query-http", "query-grpc", "watcher-A", "alertmanager-1", "alertmanager-1-cluster",
+            "alertmanager-2", "alertmanager-2-cluster")}
+        central = Central(os.path.join(workdir, "central"), inventory, secrets, listen=central_addr, ports=cports,
+                          scrape_interval=scrape_interval, host_down_for=host_down_for)
+        central.render()
+        central_procs = {}
+        for name, (argv, env, health) in central.commands().items():
+            central_procs[name] = es.enter_context(procs.running(
+                argv, env=env, log_path=os.path.join(central.workdir, f"{name}.log")))
+        for name, (argv, env, health) in central.commands().items():
+            wait_until(f"central {name} ({health})", lambda: _alive(central_procs[name], name) and
+                       probe(health, auth=auth, ca=secrets.ca), 60)
+
+        # -- agent role in each namespace ----------------------------------------------------
+        ebpf_configs = ebpf_config_names()
+        agents = {}
+        starters = {}
+        for h, host in fleet_hosts.items():
+            devices = "|".join([host.upper, host.lower] + [loop.name(d) for d in host.plain])
+            agent = agents[h] = Agent(os.path.join(workdir, h), h, central.alertmanager_addresses(), secrets,
+                                      replicas=replicas.get(h, ("A",)), listen=host.address, devices=devices,
+                                      scrape_interval=scrape_interval, ebpf_configs=ebpf_configs)
+            agent.render()
+            for name, (argv, env, health) in agent.commands().items():
+                starters[(h, name)] = (netns.argv_in_net(host.ns, argv), env, health,
+                                       os.path.join(agent.workdir, f"{name}.log"))
+        ctx = {}
+
+        def start(h, name):
+            argv, env, health, log_path = starters[(h, name)]
+            cm = procs.running(argv, env=env, log_path=log_path)
+            proc = cm.__enter__()
+            ctx[(h, name)] = cm
+            fleet_hosts[h].procs[name] = proc
+            return proc
+
+        def wait_ready(h, name, timeout=90):
+            health = starters[(h, name)][2]
+            proc = fleet_hosts[h].procs[name]
+            wait_until(f"{h} {name} ({health})", lambda: _alive(proc, f"{h} {name}") and
+                       netns.call_in(fleet_hosts[h].ns, probe, health, auth, secrets.ca), timeout)
+
+        def kill(h, name):
+            cm = ctx.pop((h, name))
+            proc = fleet_hosts[h].procs.pop(name)
+            os.killpg(proc.pid, 9)
+            proc.wait(30)
+            cm.__exit__(None, None, None)
+
+        def stop_all():
+            for key in list(ctx):
+                with contextlib.suppress(Exception):
+                    kill(*key)
+
+        es.callback(stop_all)
+        for key in starters:
+            start(*key)
+        for key in starters:
+            wait_ready(*key)
+        write_inventory(inventory, [e for h, a in agents.items() for e in a.inventory_entries(fleet_hosts[h].address)])
+        log(f">> fleet: {len(starters)} agent processes up; inventory {inventory}")
+        yield types.SimpleNamespace(central=central, central_procs=central_procs, hosts=fleet_hosts, agents=agents,
+                                    secrets=secrets, auth=auth, inventory=inventory, start=start, kill=kill,
+                                    wait_ready=wait_ready, central_address=central_addr)
+
+
+def _alive(proc, name):
+    if proc.poll() is not None:
+        raise RuntimeError(f"{name} exited with {proc.returncode} (see its log)")
+    return True

@@ -1,0 +1,234 @@
+"""A small fleet on this machine (fleet/lab.py): 3 hosts as network namespaces, each with its own
+loop-device lab and the agent role; h1 runs two rule-evaluating Prometheus replicas (A, B); the
+central role (2 Alertmanager peers in a cluster, Thanos Query, watcher, receiver) in the root
+namespace. Cross-host traffic: TLS + basic auth (HTTP), mutual TLS (gRPC StoreAPI).
+
+In order, on one fleet:
+1. Thanos Query returns each host's lineup series once (deduplicated across h1's replicas).
+2. The dashboard's queries, unchanged, run against Thanos Query; its host variable spans the fleet.
+3. A merge collapse on h1 pages exactly once, naming h1 (2 replicas x 2 Alertmanager peers).
+4. Alertmanager peer 1 and h1's replica A killed, h3 stopped entirely: a new collapse on h1 still
+   pages exactly once, and BlockStackHostDown pages once for h3.
+Needs root, `make thanos`, `make ebpf-build`, `make deps`; about 3 minutes (setup 35 s).
+"""
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "dashboards"))
+
+from blockstack_lab import fio, loop, procs  # noqa: E402
+from fleet import netns, roles  # noqa: E402
+from fleet.lab import fleet_lab, wait_until  # noqa: E402
+
+PAGE_ALERTS = {"BlockStackMergeCollapse", "BlockStackMissedMerges"}
+PAGE_TIMEOUT = 120      # rate window 20 s + for 15 s + group_wait 5 s, on a loaded 2-core machine
+DUPLICATE_WINDOW = 25   # a second Alertmanager peer would send after --cluster.peer-timeout (15 s)
+LINEUP = "host_device_lower_operation:node_disk_completed:lower_rate"
+
+
+def check_prerequisites():
+    if os.geteuid() != 0:
+        pytest.fail("the fleet test needs root (network namespaces, loop devices, BPF): run make test-fleet as root")
+    problems = roles.missing()
+    if problems:
+        pytest.fail("fleet test prerequisites missing: " + "; ".join(problems) + " (make test-fleet builds them)")
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    check_prerequisites()
+    workdir = tempfile.mkdtemp(prefix="blockstack-fleet-")
+    started = time.monotonic()
+    with fleet_lab(workdir, replicas={"h1": ("A", "B")}, plain_devices={"h1": 2}, host_down_for="15s") as f:
+        print(f"\nfleet up in {time.monotonic() - started:.0f} s ({workdir})")
+        f.workdir = workdir
+        wait_until("every agent target up through Thanos Query", lambda: _all_targets_up(f), 120, 2)
+        yield f
+    subprocess.run(["rm", "-rf", workdir], timeout=60)
+
+
+def query(f, promql, dedup=True):
+    url = f.central.query_url("/api/v1/query?" + urllib.parse.urlencode(
+        {"query": promql, "dedup": str(dedup).lower()}))
+    body = json.loads(procs.http_get(url, timeout=30))
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def _all_targets_up(f):
+    up = query(f, 'up{job=~"node|blockstack|ebpf"}')
+    hosts = collections.Counter(s["metric"]["host"] for s in up if s["value"][1] == "1")
+    return all(hosts[h] == 3 for h in f.hosts)
+
+
+def pages(f, predicate):
+    """Page notifications (receiver page) holding a firing alert that matches predicate(labels)."""
+    if not os.path.exists(f.central.pages_file):
+        return []
+    found = []
+    with open(f.central.pages_file) as fh:
+        for line in fh:
+            record = json.loads(line)
+            n = record["notification"]
+            if n["receiver"] != "page":
+                continue
+            if any(a["status"] == "firing" and predicate(a["labels"]) for a in n["alerts"]):
+                found.append(record)
+    return found
+
+
+def collapse_pages(f, host, dev):
+    name = loop.name(dev)
+    return pages(f, lambda labels: labels.get("alertname") in PAGE_ALERTS and labels.get("host") == host
+                 and name in (labels.get("device"), labels.get("stack")))
+
+
+@pytest.fixture
+def collapse():
+    """collapse(dev): sequential batched direct reads with nomerges=2 until the test ends."""
+    cleanups = []
+
+    def start(dev):
+        setting = loop.sysfs_setting(dev, "queue/nomerges", "2")
+        setting.__enter__()
+        load = subprocess.Popen(["fio", "--name=collapse", f"--filename={dev}", "--size=64m", "--readonly",
+                                 *fio.SEQ_BATCHED_READ, "--time_based", "--runtime=300", "--output=/dev/null"],
+                                start_new_session=True)
+        cleanups.append((load, setting))
+        return time.monotonic()
+
+    yield start
+    for load, setting in cleanups:
+        os.killpg(load.pid, signal.SIGTERM)
+        load.wait(30)
+        setting.__exit__(None, None, None)
+
+
+def test_thanos_query_returns_each_hosts_lineup_once(fleet):
+    wait_until("lineup series on every host", lambda: {s["metric"]["host"] for s in query(fleet, LINEUP)} ==
+               set(fleet.hosts), 60, 2)
+    deduped = query(fleet, LINEUP)
+    raw = query(fleet, LINEUP, dedup=False)
+    keys = [tuple(sorted(s["metric"].items())) for s in deduped]
+    assert len(keys) == len(set(keys)), "duplicate series after deduplication"
+    assert not any("replica" in s["metric"] for s in deduped)
+    for h, host in fleet.hosts.items():
+        mine = [s for s in deduped if s["metric"]["host"] == h]
+        assert mine and all(s["metric"]["device"] == host.upper and s["metric"]["lower"] == host.lower for s in mine), mine
+        replicas = collections.Counter(s["metric"]["replica"] for s in raw if s["metric"]["host"] == h)
+        assert set(replicas) == set(fleet.agents[h].replicas)
+        assert all(n == len(mine) for n in replicas.values()), (h, replicas, len(mine))
+    print(f"lineup: {len(deduped)} series deduplicated, {len(raw)} raw")
+
+
+def test_dashboard_unchanged_against_thanos_query(fleet):
+    import blockstack_dashboard
+    from grafana_sim import Grafana
+    with open(blockstack_dashboard.OUTPUT) as fh:
+        dashboard = json.load(fh)
+    end = time.time()
+    g = Grafana(fleet.central.query_url(), dashboard, end - 120, end, scrape_interval=5)
+    g.choose("datasource", blockstack_dashboard.CONFIG["datasource_uid"])
+    assert g.variable_options("host") == sorted(fleet.hosts), "the host variable must span the fleet"
+    h1 = fleet.hosts["h1"]
+    g.choose("host", "h1")
+    g.choose("stack", h1.upper)
+    g.choose("device", "$__all")
+    ran = with_data = 0
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            overrides = {"device": h1.upper} if panel.get("repeat") == "device" else None
+            text, _, result = g.query_range(target["expr"], panel.get("maxDataPoints"), overrides)
+            ran += 1
+            keys = [tuple(sorted(s["metric"].items())) for s in result]
+            assert len(keys) == len(set(keys)), f"{panel['title']}: duplicate series through Thanos: {text}"
+            assert not any(s["metric"].get("host") not in (None, "h1") for s in result), f"{panel['title']}: {text}"
+            with_data += bool(result)
+    assert ran and with_data >= ran // 2, f"only {with_data} of {ran} dashboard queries returned data"
+    print(f"dashboard: {ran} queries through Thanos Query, {with_data} with data")
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_cost_per_host(fleet):
+    """Series per host (deduplicated, recording rules included), samples/s per replica (every
+    series is scraped or evaluated every 5 s) and the memory of each component: the measured
+    inputs of the per-100 / per-1,000 hosts figures in docs/fleet.md."""
+    series = {s["metric"]["host"]: int(s["value"][1]) for s in query(fleet, 'count by (host) ({__name__=~".+"})')}
+    scraped = {s["metric"]["host"]: int(s["value"][1]) for s in query(
+        fleet, 'count by (host) ({job=~"node|blockstack|ebpf"})')}
+    assert set(series) == set(fleet.hosts)
+    per_device = {s["metric"]["host"]: int(s["value"][1]) for s in query(
+        fleet, 'count by (host) ({__name__=~".+", device!=""})')}
+    devices = {s["metric"]["host"]: int(s["value"][1]) for s in query(
+        fleet, 'count by (host) (count by (host, device) ({__name__=~".+", device!=""}))')}
+    for h in sorted(series):
+        print(f"{h}: {devices[h]} devices, {per_device[h]} series with a device label "
+              f"({per_device[h] / devices[h]:.0f} per device), {series[h] - per_device[h]} without")
+    wurl = f"http://127.0.0.1:{fleet.central.ports['watcher-A']}/api/v1/query?query=count(%7B__name__%3D~%22.%2B%22%7D)"
+    print(f"watcher: {json.loads(procs.http_get(wurl))['data']['result'][0]['value'][1]} series for "
+          f"{sum(len(a.replicas) for a in fleet.agents.values())} agent replicas")
+    for h in sorted(series):
+        print(f"{h}: {series[h]} series ({scraped[h]} scraped, {series[h] - scraped[h]} from rules), "
+              f"{series[h] / 5:.0f} samples/s per replica")
+    h1 = fleet.hosts["h1"]
+    for name, proc in sorted(h1.procs.items()):
+        print(f"h1 {name}: {rss_mib(proc.pid):.0f} MiB RSS")
+    for name, proc in sorted(fleet.central_procs.items()):
+        print(f"central {name}: {rss_mib(proc.pid):.0f} MiB RSS")
+    assert all(n > 0 for n in series.values())
+
+
+def test_collapse_pages_once_naming_the_host(fleet, collapse):
+    dev = fleet.hosts["h1"].plain[0]
+    flipped = collapse(dev)
+    page = wait_until("the h1 page", lambda: collapse_pages(fleet, "h1", dev), PAGE_TIMEOUT, 1)
+    print(f"h1 paged {time.monotonic() - flipped:.0f} s after the collapse")
+    time.sleep(DUPLICATE_WINDOW)
+    sent = collapse_pages(fleet, "h1", dev)
+    assert len(sent) == 1, f"expected exactly one page, got {len(sent)}: {sent}"
+    labels = [a["labels"] for a in page[0]["notification"]["alerts"] if a["status"] == "firing"]
+    assert all(lbl["host"] == "h1" and "replica" not in lbl for lbl in labels), labels
+    assert page[0]["notification"]["groupLabels"]["host"] == "h1"
+    others = pages(fleet, lambda lbl: lbl.get("host") != "h1" and lbl.get("alertname") in PAGE_ALERTS)
+    assert not others, f"pages for other hosts: {others}"
+
+
+def test_peer_and_replica_killed_host_stopped_still_pages_once(fleet, collapse):
+    fleet.central_procs["alertmanager-1"].send_signal(signal.SIGKILL)
+    fleet.kill("h1", "prometheus-A")
+    h3 = fleet.hosts["h3"]
+    for name in list(h3.procs):
+        fleet.kill("h3", name)
+    netns.link_down(h3.ns)
+    stopped = time.monotonic()
+    dev = fleet.hosts["h1"].plain[1]
+    flipped = collapse(dev)
+
+    wait_until("the second h1 page", lambda: collapse_pages(fleet, "h1", dev), PAGE_TIMEOUT, 1)
+    print(f"h1 paged {time.monotonic() - flipped:.0f} s after the collapse (1 peer, 1 replica left)")
+    down = wait_until("the h3 host-down page", lambda: pages(
+        fleet, lambda lbl: lbl.get("alertname") == "BlockStackHostDown"), PAGE_TIMEOUT, 1)
+    print(f"h3 host-down paged {time.monotonic() - stopped:.0f} s after it stopped")
+    time.sleep(DUPLICATE_WINDOW)
+    assert len(collapse_pages(fleet, "h1", dev)) == 1
+    down = pages(fleet, lambda lbl: lbl.get("alertname") == "BlockStackHostDown")
+    assert len(down) == 1, down
+    assert [a["labels"]["host"] for a in down[0]["notification"]["alerts"]] == ["h3"]

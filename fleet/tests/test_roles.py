@@ -1,0 +1,85 @@
+"""The fleet roles' rendered configuration, checked by the engines' own tools (no root, seconds):
+promtool for the agent and watcher Prometheus configs and the fleet rules, amtool for the
+Alertmanager config, and the properties paging depends on (replica dropped from alerts, host on
+every series, TLS + basic auth beyond loopback)."""
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from fleet import roles
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def tool(name):
+    path = shutil.which(name)
+    if not path:
+        pytest.fail(f"{name} not found (run make deps)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def secrets(tmp_path_factory):
+    s = roles.Secrets(tmp_path_factory.mktemp("secrets"))
+    return s.ensure(server_names={"central": ["10.9.0.1"], "db1": ["10.9.0.11"]}, client_names=["query"])
+
+
+def test_fleet_rules_unit_tests():
+    subprocess.run([tool("promtool"), "check", "rules", os.path.join(REPO, "fleet", "fleet.rules.yml")], check=True,
+                   capture_output=True, timeout=60)
+    r = subprocess.run([tool("promtool"), "test", "rules", "fleet.test.yml"], cwd=os.path.join(REPO, "fleet", "tests"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_agent_config(tmp_path, secrets):
+    agent = roles.Agent(tmp_path, "db1", ["10.9.0.1:9093", "10.9.0.1:9095"], secrets, replicas=("A", "B"),
+                        listen="10.9.0.11", ebpf_configs="block_sizes")
+    agent.render()
+    for r in ("A", "B"):
+        path = tmp_path / f"prometheus-{r}.yml"
+        subprocess.run([tool("promtool"), "check", "config", str(path)], check=True, capture_output=True, timeout=60)
+        config = yaml.safe_load(path.read_text())
+        assert config["global"]["external_labels"] == {"host": "db1", "replica": r}
+        assert {"action": "labeldrop", "regex": "replica"} in config["alerting"]["alert_relabel_configs"]
+        am = config["alerting"]["alertmanagers"][0]
+        assert am["scheme"] == "https" and am["basic_auth"]["username"] == "fleet"
+        assert am["static_configs"][0]["targets"] == ["10.9.0.1:9093", "10.9.0.1:9095"]
+        assert all(sc["static_configs"][0]["labels"]["host"] == "db1" for sc in config["scrape_configs"])
+    cmds = agent.commands()
+    assert {"node", "blockstack", "ebpf", "prometheus-A", "prometheus-B", "sidecar-A", "sidecar-B"} == set(cmds)
+    for name, (argv, _, _) in cmds.items():
+        listens = [a for a in argv if "listen-address=" in a or "-address=" in a]
+        beyond = [a for a in listens if "127.0.0.1" not in a]
+        if beyond:  # only the sidecars, and only with TLS + auth
+            assert name.startswith("sidecar-"), (name, beyond)
+            assert any(a.startswith("--grpc-server-tls-client-ca=") for a in argv)
+            assert any(a.startswith("--http.config=") for a in argv)
+    web = yaml.safe_load((tmp_path / "web-config.yml").read_text())
+    assert "fleet" in web["basic_auth_users"] and web["tls_server_config"]["cert_file"].endswith("db1.crt")
+    assert agent.inventory_entries()[1] == {"targets": ["10.9.0.11:10911"], "labels": {
+        "host": "db1", "replica": "B", "__http_address__": "10.9.0.11:10912"}}
+
+
+def test_central_config(tmp_path, secrets):
+    inventory = tmp_path / "inventory.yml"
+    central = roles.Central(tmp_path / "central", str(inventory), secrets, listen="10.9.0.1")
+    central.render()
+    roles.write_inventory(str(inventory), roles.Agent(tmp_path / "a", "db1", ["10.9.0.1:9093"], secrets,
+                                                      listen="10.9.0.11").inventory_entries())
+    subprocess.run([tool("promtool"), "check", "config", str(tmp_path / "central" / "watcher-A.yml")], check=True,
+                   capture_output=True, timeout=60)
+    amtool = shutil.which("amtool") or shutil.which("prometheus-alertmanager-amtool") or tool("amtool")
+    subprocess.run([amtool, "check-config", str(tmp_path / "central" / "alertmanager.yml")], check=True,
+                   capture_output=True, timeout=60)
+    cmds = central.commands()
+    assert {"receiver", "alertmanager-1", "alertmanager-2", "watcher-A", "query"} == set(cmds)
+    am1 = cmds["alertmanager-1"][0]
+    assert "--cluster.peer=127.0.0.1:9096" in am1 and any(a.startswith("--web.config.file=") for a in am1)
+    query = cmds["query"][0]
+    assert "--query.replica-label=replica" in query and f"--store.sd-files={inventory}" in query
+    assert "--grpc-client-tls-secure" in query
+    assert any(a.startswith("--http-address=127.0.0.1:") for a in query)

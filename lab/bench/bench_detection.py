@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Detection quality: every lab scenario against the real stack (`make up`), one table.
+
+    make bench-detection     (or: .venv/bin/python lab/bench/bench_detection.py [--state DIR] [SCENARIO ...])
+
+Starts the stack with `make up` in a fresh state directory on free ports (or uses --state), runs
+each scenario of `python -m blockstack_lab` in order on one lab, and prints per scenario and
+phase: what was expected (page / no page / alert at the ticket receiver), what the receiver got
+and what Prometheus had pending or firing on the lab's devices, the seconds from onset (the
+sysfs write or the workload's start) to the notification at the receiver, and the seconds from
+the fix to the resolve. Goal: every row correct, every page <= 60 s. A benchmark, not a test:
+it prints and exits 0 either way unless something broke. About 15 minutes.
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from blockstack_lab import cli, scenarios
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", nargs="*", default=[], help="scenarios (default all): " + ", ".join(scenarios.SCENARIOS))
+    p.add_argument("--state", help="reuse this state directory (default: a fresh one, removed after)")
+    p.add_argument("--json", metavar="FILE", help="also write the checks as JSON")
+    args = p.parse_args()
+    names = args.scenario or list(scenarios.SCENARIOS)
+    state = args.state or tempfile.mkdtemp(prefix="blockstack-bench-detection-")
+    scenarios.install_signal_handlers()
+    load = os.getloadavg()
+    start = time.time()
+    try:
+        checks = cli.run(names, state)
+    except KeyboardInterrupt:
+        print("interrupted")
+        return 130
+    finally:
+        if not args.state:
+            cli.make("clean", state, timeout=180)
+            shutil.rmtree(state, ignore_errors=True)
+    print()
+    print(f"detection benchmark, {time.strftime('%Y-%m-%d %H:%M', time.localtime(start))}, "
+          f"{(time.time() - start) / 60:.1f} min, kernel {os.uname().release}, {os.cpu_count()} CPUs, "
+          f"load at start {load[0]:.1f}, at end {os.getloadavg()[0]:.1f}")
+    print(scenarios.table(checks))
+    pages = [c.seconds for c in checks if c.seconds is not None and c.expected.startswith("page")]
+    wrong = [c for c in checks if not c.correct]
+    print(f"\n{len(checks) - len(wrong)}/{len(checks)} correct; pages after "
+          + ", ".join(f"{s:.0f} s" for s in pages) + f" (goal <= 60 s: {'met' if pages and max(pages) <= 60 else 'NOT met'})")
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump([c.__dict__ for c in checks], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
