@@ -20,6 +20,7 @@ import time
 import types
 
 from blockstack_lab import loop, procs
+from blockstack_lab.procs import wait_until  # noqa: F401 (the tests import it from here)
 from blockstack_lab.stack import ebpf_config_names
 
 from . import netns
@@ -38,16 +39,6 @@ def _fill(path, size):
             f.write(chunk)
         f.flush()
         os.fsync(f.fileno())
-
-
-def wait_until(what, predicate, timeout, interval=0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 class Host:
