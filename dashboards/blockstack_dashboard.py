@@ -195,8 +195,8 @@ def sort_by(field):
 # --- Panels ----------------------------------------------------------------------------------------
 
 def alert_panels():
-    firing = (f'ALERTS{{alertstate="firing", host="$host", device=~"$device"}}\n'
-              f'  or ALERTS{{alertstate="firing", host="$host", device=""}}')
+    firing = ('ALERTS{alertstate="firing", host="$host", device=~"$device"}\n'
+              '  or ALERTS{alertstate="firing", host="$host", device=""}')
     return [
         table.Panel().title("Firing alerts").datasource(DS).span(24).height(5)
         .description(

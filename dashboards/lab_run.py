@@ -32,9 +32,6 @@ SCRAPE_INTERVAL = "2s"
 COMPONENTS = ("node", "blockstack", "ebpf", "prometheus")
 LOWER_SIZE = 512 << 20
 UPPER_SIZE = 192 << 20
-# mkfs.ext4 discards the device by default; on the direct-io upper that punches holes in its
-# backing file, and reads of holes never reach the lower device. (mke2fs keeps the last -E.)
-NO_DISCARD = ["-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"]
 
 
 def missing_requirements():
@@ -44,16 +41,6 @@ def missing_requirements():
                  if shutil.which(tool) is None]
     problems += Stack(REPO, components=COMPONENTS).missing()
     return "; ".join(problems) or None
-
-
-def _fill(path, size):
-    """Write `size` bytes of data (not a hole, not unwritten extents) so reads reach the disk."""
-    chunk = b"\xa5" * (4 << 20)
-    with open(path, "wb") as f:
-        for _ in range(size // len(chunk)):
-            f.write(chunk)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _fio(args, seconds, name):
@@ -69,11 +56,11 @@ def lab_run(workdir, phases=PHASES, log=print):
         raise RuntimeError(why)
     with contextlib.ExitStack() as es:
         lower_dev = es.enter_context(loop.attached(LOWER_SIZE))
-        lower_mnt = es.enter_context(loop.ext4(lower_dev, mkfs_args=NO_DISCARD))
+        lower_mnt = es.enter_context(loop.ext4(lower_dev, mkfs_args=loop.NO_DISCARD))
         backing = os.path.join(lower_mnt, "upper.img")
-        _fill(backing, UPPER_SIZE)
+        loop.fill(backing, UPPER_SIZE)
         upper_dev = es.enter_context(loop.attached(path=backing, direct_io=True))
-        upper_mnt = es.enter_context(loop.ext4(upper_dev, mkfs_args=NO_DISCARD + ["-J", "size=4"]))
+        upper_mnt = es.enter_context(loop.ext4(upper_dev, mkfs_args=loop.NO_DISCARD + ["-J", "size=4"]))
         upper, lower = loop.name(upper_dev), loop.name(lower_dev)
         log(f">> lab: {upper} (ext4 on {upper_mnt}) on a file on ext4 on {lower}")
 

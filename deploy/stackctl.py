@@ -37,7 +37,6 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO, "lab"))
 sys.path.insert(0, REPO)  # fleet/ (the fleet roles)
 
-from blockstack_lab import procs  # noqa: E402
 from blockstack_lab.stack import COMPONENTS, Stack  # noqa: E402
 from fleet import roles as fleet_roles  # noqa: E402
 

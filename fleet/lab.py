@@ -16,7 +16,6 @@ Everything is undone on exit, also on failure: processes, namespaces, bridge, mo
 import contextlib
 import os
 import subprocess
-import time
 import types
 
 from blockstack_lab import loop, procs
@@ -29,16 +28,6 @@ from .roles import Agent, Central, Secrets, probe, write_inventory, FLEET_USER
 LOWER_SIZE = 128 << 20
 UPPER_SIZE = 64 << 20
 PLAIN_SIZE = 64 << 20
-NO_DISCARD = ["-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"]
-
-
-def _fill(path, size):
-    chunk = b"\xa5" * (4 << 20)
-    with open(path, "wb") as f:
-        for _ in range(size // len(chunk)):
-            f.write(chunk)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 class Host:
@@ -71,9 +60,9 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
         for h, (ns, addr) in nets.items():
             host = fleet_hosts[h] = Host(h, ns, addr)
             lower = es.enter_context(loop.attached(LOWER_SIZE, directory="/dev/shm"))
-            mnt = es.enter_context(loop.ext4(lower, mkfs_args=NO_DISCARD))
+            mnt = es.enter_context(loop.ext4(lower, mkfs_args=loop.NO_DISCARD))
             backing = os.path.join(mnt, "upper.img")
-            _fill(backing, UPPER_SIZE)
+            loop.fill(backing, UPPER_SIZE)
             upper = es.enter_context(loop.attached(path=backing, direct_io=True))
             host.upper, host.lower = loop.name(upper), loop.name(lower)
             for _ in range(plain_devices.get(h, 0)):

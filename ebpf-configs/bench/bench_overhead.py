@@ -125,7 +125,6 @@ def bpf_cost(names, runtime, size):
             with open(BPF_STATS, "w") as f:
                 f.write("1")
             iops = run_fio(dev, runtime)
-            ios = iops * runtime
             progs = {p["id"]: p for p in json.loads(subprocess.run(
                 ["bpftool", "-j", "prog", "show"], check=True, capture_output=True, text=True, timeout=60).stdout)}
             per_io = 0.0

@@ -126,7 +126,7 @@ def stack_costs(scenario):
         for job, n in sorted(series.items(), key=lambda kv: kv[0] or ""):
             lines.append(f"  {job or '(recording rules, alerts)'}: {n}")
         lines.append(f"  total: {sum(series.values())}")
-        lines.append(f"all device-labelled series of the exporters on this host: "
+        lines.append("all device-labelled series of the exporters on this host: "
                      + ", ".join(f"{j} {n}" for j, n in sorted(total.items()))
                      + f" over {devices} devices in diskstats (incl. idle ones): "
                      + f"{sum(total.values()) / max(devices, 1):.1f} per device")

@@ -10,6 +10,10 @@ import tempfile
 import time
 
 SYS_BLOCK = "/sys/block"
+# mkfs_args for ext4 in a stacked pair: mkfs.ext4 discards by default; on a direct-io upper that
+# punches holes in its backing file, and reads of holes never reach the lower device. (mke2fs
+# keeps the last -E.)
+NO_DISCARD = ["-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"]
 
 
 def _run(argv, timeout=60):

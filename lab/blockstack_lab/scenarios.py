@@ -37,9 +37,6 @@ DISK_ROOT = "/var/tmp"  # the journal scenario's lower devices: on the root disk
 SINGLE_SIZE = 256 << 20
 LOWER_SIZE = 512 << 20
 UPPER_SIZE = 192 << 20
-# mkfs.ext4 discards by default; on the direct-io upper that punches holes in its backing file,
-# and reads of holes never reach the lower device. (mke2fs keeps the last -E.)
-NO_DISCARD = ["-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"]
 PAGE_ALERTS = ("BlockStackMergeCollapse", "BlockStackMissedMerges", "BlockStackSnapshotInvalid")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # The queue settings every scenario starts from (a fresh loop device's defaults).
@@ -110,12 +107,12 @@ class Lab:
             self.devices["single"] = es.enter_context(loop.attached(SINGLE_SIZE, directory=self.dir))
             lower = es.enter_context(loop.attached(LOWER_SIZE, directory=self.dir))
             self.devices["lower"] = lower
-            lower_mnt = es.enter_context(loop.ext4(lower, NO_DISCARD, directory=self.dir))
+            lower_mnt = es.enter_context(loop.ext4(lower, loop.NO_DISCARD, directory=self.dir))
             backing = os.path.join(lower_mnt, "upper.img")
             loop.fill(backing, UPPER_SIZE)
             upper = es.enter_context(loop.attached(path=backing, direct_io=True))
             self.devices["upper"] = upper
-            self.mounts["upper"] = es.enter_context(loop.ext4(upper, NO_DISCARD, directory=self.dir))
+            self.mounts["upper"] = es.enter_context(loop.ext4(upper, loop.NO_DISCARD, directory=self.dir))
             for role in ("single", "lower", "upper"):
                 self.baseline(role)
         except BaseException:
@@ -194,13 +191,13 @@ class Lab:
         with CleanupStack() as es:
             lower = es.enter_context(loop.attached(JOURNAL_LOWER_SIZE, directory=self.disk_dir))
             self.devices[f"{role}-lower"] = lower
-            lower_mnt = es.enter_context(loop.ext4(lower, NO_DISCARD, directory=self.dir))
+            lower_mnt = es.enter_context(loop.ext4(lower, loop.NO_DISCARD, directory=self.dir))
             backing = os.path.join(lower_mnt, f"{role}.img")
             with open(backing, "w") as f:
                 f.truncate(JOURNAL_UPPER_SIZE)
             dev = es.enter_context(loop.attached(path=backing, direct_io=True))
             self.devices[role] = dev
-            mnt = es.enter_context(loop.ext4(dev, [*NO_DISCARD, "-J", f"size={journal_mib}"], mount_options,
+            mnt = es.enter_context(loop.ext4(dev, [*loop.NO_DISCARD, "-J", f"size={journal_mib}"], mount_options,
                                              directory=self.dir))
             self.mounts[role] = mnt
             for r in (f"{role}-lower", role):
