@@ -57,7 +57,7 @@ struct request___old {
 
 static __always_inline struct gendisk *request_disk(struct request *rq)
 {
-    struct request___old *old = (void *)rq;
+    struct request___old *old = (void *) rq;
 
     if (bpf_core_field_exists(old->rq_disk))
         return old->rq_disk;

@@ -71,7 +71,7 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, MAX_DEVICES * MAX_OPS * MAX_STAGES * LATENCY_SLOTS);
+    __uint(max_entries, (MAX_DEVICES * MAX_OPS * MAX_STAGES * LATENCY_SLOTS));
     __type(key, struct latency_key);
     __type(value, u64);
 } block_rq_latency_seconds SEC(".maps");

@@ -78,7 +78,7 @@ struct last_rq {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, MAX_DEVICES * MAX_OPS * SIZE_SLOTS);
+    __uint(max_entries, (MAX_DEVICES * MAX_OPS * SIZE_SLOTS));
     __type(key, struct size_key);
     __type(value, u64);
 } block_bio_size_bytes SEC(".maps");
@@ -86,7 +86,7 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, MAX_DEVICES * MAX_OPS * SIZE_SLOTS);
+    __uint(max_entries, (MAX_DEVICES * MAX_OPS * SIZE_SLOTS));
     __type(key, struct size_key);
     __type(value, u64);
 } block_rq_size_bytes SEC(".maps");
@@ -94,7 +94,7 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, MAX_DEVICES * MAX_OPS);
+    __uint(max_entries, (MAX_DEVICES * MAX_OPS));
     __type(key, struct op_key);
     __type(value, u64);
 } block_rq_missed_merges_total SEC(".maps");
@@ -102,7 +102,7 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, MAX_DEVICES * MAX_OPS * 2);
+    __uint(max_entries, (MAX_DEVICES * MAX_OPS * 2));
     __type(key, struct merge_key);
     __type(value, u64);
 } block_bio_merges_total SEC(".maps");

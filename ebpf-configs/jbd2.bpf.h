@@ -24,7 +24,7 @@ struct wait_key {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, MAX_JOURNALS * WAIT_SLOTS);
+    __uint(max_entries, (MAX_JOURNALS * WAIT_SLOTS));
     __type(key, struct wait_key);
     __type(value, u64);
 } jbd2_credit_wait_seconds SEC(".maps");

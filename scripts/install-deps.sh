@@ -5,6 +5,7 @@ packages=(
   prometheus prometheus-alertmanager prometheus-node-exporter   # the servers (2.42, 0.25, 1.5)
   fio sysstat                                                   # load generator, iostat cross-check
   clang llvm bpftool libelf-dev zlib1g-dev pkg-config make      # BPF programs and the libbpf build
+  clang-format                                                  # the BPF sources' format check
   e2fsprogs util-linux fdisk kmod                               # mkfs.ext4, losetup, sfdisk
 )
 missing=()

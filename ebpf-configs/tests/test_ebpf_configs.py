@@ -22,6 +22,14 @@ def test_every_program_has_a_config():
     assert programs == NAMES
 
 
+def test_sources_are_clang_formatted():
+    """Like upstream's CI: `clang-format --dry-run -Werror` with ebpf-configs/.clang-format."""
+    sources = sorted(f for f in os.listdir(CONFIGS_SRC) if f.endswith((".bpf.c", ".bpf.h")))
+    r = subprocess.run(["clang-format", "--dry-run", "-Werror", *sources], cwd=CONFIGS_SRC,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"run clang-format -i in ebpf-configs/:\n{r.stderr}"
+
+
 def test_cannot_load_list_names_real_configs_with_reasons():
     for name, reason in cannot_load().items():
         assert name in NAMES, f"cannot-load.txt names {name}, which is not a config"
