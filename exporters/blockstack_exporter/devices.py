@@ -34,7 +34,7 @@ def list_devices(sysfs):
     paths = {}
     for name in sorted(listdir(class_dir)):
         try:
-            target = os.readlink(os.path.join(class_dir, name))
+            target = os.readlink(f"{class_dir}/{name}")
         except OSError:
             continue  # vanished between listing and reading, or not a link in an odd tree
         paths[name] = os.path.normpath(os.path.join(class_dir, target))

@@ -8,7 +8,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from . import __version__
+from . import __version__, exposition
 from .collectors import ALL, DmCollector
 from .scrape import BlockstackCollector, Paths
 
@@ -65,6 +65,9 @@ def main(argv=None):
     host, _, port = args.listen.rpartition(":")
     registry = build_registry(args)
     server, thread = start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)
+    # start_http_server takes no encoder: keep its server (address family, a thread per request,
+    # no request log) and swap in the same app with the leaner encoder.
+    server.set_app(exposition.make_app(registry))
     logging.getLogger("blockstack_exporter").info("listening on %s, collectors %s", args.listen, ",".join(args.collectors))
     try:
         threading.Event().wait()

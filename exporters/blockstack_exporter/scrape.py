@@ -7,17 +7,24 @@ that escapes a collector marks only that collector failed
 (blockstack_scrape_collector_success 0); the rest of the scrape is served.
 """
 import logging
-import os
 import threading
 import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from . import devices
-from .fs import AttributeReader, ParseError, read_text
+from .fs import AttributeReader, ParseError
 
 log = logging.getLogger("blockstack_exporter")
+
+
+def add_gauge_sample(family, labels, value):
+    """GaugeMetricFamily.add_metric with the labels as a dict {label: value}, which the caller may
+    share between families (one device's {"device": name} for its ten queue settings). add_metric
+    zips a new dict for every sample: three times as slow, at 20k samples a scrape for 1024 devices."""
+    family.samples.append(Sample(family.name, labels, value))
 
 
 class Paths:
@@ -68,8 +75,8 @@ class Scrape:
             for name, dev in self.devices.items():
                 if dev.parent is None and name.startswith("dm-"):
                     try:
-                        self._dm[name] = (read_text(os.path.join(dev.path, "dm", "name")),
-                                          read_text(os.path.join(dev.path, "dm", "uuid")))
+                        self._dm[name] = (self.attributes.read_text(f"{dev.path}/dm/name"),
+                                          self.attributes.read_text(f"{dev.path}/dm/uuid"))
                     except FileNotFoundError:
                         pass  # vanished between listing and reading
                     except OSError as e:

@@ -3,7 +3,11 @@ import os
 import subprocess
 import sys
 
-from exporter_testlib import EXPORTER, HOST_LOOP, scrape_tree
+from prometheus_client import CollectorRegistry
+
+from blockstack_exporter.collectors import ALL
+from blockstack_exporter.scrape import BlockstackCollector
+from exporter_testlib import EXPORTER, HOST_LOOP, Scraped, scrape_tree, tree_paths
 from blockstack_lab import procs
 
 LOOP0_QUEUE = "sys/devices/virtual/block/loop0/queue"
@@ -130,3 +134,43 @@ print("WRITES", bad)
     out = subprocess.run([sys.executable, "-c", code, f"{host_tree}/sys", f"{host_tree}/proc", f"{host_tree}/dev"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert "WRITES []" in out
+
+
+def test_devices_vanishing_and_appearing_between_scrapes(host_tree):
+    """One exporter over several scrapes, as in production: the descriptors it keeps open for
+    sysfs attributes must not make it serve a gone device or miss a new one. (On real sysfs a
+    descriptor of a removed device fails with ENODEV, see test_live.py; a fixture's regular
+    files keep their content after removal, so here each change is seen by a scrape first.)"""
+    import shutil
+    collector = BlockstackCollector([c() for c in ALL.values()], tree_paths(host_tree))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    loop1 = "sys/devices/virtual/block/loop1"
+    links = ("sys/class/block/loop1", "sys/block/loop1", "sys/dev/block/7:1")
+    saved = {link: os.readlink(os.path.join(host_tree, link)) for link in links}
+
+    s = Scraped(registry)
+    assert s.get("blockstack_queue_nomerges", device="loop1") == 0
+    assert s.get("blockstack_device_holders", device="loop0") == 1
+
+    # loop1 removed: gone from every collector's output, no error, its descriptors closed
+    shutil.rmtree(os.path.join(host_tree, loop1))
+    for link in links:
+        os.unlink(os.path.join(host_tree, link))
+    s = Scraped(registry)
+    assert s.get("blockstack_queue_nomerges", device="loop1") is None
+    assert s.get("blockstack_device_lower_info", device="loop1", lower="loop0") is None
+    assert s.get("blockstack_device_holders", device="loop0") == 0
+    assert s.get("blockstack_device_holders", device="loop2") == 1  # the others unchanged
+    assert errors(s, "queue") == 0 and errors(s, "stack") == 0
+    assert not [path for path in collector.attributes.fds if "/loop1/" in path]
+
+    # a new loop1 with other settings: read afresh, not from what the old one showed
+    shutil.copytree(os.path.join(HOST_LOOP, loop1), os.path.join(host_tree, loop1))
+    write(host_tree, f"{loop1}/queue/nomerges", "1\n")
+    for link, target in saved.items():
+        os.symlink(target, os.path.join(host_tree, link))
+    s = Scraped(registry)
+    assert s.get("blockstack_queue_nomerges", device="loop1") == 1
+    assert s.get("blockstack_device_lower_info", device="loop1", lower="loop0") == 1
+    assert errors(s, "queue") == 0 and errors(s, "stack") == 0

@@ -1,7 +1,11 @@
 """Live tests on this machine's kernel: loop devices and ext4 made and removed by the tests,
 the real exporter scraped over HTTP after each change."""
+import errno
+import fcntl
 import os
 import re
+import subprocess
+import time
 
 import pytest
 
@@ -77,3 +81,49 @@ def _upper(mnt):
     with open(path, "wb") as f:
         f.truncate(32 << 20)
     return loop.attached(path=path)
+
+
+# include/uapi/linux/loop.h: ioctls on /dev/loop-control that make and remove loop devices
+LOOP_CTL_ADD, LOOP_CTL_REMOVE = 0x4C80, 0x4C81
+
+
+def _loop_control(request, number):
+    """LOOP_CTL_ADD or LOOP_CTL_REMOVE of loopNUMBER; False if the number is taken (EEXIST) or
+    the device stays busy (EBUSY: udev probing a device just detached) for three seconds."""
+    fd = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for _ in range(30):
+            try:
+                fcntl.ioctl(fd, request, number)
+                return True
+            except OSError as e:
+                if e.errno == errno.EEXIST:
+                    return False
+                if e.errno != errno.EBUSY:
+                    raise
+                time.sleep(0.1)
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_loop_device_removed_and_made_again_between_scrapes(exporter):
+    """The exporter keeps sysfs attributes open from one scrape to the next. A device removed
+    and made again under the same name between two scrapes is a new kernfs node: the old
+    descriptors fail with ENODEV and the new device's values must be read, not the old ones.
+    logical_block_size also shows why such attributes are not cached: it changes with the
+    device behind the name (and with LOOP_SET_BLOCK_SIZE on a live loop device)."""
+    with loop.backing_file(16 << 20) as path:
+        dev = subprocess.run(["losetup", "--find", "--show", "--sector-size", "4096", path], check=True,
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+        try:
+            name = loop.name(dev)
+            assert sample(exporter(), "blockstack_queue_logical_block_size_bytes", device=name) == 4096
+        finally:
+            loop.detach(dev)
+    number = int(name[len("loop"):])
+    if not _loop_control(LOOP_CTL_REMOVE, number):
+        pytest.skip(f"{name} stayed busy after detach; cannot remove it")
+    if not _loop_control(LOOP_CTL_ADD, number):
+        pytest.skip(f"{name} was taken by someone else meanwhile")
+    assert sample(exporter(), "blockstack_queue_logical_block_size_bytes", device=name) == 512

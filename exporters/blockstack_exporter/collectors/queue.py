@@ -8,6 +8,7 @@ import os
 from prometheus_client.core import GaugeMetricFamily
 
 from ..fs import ParseError
+from ..scrape import add_gauge_sample
 
 KIB = 1024
 
@@ -67,11 +68,12 @@ class QueueCollector:
             if owner not in read:
                 read[owner] = self._read_queue(scrape, owner)
             values, sched = read[owner]
+            labels = {"device": name}
             for family, value in zip(families, values):
                 if value is not None:
-                    family.add_metric([name], value)
+                    add_gauge_sample(family, labels, value)
             if sched is not None:
-                scheduler.add_metric([name, sched], 1)
+                add_gauge_sample(scheduler, {"device": name, "scheduler": sched}, 1)
         yield from families
         yield scheduler
 
@@ -82,9 +84,8 @@ class QueueCollector:
         queue = os.path.join(scrape.devices[owner].path, "queue")
         values = []
         for filename, _, _, multiplier in SETTINGS:
-            path = os.path.join(queue, filename)
             try:
-                values.append(parse_setting(scrape.attributes.read_text(path), multiplier))
+                values.append(parse_setting(scrape.attributes.read_text(f"{queue}/{filename}"), multiplier))
             except FileNotFoundError:
                 if not os.path.isdir(queue):
                     scrape.error(f"{owner}: device vanished while being read")
@@ -94,7 +95,7 @@ class QueueCollector:
                 scrape.error(f"{owner}: {filename}: {e}")
                 values.append(None)
         try:
-            sched = parse_scheduler(scrape.attributes.read_text(os.path.join(queue, "scheduler")))
+            sched = parse_scheduler(scrape.attributes.read_text(f"{queue}/scheduler"))
         except FileNotFoundError:
             sched = None
         except (OSError, ParseError) as e:

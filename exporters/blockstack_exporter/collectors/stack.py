@@ -14,7 +14,8 @@ import os
 from prometheus_client.core import GaugeMetricFamily
 
 from .. import devices as devmod
-from ..fs import listdir, read_text
+from ..fs import read_text
+from ..scrape import add_gauge_sample
 
 INFO_LABELS = ["device", "kind", "name", "dm_name", "dm_uuid", "lvm_vg", "lvm_lv", "lvm_layer", "backing_file"]
 
@@ -84,7 +85,7 @@ class StackCollector:
             info.add_metric(labels, 1)
             edges[name] = lower
             for low in lower:
-                lower_info.add_metric([name, low], 1)
+                add_gauge_sample(lower_info, {"device": name, "lower": low}, 1)
 
         above = {name: 0 for name in edges}
         for lower in edges.values():
@@ -92,11 +93,11 @@ class StackCollector:
                 if low in above:
                     above[low] += 1
         for name, n in above.items():
-            holders.add_metric([name], n)
+            add_gauge_sample(holders, {"device": name}, n)
 
         for name in edges:
             for low, depth in walk_down(edges, name):
-                beneath.add_metric([name, low, str(depth)], 1)
+                add_gauge_sample(beneath, {"device": name, "lower": low, "depth": str(depth)}, 1)
         yield from (info, lower_info, beneath, holders)
 
     def _describe(self, scrape, dev):
@@ -106,11 +107,13 @@ class StackCollector:
         if kind == "partition":
             lower = [dev.parent]
         elif kind in ("dm", "md"):
-            slaves = os.path.join(dev.path, "slaves")
-            if not os.path.isdir(dev.path):
-                scrape.error(f"{dev.name}: device vanished while being read")
-                return None, None
-            lower = sorted(listdir(slaves))
+            try:
+                lower = sorted(os.listdir(f"{dev.path}/slaves"))
+            except (FileNotFoundError, NotADirectoryError):
+                if not os.path.isdir(dev.path):
+                    scrape.error(f"{dev.name}: device vanished while being read")
+                    return None, None
+                lower = []
             if kind == "dm":
                 dm_name, dm_uuid = scrape.dm.get(dev.name, ("", ""))
                 if dm_uuid.startswith("LVM-"):
