@@ -6,7 +6,7 @@ packages=(
   fio sysstat                                                   # load generator, iostat cross-check
   clang llvm bpftool libelf-dev zlib1g-dev pkg-config make      # BPF programs and the libbpf build
   clang-format                                                  # the BPF sources' format check
-  e2fsprogs util-linux fdisk kmod                               # mkfs.ext4, losetup, sfdisk
+  e2fsprogs util-linux fdisk kmod iproute2                      # mkfs.ext4, losetup, sfdisk; ip netns, ss
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -51,3 +51,17 @@ def test_promtool_check_metrics():
     body = scrape_fixture(os.path.join(FIXTURES, "host-loop"))
     r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def listening_addresses(pid):
+    """Local addresses of the TCP sockets `pid` listens on (ss -ltnp)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True, timeout=30).stdout
+    return {line.split()[3] for line in out.splitlines() if f"pid={pid}," in line}
+
+
+def test_listens_on_loopback_only_by_default():
+    """No --web.listen-address: the default (127.0.0.1:9363), never all interfaces."""
+    tree = os.path.join(FIXTURES, "host-loop")
+    argv = [EXPORTER, f"--path.sysfs={tree}/sys", f"--path.procfs={tree}/proc", f"--path.dev={tree}/dev"]
+    with procs.running(argv, health_url="http://127.0.0.1:9363/metrics") as proc:
+        assert listening_addresses(proc.pid) == {"127.0.0.1:9363"}
