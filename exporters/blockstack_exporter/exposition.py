@@ -29,8 +29,9 @@ class _Unsupported(Exception):
     """A family render() does not write (another type, a unit, timestamps, exemplars)."""
 
 
-class _Collected:
-    """Families already collected, in the shape prometheus_client's encoders take."""
+class Collected:
+    """Families already collected, as a collector (the shape prometheus_client's encoders and
+    registries take)."""
 
     def __init__(self, families):
         self.families = families
@@ -91,7 +92,7 @@ def render(families, openmetrics=False):
         return _render(families, openmetrics)
     except _Unsupported:
         encoder = generate_latest_openmetrics if openmetrics else generate_latest
-        return encoder(_Collected(families))
+        return encoder(Collected(families))
 
 
 def make_app(registry):

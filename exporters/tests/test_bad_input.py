@@ -1,5 +1,6 @@
 """Bad input never crashes the exporter: it counts an error, logs it, and serves the rest."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -141,7 +142,6 @@ def test_devices_vanishing_and_appearing_between_scrapes(host_tree):
     sysfs attributes must not make it serve a gone device or miss a new one. (On real sysfs a
     descriptor of a removed device fails with ENODEV, see test_live.py; a fixture's regular
     files keep their content after removal, so here each change is seen by a scrape first.)"""
-    import shutil
     collector = BlockstackCollector([c() for c in ALL.values()], tree_paths(host_tree))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)

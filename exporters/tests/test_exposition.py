@@ -8,22 +8,12 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
                                     InfoMetricFamily)
 from prometheus_client.openmetrics.exposition import generate_latest as generate_latest_openmetrics
 
-from blockstack_exporter.exposition import make_app, render
+from blockstack_exporter.exposition import Collected, make_app, render
 from exporter_testlib import HOST_LOOP, registry_for
 
 
-class Fixed:
-    """A collector that yields the same families on every scrape."""
-
-    def __init__(self, families):
-        self.families = families
-
-    def collect(self):
-        return iter(self.families)
-
-
 def assert_same_as_prometheus_client(families):
-    reference = Fixed(families)
+    reference = Collected(families)
     assert render(families).decode() == generate_latest(reference).decode()
     assert render(families, openmetrics=True).decode() == generate_latest_openmetrics(reference).decode()
 
@@ -92,7 +82,7 @@ def test_app_answers_like_prometheus_client():
     c = CounterMetricFamily("blockstack_collector_errors", "Errors.", labels=["collector"])
     c.add_metric(["queue"], 1)
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(Fixed([g, c]))
+    registry.register(Collected([g, c]))
     ours, theirs = make_app(registry), make_wsgi_app(registry)
     prometheus = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
                   "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
