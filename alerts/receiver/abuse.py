@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""HTTP abuse of the page receiver, as a benchmark: the receiver of a baseline git revision and
+the one in this tree, side by side in one run (alerts/tests/test_receiver.py uses the same clients).
+
+    .venv/bin/python alerts/receiver/abuse.py [--baseline d822752]
+
+Prints, for each: how many of 500 concurrent notifications were answered 200 and how many reset;
+the receiver's peak RSS under 10 concurrent 8 MiB and 32 concurrent 1 MiB notifications; the
+seconds until a body trickled at one byte per 0.1 s is dropped (30 s at most). Needs the lab kit
+(`make venv`); starts each receiver on a free 127.0.0.1 port and stops it after.
+"""
+import argparse
+import collections
+import contextlib
+import http.client
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from blockstack_lab import procs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+SCRIPT = os.path.join(HERE, "page_receiver.py")
+
+
+def notification(size=None, alertname="BlockStackMergeCollapse", status="firing"):
+    """An Alertmanager (0.25, version 4) webhook body, padded to exactly `size` bytes if given."""
+    alert = {"status": status, "labels": {"alertname": alertname, "device": "loop0", "host": "lab",
+                                          "severity": "critical", "stack": "loop1"},
+             "annotations": {"summary": "merges collapsed", "description": ""},
+             "startsAt": "2026-11-23T09:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+             "generatorURL": "http://127.0.0.1:9090/graph", "fingerprint": "0123456789abcdef"}
+    payload = {"receiver": "page", "status": status, "alerts": [alert],
+               "groupLabels": {"host": "lab", "stack": "loop1"}, "commonLabels": alert["labels"],
+               "commonAnnotations": {}, "externalURL": "http://127.0.0.1:9093", "version": "4",
+               "groupKey": '{}/{severity="critical"}:{host="lab", stack="loop1"}', "truncatedAlerts": 0}
+    body = json.dumps(payload).encode()
+    if size is not None:
+        alert["annotations"]["description"] = "x" * (size - len(body))
+        body = json.dumps(payload).encode()
+        assert len(body) == size, (len(body), size)
+    return body
+
+
+@contextlib.contextmanager
+def receiver(out_file, *args, script=SCRIPT, log_path=None):
+    """The receiver `script` writing out_file on a free port; yields (port, process)."""
+    port = procs.free_port()
+    argv = [sys.executable, script, f"--listen=127.0.0.1:{port}", f"--file={out_file}", *args]
+    with procs.running(argv, health_url=f"http://127.0.0.1:{port}/healthz", log_path=log_path) as proc:
+        yield port, proc
+
+
+def post(port, body, path="/page", method="POST", headers=None, timeout=60):
+    """(status, answer) of one request on a connection of its own; (exception name, b"") if none came."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    except (OSError, http.client.HTTPException) as e:
+        return type(e).__name__, b""
+    finally:
+        conn.close()
+
+
+def concurrently(port, bodies, timeout=60):
+    """Counter of the outcomes (status or exception name) of posting every body at the same moment."""
+    outcomes = collections.Counter()
+    start = threading.Barrier(len(bodies))
+
+    lock = threading.Lock()
+
+    def one(body):
+        start.wait()
+        status, _ = post(port, body, timeout=timeout)
+        with lock:
+            outcomes[status] += 1
+
+    threads = [threading.Thread(target=one, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 30)
+    return outcomes
+
+
+def trickle(port, head, interval=0.1, limit=30.0):
+    """Send head, then one byte per interval until the receiver answers or closes: (seconds, answer),
+    or (None, b"") if it still held the connection after `limit` seconds."""
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(head)
+        while time.monotonic() - start < limit:
+            readable, _, _ = select.select([s], [], [], interval)
+            try:
+                if readable:
+                    answer = s.recv(65536)
+                    return time.monotonic() - start, answer
+                s.send(b" ")
+            except OSError:
+                return time.monotonic() - start, b""
+    return None, b""
+
+
+def peak_rss(pid):
+    """VmHWM of pid in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for {pid}")
+
+
+def _outcomes(got):
+    return ", ".join(f"{n} {k if isinstance(k, str) else 'answered %d' % k}" for k, n in sorted(got.items(), key=str))
+
+
+BODY_HEAD = b"POST /page HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+
+
+def measure(script, workdir):
+    """{what: figure} for the receiver `script`, a fresh receiver for each abuse."""
+    out = os.path.join(workdir, "pages.jsonl")
+    log = os.path.join(workdir, "receiver.log")
+    figures = {}
+    with receiver(out, script=script, log_path=log) as (port, proc):
+        t0 = time.monotonic()
+        got = concurrently(port, [notification()] * 500)
+        figures["500 concurrent notifications"] = f"{_outcomes(got)} ({time.monotonic() - t0:.1f} s)"
+    for count, size in ((10, 8 << 20), (32, 1 << 20)):
+        with receiver(out, script=script, log_path=log) as (port, proc):
+            rss0 = peak_rss(proc.pid)
+            got = concurrently(port, [notification(size)] * count)
+            figures[f"{count} concurrent x {size >> 20} MiB"] = \
+                f"{_outcomes(got)}; peak RSS {rss0 / 2**20:.0f} -> {peak_rss(proc.pid) / 2**20:.0f} MiB"
+    for what, head in (("trickled body", BODY_HEAD), ("trickled headers", b"POST /page HTTP/1.1\r\nX-Slow: ")):
+        with receiver(out, script=script, log_path=log) as (port, proc):
+            seconds, answer = trickle(port, head)
+            first = answer.split(b"\r\n", 1)[0].decode(errors="replace")
+            figures[what + " (1 byte / 0.1 s)"] = ("still held after 30 s" if seconds is None
+                                                   else f"dropped after {seconds:.1f} s ({first or 'closed'})")
+    with receiver(out, script=script, log_path=log) as (port, proc):
+        holders = [threading.Thread(target=trickle, args=(port, BODY_HEAD), kwargs={"limit": 15}) for _ in range(40)]
+        for t in holders:
+            t.start()
+        time.sleep(1)
+        t0 = time.monotonic()
+        status, _ = post(port, notification())
+        figures["a page while 40 connections trickle"] = f"{status} after {time.monotonic() - t0:.1f} s"
+        for t in holders:
+            t.join()
+    return figures
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--baseline", default="d822752", help="git revision of the receiver to compare (default %(default)s)")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="receiver-abuse-") as tmp:
+        old = os.path.join(tmp, "page_receiver_baseline.py")
+        with open(old, "wb") as f:
+            f.write(subprocess.run(["git", "-C", REPO, "show", f"{args.baseline}:alerts/receiver/page_receiver.py"],
+                                   check=True, capture_output=True).stdout)
+        results = {}
+        for name, script in ((args.baseline, old), ("this tree", SCRIPT)):
+            os.makedirs(os.path.join(tmp, name.replace(" ", "-")))
+            results[name] = measure(script, os.path.join(tmp, name.replace(" ", "-")))
+    for what in results["this tree"]:
+        print(what)
+        for name, figures in results.items():
+            print(f"  {name:<10} {figures[what]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The page receiver (alerts/receiver/page_receiver.py) under abuse: a full disk, non-standard and
+malformed JSON, 500 concurrent notifications, 8 MiB bodies, trickled requests. Each test starts
+the real receiver process on a free 127.0.0.1 port and stops it after (also on failure), and
+checks that the pages file's earlier bytes are exactly as they were and every line is whole JSON.
+"""
+import contextlib
+import errno
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from blockstack_lab import loop
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "receiver"))
+import abuse  # alerts/receiver/abuse.py: the clients of the abuse benchmark
+import page_receiver  # for its limits only: every test talks to the process
+
+sys.path.pop(0)
+
+
+def records(out):
+    """Every line of the pages file, each decoded on its own (a cut or glued line fails here)."""
+    data = out.read_bytes()
+    assert data.endswith(b"\n")
+    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+
+
+@contextlib.contextmanager
+def receiver_with_a_page(directory, *args, log_dir=None):
+    """A receiver writing directory/pages.jsonl, one page already written: yields (port, process,
+    the file, its bytes after that page)."""
+    out = pathlib.Path(directory) / "pages.jsonl"
+    log = pathlib.Path(log_dir or directory) / "receiver.log"
+    with abuse.receiver(out, *args, log_path=log) as (port, proc):
+        assert abuse.post(port, abuse.notification(alertname="First"))[0] == 200
+        earlier = out.read_bytes()
+        assert [r["notification"]["alerts"][0]["labels"]["alertname"] for r in records(out)] == ["First"]
+        yield port, proc, out, earlier
+
+
+def assert_appended(out, earlier, count):
+    """The file is `earlier` unchanged plus `count` whole lines."""
+    data = out.read_bytes()
+    assert data[:len(earlier)] == earlier, "an earlier line changed"
+    assert len(records(out)) == len(earlier.splitlines()) + count
+
+
+def test_a_notification_becomes_one_line_and_only_webhook_posts_are_taken(tmp_path):
+    with receiver_with_a_page(tmp_path) as (port, proc, out, earlier):
+        body = abuse.notification(status="resolved")
+        assert abuse.post(port, body, path="/ticket") == (200, b"ok\n")
+        for method, path in (("GET", "/"), ("GET", "/healthz")):
+            assert abuse.post(port, None, path=path, method=method) == (200, b"ok\n")
+        refused = {(method, path): abuse.post(port, body, path=path, method=method)[0]
+                   for method, path in (("POST", "/"), ("POST", "/other"), ("GET", "/page"),
+                                        ("PUT", "/page"), ("DELETE", "/page"))}
+        assert refused == {("POST", "/"): 404, ("POST", "/other"): 404, ("GET", "/page"): 404,
+                           ("PUT", "/page"): 501, ("DELETE", "/page"): 501}
+        assert_appended(out, earlier, 1)
+        last = records(out)[-1]
+        assert last["notification"] == json.loads(body) and last["path"] == "/ticket"
+        assert abs(last["received_at"] - time.time()) < 60
+
+
+def test_a_full_disk_answers_503_and_leaves_no_partial_line(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("not root: this test mounts a 64 KiB tmpfs (sudo make test)")
+    with loop.mounted("tmpfs", "size=64k", fstype="tmpfs", directory=tmp_path) as mnt, \
+            receiver_with_a_page(mnt, log_dir=tmp_path) as (port, proc, out, earlier):
+        filler = pathlib.Path(mnt) / "filler"
+        with open(filler, "wb", buffering=0) as f:  # fill the disk: at most 64 KiB, 4 KiB at a time
+            for _ in range(16 + 1):
+                try:
+                    f.write(b"\0" * 4096)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC
+                    break
+            else:
+                pytest.fail("a 64 KiB tmpfs took more than 64 KiB")
+        # 16 KiB: the first ~3 KiB fit in the pages file's last 4 KiB page, the rest does not.
+        assert abuse.post(port, abuse.notification(size=16 << 10))[0] == 503
+        assert out.read_bytes() == earlier
+        filler.unlink()
+        big = abuse.notification(size=16 << 10)
+        assert abuse.post(port, big)[0] == 200, "the retry of the page after space was freed"
+        assert_appended(out, earlier, 1)
+        assert records(out)[-1]["notification"] == json.loads(big)
+
+
+def test_a_cut_last_line_is_kept_and_the_next_page_starts_a_line_of_its_own(tmp_path):
+    out = tmp_path / "pages.jsonl"
+    earlier = b'{"notification": {}, "path": "/page", "received_at": 1}\n{"notification": {"rec'
+    out.write_bytes(earlier)  # a crash (power loss) cut the last line
+    with abuse.receiver(out, log_path=tmp_path / "receiver.log") as (port, proc):
+        body = abuse.notification()
+        assert abuse.post(port, body)[0] == 200
+    data = out.read_bytes()
+    assert data.startswith(earlier + b"\n")
+    assert json.loads(data.splitlines()[-1])["notification"] == json.loads(body)
+
+
+BAD_BODIES = {
+    "NaN": b'{"receiver": "page", "status": "firing", "alerts": [], "x": NaN}',
+    "Infinity": b'{"receiver": "page", "status": "firing", "alerts": [], "x": Infinity}',
+    "-Infinity": b'{"receiver": "page", "status": "firing", "alerts": [], "x": -Infinity}',
+    "a float that overflows": b'{"receiver": "page", "status": "firing", "alerts": [], "x": 1e400}',
+    "an integer of 5000 digits": b'{"receiver": "page", "status": "firing", "alerts": [], "x": 1' + b"0" * 5000 + b"}",
+    "100000 nested lists": b"[" * 100000 + b"]" * 100000,
+    "50000 nested objects inside a notification": b'{"receiver": "page", "status": "firing", "alerts": [], "x": '
+                                                  + b'{"a": ' * 50000 + b"1" + b"}" * 50000 + b"}",
+    "not JSON": b"not json",
+    "not UTF-8": b'{"receiver": "\xff\xfe", "status": "firing", "alerts": []}',
+    "empty": b"",
+    "a list": b"[]",
+    "a string": b'"page"',
+    "no alerts": b'{"receiver": "page", "status": "firing"}',
+    "alerts not a list": b'{"receiver": "page", "status": "firing", "alerts": {}}',
+    "receiver not a string": b'{"receiver": 1, "status": "firing", "alerts": []}',
+    "an alert without labels": b'{"receiver": "page", "status": "firing", "alerts": [{"status": "firing"}]}',
+    "a label not a string": b'{"receiver": "page", "status": "firing", "alerts": '
+                            b'[{"status": "firing", "labels": {"device": 0}}]}',
+}
+
+
+def test_non_standard_deeply_nested_and_malformed_bodies_are_answered_400(tmp_path):
+    with receiver_with_a_page(tmp_path) as (port, proc, out, earlier):
+        answers = {what: abuse.post(port, body) for what, body in BAD_BODIES.items()}
+        answers["Content-Length -1"] = abuse.post(port, b"{}", headers={"Content-Length": "-1"})
+        answers["Content-Length x"] = abuse.post(port, b"{}", headers={"Content-Length": "x"})
+        assert {what: status for what, (status, _) in answers.items()} == {what: 400 for what in answers}
+        assert all(answer.strip() for _, answer in answers.values()), "every 400 says why"
+        assert out.read_bytes() == earlier
+        assert abuse.post(port, abuse.notification())[0] == 200, "still serving"
+        assert_appended(out, earlier, 1)
+
+
+def test_500_concurrent_notifications_are_all_answered_and_written(tmp_path):
+    with receiver_with_a_page(tmp_path) as (port, proc, out, earlier):
+        listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True,
+                                   check=True, timeout=10).stdout.split()
+        assert int(listening[2]) >= 128, f"listen backlog {listening[2]}"  # State Recv-Q Send-Q(backlog) ...
+        got = abuse.concurrently(port, [abuse.notification()] * 500)
+        assert got == {200: 500}
+        assert_appended(out, earlier, 500)
+
+
+def test_big_bodies_are_refused_and_memory_stays_bounded(tmp_path):
+    with receiver_with_a_page(tmp_path) as (port, proc, out, earlier):
+        limit = page_receiver.MAX_BODY
+        assert abuse.post(port, abuse.notification(limit + 1))[0] == 413
+        got = abuse.concurrently(port, [abuse.notification(8 << 20)] * 10)
+        assert got == {413: 10}
+        assert out.read_bytes() == earlier
+        got = abuse.concurrently(port, [abuse.notification(limit)] * 32)
+        assert got == {200: 32}
+        assert_appended(out, earlier, 32)
+        peak = abuse.peak_rss(proc.pid)
+        # 32 bodies of 1 MiB held at once and one decoded: ~70 MiB measured; 8 MiB bodies add nothing.
+        assert peak < 128 << 20, f"peak RSS {peak >> 20} MiB"
+
+
+def test_trickled_requests_are_dropped_and_pages_still_get_through(tmp_path):
+    with receiver_with_a_page(tmp_path, "--request-timeout=2") as (port, proc, out, earlier):
+        results = {}
+
+        def hold(what, head):
+            results[what] = abuse.trickle(port, head, interval=0.1, limit=10)
+
+        holders = [threading.Thread(target=hold, args=("body", abuse.BODY_HEAD)),
+                   threading.Thread(target=hold, args=("headers", b"POST /page HTTP/1.1\r\nX-Slow: "))]
+        for t in holders:
+            t.start()
+        t0 = time.monotonic()
+        assert abuse.post(port, abuse.notification())[0] == 200
+        assert time.monotonic() - t0 < 1.5, "a page waited for the trickles"
+        for t in holders:
+            t.join(15)
+        (body_seconds, body_answer), (header_seconds, _) = results["body"], results["headers"]
+        assert body_seconds is not None and 1.5 < body_seconds < 4, body_seconds
+        assert body_answer.startswith(b"HTTP/1.0 408 ")
+        assert header_seconds is not None and 1.5 < header_seconds < 4, header_seconds
+        assert_appended(out, earlier, 1)
