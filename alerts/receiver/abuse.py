@@ -6,8 +6,9 @@ the one in this tree, side by side in one run (alerts/tests/test_receiver.py use
 
 Prints, for each: how many of 500 concurrent notifications were answered 200 and how many reset;
 the receiver's peak RSS under 10 concurrent 8 MiB and 32 concurrent 1 MiB notifications; the
-seconds until a body trickled at one byte per 0.1 s is dropped (30 s at most). Needs the lab kit
-(`make venv`); starts each receiver on a free 127.0.0.1 port and stops it after.
+seconds until a body or headers trickled at one byte per 0.1 s are dropped (30 s at most); how
+long a page waits while 40 connections trickle. A fresh receiver for each; ~2 min. Needs the lab
+kit (`make venv`); starts each receiver on a free 127.0.0.1 port and stops it after.
 """
 import argparse
 import collections

@@ -23,14 +23,15 @@ What it takes and what it refuses:
   `max_alerts` on the webhook config keeps Alertmanager below it).
 - At most --workers requests at once; further connections wait in the listen backlog (1024).
   Each connection (HTTP/1.0, one request) must arrive whole within --request-timeout seconds,
-  or it is dropped (408 when the headers came). Memory: workers x MAX_BODY of bodies, and one
-  notification decoded at a time.
+  or it is dropped (408 when the headers came). Memory: at most workers x MAX_BODY of bodies
+  (held as they arrive, not as announced) and one notification decoded at a time.
 """
 import argparse
 import io
 import json
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -145,12 +146,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._reply(404, b"not a webhook path\n")
         if "Content-Length" not in self.headers:
             return self._reply(411, b"Content-Length required\n")
-        try:
-            length = int(self.headers["Content-Length"])
-        except ValueError:
-            length = -1
-        if length < 0:
+        if not re.fullmatch(r"[0-9]{1,18}", self.headers["Content-Length"].strip()):
             return self._reply(400, b"bad Content-Length\n")
+        length = int(self.headers["Content-Length"])
         try:
             if length > MAX_BODY:
                 self._read(length, keep=False)  # so that the client reads our answer, not a reset

@@ -166,7 +166,7 @@ def test_big_bodies_are_refused_and_memory_stays_bounded(tmp_path):
 
 
 def test_trickled_requests_are_dropped_and_pages_still_get_through(tmp_path):
-    with receiver_with_a_page(tmp_path, "--request-timeout=2") as (port, proc, out, earlier):
+    with receiver_with_a_page(tmp_path, "--request-timeout=3") as (port, proc, out, earlier):
         results = {}
 
         def hold(what, head):
@@ -176,13 +176,13 @@ def test_trickled_requests_are_dropped_and_pages_still_get_through(tmp_path):
                    threading.Thread(target=hold, args=("headers", b"POST /page HTTP/1.1\r\nX-Slow: "))]
         for t in holders:
             t.start()
-        t0 = time.monotonic()
         assert abuse.post(port, abuse.notification())[0] == 200
-        assert time.monotonic() - t0 < 1.5, "a page waited for the trickles"
+        assert not results, "the page waited until the trickled requests were dropped"
         for t in holders:
             t.join(15)
         (body_seconds, body_answer), (header_seconds, _) = results["body"], results["headers"]
-        assert body_seconds is not None and 1.5 < body_seconds < 4, body_seconds
+        # Each is dropped 3 s after its worker took it: not before, and not much after.
+        assert body_seconds is not None and 3 <= body_seconds < 6, body_seconds
         assert body_answer.startswith(b"HTTP/1.0 408 ")
-        assert header_seconds is not None and 1.5 < header_seconds < 4, header_seconds
+        assert header_seconds is not None and 3 <= header_seconds < 6, header_seconds
         assert_appended(out, earlier, 1)
