@@ -135,7 +135,7 @@ class Handler(BaseHTTPRequestHandler):
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
 
     def do_GET(self):
-        if self.path in ("/", "/healthz"):
+        if urllib.parse.urlsplit(self.path).path in ("/", "/healthz"):
             self._reply(200, b"ok\n")
         else:
             self._reply(404, b"not found\n")

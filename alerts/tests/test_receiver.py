@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import threading
@@ -86,6 +87,8 @@ def test_a_full_disk_answers_503_and_leaves_no_partial_line(tmp_path):
         # 16 KiB: the first ~3 KiB fit in the pages file's last 4 KiB page, the rest does not.
         assert abuse.post(port, abuse.notification(size=16 << 10))[0] == 503
         assert out.read_bytes() == earlier
+        log = (tmp_path / "receiver.log").read_text()
+        assert re.search(r"wrote [1-9][0-9]* of 16[0-9]{3} bytes", log), "no partial write was undone:\n" + log
         filler.unlink()
         big = abuse.notification(size=16 << 10)
         assert abuse.post(port, big)[0] == 200, "the retry of the page after space was freed"
