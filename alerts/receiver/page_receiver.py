@@ -27,11 +27,13 @@ What it takes and what it refuses:
   (held as they arrive, not as announced) and one notification decoded at a time.
 """
 import argparse
+import contextlib
 import io
 import json
 import math
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -149,10 +151,11 @@ class Handler(BaseHTTPRequestHandler):
         if not re.fullmatch(r"[0-9]{1,18}", self.headers["Content-Length"].strip()):
             return self._reply(400, b"bad Content-Length\n")
         length = int(self.headers["Content-Length"])
-        try:
-            if length > MAX_BODY:
+        if length > MAX_BODY:
+            with contextlib.suppress(TimeoutError):
                 self._read(length, keep=False)  # so that the client reads our answer, not a reset
-                return self._reply(413, b"body larger than %d bytes\n" % MAX_BODY)
+            return self._reply(413, b"body larger than %d bytes\n" % MAX_BODY)
+        try:
             body = self._read(length)
         except TimeoutError:
             return self._reply(408, b"body not received in time\n")
@@ -238,6 +241,9 @@ def main(argv=None):
     server = serve(args.listen, args.file, paths=args.paths or WEBHOOK_PATHS, workers=args.workers,
                    request_timeout=args.request_timeout)
     sys.stderr.write(f"listening on {args.listen}, writing {args.file}\n")
+    # SIGTERM (supervisord, systemd) ends serve_forever and server_close waits for the requests in
+    # flight; killed by SIGTERM's default action instead, a write of several pages could be cut.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         server.serve_forever()
     except KeyboardInterrupt:
