@@ -6,25 +6,60 @@ blockstack_collector_errors_total and are logged, and the collector carries on. 
 that escapes a collector marks only that collector failed
 (blockstack_scrape_collector_success 0); the rest of the scrape is served.
 """
+import contextlib
 import logging
 import threading
 import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 
 from . import devices
-from .fs import AttributeReader, ParseError
+from .fs import AttributeReader, ParseError, read_text
 
 log = logging.getLogger("blockstack_exporter")
 
 
-def add_gauge_sample(family, labels, value):
-    """GaugeMetricFamily.add_metric with the labels as a dict {label: value}, which the caller may
-    share between families (one device's {"device": name} for its ten queue settings). add_metric
-    zips a new dict for every sample: three times as slow, at 20k samples a scrape for 1024 devices."""
-    family.samples.append(Sample(family.name, labels, value))
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def deadline(when):
+    """Collections in this thread should end by `when` (time.monotonic()); see server.py."""
+    _local.deadline = when
+    try:
+        yield
+    finally:
+        _local.deadline = None
+
+
+def current_deadline():
+    return getattr(_local, "deadline", None)
+
+
+class Reuse:
+    """The families a collector built from what it read, reused while what it read is equal.
+
+    Reading is never skipped; building the same samples again is (prometheus_client's add_metric
+    is most of a scrape at 1024 devices, and the server keeps the text of an unchanged family)."""
+
+    def __init__(self):
+        self.key = None
+        self.families = None
+        self.errors = []
+
+    def families_for(self, scrape, key, build):
+        """build()'s families for this key, built again only when the key changed. Errors that
+        building reported are reported again when its families are reused."""
+        if self.families is None or key != self.key:
+            self.families = None
+            with scrape.recording() as errors:
+                families = list(build())
+            self.key, self.families, self.errors = key, families, errors
+        else:
+            for args in self.errors:
+                scrape.error(*args)
+        return self.families
 
 
 class Paths:
@@ -45,10 +80,23 @@ class Scrape:
         self._devices = None
         self._mounts = None
         self._dm = None
+        self._backing = {}
+        self._recording = None
 
     def error(self, message):
         self._errors[self.collector] = self._errors.get(self.collector, 0) + 1
         log.warning("collector %s: %s", self.collector, message)
+        if self._recording is not None:
+            self._recording.append((message,))
+
+    @contextlib.contextmanager
+    def recording(self):
+        """The arguments of every error() call made inside the block."""
+        self._recording = []
+        try:
+            yield self._recording
+        finally:
+            self._recording = None
 
     @property
     def devices(self):
@@ -82,6 +130,35 @@ class Scrape:
                     except OSError as e:
                         self.error(f"{name}: dm name/uuid: {e}")
         return self._dm
+
+    def backing_file(self, dev):
+        """A loop device's backing file, read once per scrape ('' when unattached: no loop/
+        directory). Raises OSError as read_text does."""
+        if dev.name not in self._backing:
+            try:
+                self._backing[dev.name] = read_text(f"{dev.path}/loop/backing_file")
+            except FileNotFoundError:
+                self._backing[dev.name] = ""
+            except OSError as e:
+                self._backing[dev.name] = e
+        value = self._backing[dev.name]
+        if isinstance(value, OSError):
+            raise value
+        return value
+
+    def identity(self, dev):
+        """What makes a device the same device from one scrape to the next: its device number,
+        and for a dm device its uuid, for a loop device its backing file (a loop device keeps
+        its number when detached and attached to another file). None if it cannot be told."""
+        try:
+            devt = self.attributes.read_text(f"{dev.path}/dev")
+            if dev.name.startswith("dm-"):
+                return devt, self.dm.get(dev.name, ("", None))[1]
+            if dev.name.startswith("loop"):
+                return devt, self.backing_file(dev)
+            return devt, None
+        except OSError:
+            return None
 
 
 class BlockstackCollector(Collector):

@@ -43,6 +43,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ..devices import name_of_devno
 from ..fs import ParseError
+from ..scrape import Reuse
 
 log = logging.getLogger("blockstack_exporter")
 
@@ -243,6 +244,7 @@ class DmCollector:
     def __init__(self, dmsetup="dmsetup", timeout=5.0):
         self.dmsetup, self.timeout = dmsetup, timeout
         self._abandoned = []  # dmsetup processes that did not die when killed (stuck in an ioctl)
+        self._reuse = Reuse()
 
     def run(self, args):
         """stdout of `dmsetup ARGS` as text; DmsetupError if absent, failing or slower than the timeout.
@@ -289,6 +291,19 @@ class DmCollector:
 
     def collect(self, scrape):
         dm = scrape.dm
+        if not dm:
+            return []
+        table_text = self.run(TABLE_ARGS)   # a failure here fails the collector: nothing to publish
+        try:
+            status_text = self.run(STATUS_ARGS)
+        except DmsetupError as e:
+            scrape.error(str(e))  # tables are still published; usage and states are not
+            status_text = None
+        # parsed again only when something it depends on changed
+        key = (table_text, status_text, tuple(sorted(dm.items())), tuple(scrape.devices))
+        return self._reuse.families_for(scrape, key, lambda: self._families(scrape, dm, table_text, status_text))
+
+    def _families(self, scrape, dm, table_text, status_text):
         labels = ["device", "name"]
         m = {
             "target": GaugeMetricFamily(
@@ -336,17 +351,10 @@ class DmCollector:
                 "blockstack_dm_thin_pool_metadata_size_bytes", "Thin-pool metadata space, in bytes.",
                 labels=labels),
         }
-        if dm:
-            self._collect(scrape, dm, m)
-        yield from (family for family in m.values() if family.samples)  # no HELP without a series
+        self._collect(scrape, dm, m, table_text, status_text)
+        return [family for family in m.values() if family.samples]  # no HELP without a series
 
-    def _collect(self, scrape, dm, m):
-        table_text = self.run(TABLE_ARGS)   # a failure here fails the collector: nothing to publish
-        try:
-            status_text = self.run(STATUS_ARGS)
-        except DmsetupError as e:
-            scrape.error(str(e))  # tables are still published; usage and states are not
-            status_text = None
+    def _collect(self, scrape, dm, m, table_text, status_text):
         tables = self._listing(scrape, "table", table_text)
         kernel_of = {name: kname for kname, (name, _) in dm.items()}
 

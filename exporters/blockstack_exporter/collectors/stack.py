@@ -14,8 +14,8 @@ import os
 from prometheus_client.core import GaugeMetricFamily
 
 from .. import devices as devmod
-from ..fs import listdir, read_text
-from ..scrape import add_gauge_sample
+from ..fs import listdir
+from ..scrape import Reuse
 
 INFO_LABELS = ["device", "kind", "name", "dm_name", "dm_uuid", "lvm_vg", "lvm_lv", "lvm_layer", "backing_file"]
 
@@ -57,7 +57,20 @@ def kind_of(dev):
 class StackCollector:
     name = "stack"
 
+    def __init__(self):
+        self._reuse = Reuse()
+
     def collect(self, scrape):
+        described = []
+        for dev in scrape.devices.values():
+            labels, lower = self._describe(scrape, dev)
+            if labels is not None:  # else vanished
+                described.append((tuple(labels), tuple(lower)))
+        described = tuple(described)
+        return self._reuse.families_for(scrape, described, lambda: self._build(described))
+
+    @staticmethod
+    def _build(described):
         info = GaugeMetricFamily(
             "blockstack_device_info",
             "A block device: its kind (disk, partition, dm, md, loop), dm name and uuid, the LVM "
@@ -78,14 +91,12 @@ class StackCollector:
             labels=["device"])
 
         edges = {}
-        for name, dev in scrape.devices.items():
-            labels, lower = self._describe(scrape, dev)
-            if labels is None:
-                continue  # vanished
+        for labels, lower in described:
+            name = labels[0]
             info.add_metric(labels, 1)
             edges[name] = lower
             for low in lower:
-                add_gauge_sample(lower_info, {"device": name, "lower": low}, 1)
+                lower_info.add_metric([name, low], 1)
 
         above = {name: 0 for name in edges}
         for lower in edges.values():
@@ -93,12 +104,12 @@ class StackCollector:
                 if low in above:
                     above[low] += 1
         for name, n in above.items():
-            add_gauge_sample(holders, {"device": name}, n)
+            holders.add_metric([name], n)
 
         for name in edges:
             for low, depth in walk_down(edges, name):
-                add_gauge_sample(beneath, {"device": name, "lower": low, "depth": str(depth)}, 1)
-        yield from (info, lower_info, beneath, holders)
+                beneath.add_metric([name, low, str(depth)], 1)
+        return info, lower_info, beneath, holders
 
     def _describe(self, scrape, dev):
         kind = kind_of(dev)
@@ -127,12 +138,12 @@ class StackCollector:
     def _loop_backing(self, scrape, dev):
         """A loop device's backing file and the block device that holds it ('' / None if unknown)."""
         try:
-            backing = read_text(os.path.join(dev.path, "loop", "backing_file"))
-        except FileNotFoundError:
-            return "", None  # an unattached loop device has no loop/ directory
+            backing = scrape.backing_file(dev)
         except OSError as e:
             scrape.error(f"{dev.name}: backing_file: {e}")
             return "", None
+        if not backing:
+            return "", None  # an unattached loop device
         path = backing[:-len(" (deleted)")] if backing.endswith(" (deleted)") else backing
         mount = devmod.mount_holding(scrape.mounts, path)
         if mount is None:
