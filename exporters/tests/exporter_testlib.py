@@ -39,6 +39,12 @@ class Scraped:
     def get(self, name, **labels):
         return self.samples.get((name, frozenset(labels.items())))
 
+    def errors(self, collector, reason=None):
+        """blockstack_collector_errors_total of a collector, over every reason or for one."""
+        return sum(v for (name, labels), v in self.samples.items()
+                   if name == "blockstack_collector_errors_total" and ("collector", collector) in labels
+                   and (reason is None or ("reason", reason) in labels))
+
 
 def scrape_tree(root, collectors=None):
     return Scraped(registry_for(root, collectors))

@@ -155,7 +155,7 @@ class Result:
         return self.registry.get_sample_value(metric, labels)
 
     def errors(self, collector="dm"):
-        return self.value("blockstack_collector_errors_total", collector=collector)
+        return sum(s.value for s in self.samples("blockstack_collector_errors_total") if s.labels["collector"] == collector)
 
     def success(self, collector="dm"):
         return self.value("blockstack_scrape_collector_success", collector=collector)

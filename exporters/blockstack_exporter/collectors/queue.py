@@ -11,8 +11,8 @@ import os
 
 from prometheus_client.core import GaugeMetricFamily
 
-from ..fs import ParseError
-from ..scrape import Reuse
+from ..fs import ParseError, parse_uint
+from ..scrape import Reuse, reason_of
 
 KIB = 1024
 
@@ -48,13 +48,7 @@ def parse_scheduler(text):
 
 
 def parse_setting(text, multiplier):
-    try:
-        value = int(text)
-    except ValueError:
-        raise ParseError(f"expected an integer, got {text[:40]!r}") from None
-    if value < 0:
-        raise ParseError(f"expected a non-negative integer, got {value}")
-    return value * multiplier
+    return parse_uint(text.strip()) * multiplier
 
 
 class QueueCollector:
@@ -67,10 +61,14 @@ class QueueCollector:
     def collect(self, scrape):
         read = {}  # queue owner -> (values, scheduler): a disk's queue is read once for all its partitions
         fixed, self._fixed = self._fixed, {}  # only devices present now are kept
-        for dev in scrape.devices.values():
+        devices = list(scrape.devices.items())
+        for i, (name, dev) in enumerate(devices):
+            if scrape.past_deadline("queues of the remaining devices", len(devices) - i):
+                devices = devices[:i]
+                break
             if dev.queue_owner not in read:
                 read[dev.queue_owner] = self._read_queue(scrape, dev.queue_owner, fixed)
-        per_device = tuple((name, *read[dev.queue_owner]) for name, dev in scrape.devices.items())
+        per_device = tuple((name, *read[dev.queue_owner]) for name, dev in devices)
         return self._reuse.families_for(scrape, per_device, lambda: self._build(per_device))
 
     @staticmethod
@@ -91,7 +89,7 @@ class QueueCollector:
 
     def _read_queue(self, scrape, owner, fixed):
         if owner not in scrape.devices:
-            scrape.error(f"{owner}: disk of a partition is missing")
+            scrape.error(f"{owner}: disk of a partition is missing", "vanished")
             return (None,) * len(SETTINGS), None
         dev = scrape.devices[owner]
         queue = os.path.join(dev.path, "queue")
@@ -113,18 +111,18 @@ class QueueCollector:
                     kept[filename] = value
             except FileNotFoundError:
                 if not os.path.isdir(queue):
-                    scrape.error(f"{owner}: device vanished while being read")
+                    scrape.error(f"{owner}: device vanished while being read", "vanished")
                     return (None,) * len(SETTINGS), None
                 values.append(None)  # an older kernel without this file
             except (OSError, ParseError) as e:
-                scrape.error(f"{owner}: {filename}: {e}")
+                scrape.error(f"{owner}: {filename}: {e}", reason_of(e), subject=f"{owner} {filename}")
                 values.append(None)
         try:
             sched = parse_scheduler(scrape.attributes.read_text(f"{queue}/scheduler"))
         except FileNotFoundError:
             sched = None
         except (OSError, ParseError) as e:
-            scrape.error(f"{owner}: scheduler: {e}")
+            scrape.error(f"{owner}: scheduler: {e}", reason_of(e), subject=f"{owner} scheduler")
             sched = None
         if identity is not None:
             self._fixed[owner] = (identity, kept)

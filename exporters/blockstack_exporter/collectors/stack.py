@@ -14,8 +14,8 @@ import os
 from prometheus_client.core import GaugeMetricFamily
 
 from .. import devices as devmod
-from ..fs import listdir
-from ..scrape import Reuse
+from ..fs import ParseError, listdir
+from ..scrape import Reuse, reason_of
 
 INFO_LABELS = ["device", "kind", "name", "dm_name", "dm_uuid", "lvm_vg", "lvm_lv", "lvm_layer", "backing_file"]
 
@@ -62,7 +62,10 @@ class StackCollector:
 
     def collect(self, scrape):
         described = []
-        for dev in scrape.devices.values():
+        devices = list(scrape.devices.values())
+        for i, dev in enumerate(devices):
+            if scrape.past_deadline("the remaining devices", len(devices) - i):
+                break
             labels, lower = self._describe(scrape, dev)
             if labels is not None:  # else vanished
                 described.append((tuple(labels), tuple(lower)))
@@ -118,9 +121,13 @@ class StackCollector:
         if kind == "partition":
             lower = [dev.parent]
         elif kind in ("dm", "md"):
-            lower = sorted(listdir(f"{dev.path}/slaves"))
+            try:
+                lower = sorted(listdir(f"{dev.path}/slaves"))
+            except OSError as e:  # EACCES, ELOOP: no edges for this device
+                scrape.error(f"{dev.name}: slaves: {e}", reason_of(e), subject=f"{dev.name} slaves")
+                lower = []
             if not lower and not os.path.isdir(dev.path):  # checked only then: one stat less per device
-                scrape.error(f"{dev.name}: device vanished while being read")
+                scrape.error(f"{dev.name}: device vanished while being read", "vanished")
                 return None, None
             if kind == "dm":
                 dm_name, dm_uuid = scrape.dm.get(dev.name, ("", ""))
@@ -129,7 +136,8 @@ class StackCollector:
                     if decoded:
                         vg, lv, layer = decoded
                     else:
-                        scrape.error(f"{dev.name}: LVM dm name {dm_name!r} is not VG-LV[-LAYER]")
+                        scrape.error(f"{dev.name}: LVM dm name {dm_name[:80]!r} is not VG-LV[-LAYER]",
+                                     subject=f"{dev.name} lvm name")
         elif kind == "loop":
             backing, low = self._loop_backing(scrape, dev)
             lower = [low] if low else []
@@ -139,8 +147,8 @@ class StackCollector:
         """A loop device's backing file and the block device that holds it ('' / None if unknown)."""
         try:
             backing = scrape.backing_file(dev)
-        except OSError as e:
-            scrape.error(f"{dev.name}: backing_file: {e}")
+        except (OSError, ParseError) as e:
+            scrape.error(f"{dev.name}: backing_file: {e}", reason_of(e), subject=f"{dev.name} backing_file")
             return "", None
         if not backing:
             return "", None  # an unattached loop device
