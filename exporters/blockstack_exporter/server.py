@@ -155,6 +155,7 @@ class Exporter:
 class Handler(BaseHTTPRequestHandler):
     server_version = f"blockstack-exporter/{__version__}"
     protocol_version = "HTTP/1.0"  # one request per connection
+    timeout = 30  # seconds a socket read or write may wait: a client that stops reading its answer
 
     def setup(self):
         super().setup()
