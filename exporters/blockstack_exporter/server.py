@@ -152,6 +152,20 @@ class Exporter:
             return flight.bodies[content_type], content_type
 
 
+class _LastLineReader:
+    """A request's input that remembers the last line read (see Handler._headers_complete)."""
+
+    def __init__(self, raw):
+        self.raw, self.last = raw, None
+
+    def readline(self, *args):
+        self.last = self.raw.readline(*args)
+        return self.last
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = f"blockstack-exporter/{__version__}"
     protocol_version = "HTTP/1.0"  # one request per connection
@@ -159,6 +173,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
+        self.rfile = _LastLineReader(self.rfile)
         self.server.watch(self.connection)
 
     def log_message(self, format, *args):  # no access log (prometheus_client's server has none)
@@ -176,28 +191,7 @@ class Handler(BaseHTTPRequestHandler):
     def _headers_complete(self):
         """http.client.parse_headers stops at an empty line or at end of input alike: a request
         cut off in its headers must not count: the last line read must be the empty one."""
-        return self.rfile_last_line in (b"\r\n", b"\n")
-
-    def handle_one_request(self):
-        # Remember the last line the header parser read (see _headers_complete).
-        rfile = self.rfile
-        handler = self
-
-        class _Lines:
-            def readline(self, *args):
-                line = rfile.readline(*args)
-                handler.rfile_last_line = line
-                return line
-
-            def __getattr__(self, name):
-                return getattr(rfile, name)
-
-        self.rfile_last_line = None
-        self.rfile = _Lines()
-        try:
-            super().handle_one_request()
-        finally:
-            self.rfile = rfile
+        return self.rfile.last in (b"\r\n", b"\n")
 
     def __getattr__(self, name):
         if name.startswith("do_"):  # any other method: 405

@@ -211,6 +211,8 @@ class Fuzzer:
         """Damage, scrape, check, undo. Returns a list of failure descriptions (empty: fine)."""
         log_before = self._log_lines()
         undo = []
+        # names last: a file inside a renamed directory is damaged before the rename
+        chosen = sorted(chosen, key=lambda c: c[0][1] == "name")
         try:
             for target, damage in chosen:
                 undo.append(self.damage(target, damage, rng))
