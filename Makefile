@@ -64,6 +64,11 @@ update-fixtures: venv
 bench-exporter: venv
 	@$(VPY) exporters/bench/bench_scrape.py
 
+## fuzz-exporter: >= 10,000 damaged-input scrapes of the real exporter and HTTP abuse (~15 min; BENCHMARKS.md "Robustness")
+.PHONY: fuzz-exporter
+fuzz-exporter: venv
+	@$(VPY) exporters/bench/fuzz_exporter.py $(FUZZ_ARGS)
+
 ## bench-ebpf: fio 4 KiB random-read IOPS with all BPF configs attached vs none
 bench-ebpf: venv ebpf-build
 	@$(VPY) ebpf-configs/bench/bench_overhead.py

@@ -7,7 +7,7 @@ numbers to names) and /proc/self/mountinfo (which block device holds a path).
 import os
 import re
 
-from .fs import ParseError, listdir, read_text
+from .fs import MAX_MOUNTINFO_BYTES, listdir, read_text
 
 
 class Device:
@@ -57,10 +57,11 @@ _OCTAL = re.compile(r"\\([0-7]{3})")
 
 
 class Mount:
-    __slots__ = ("majmin", "mountpoint", "fstype", "source")
+    __slots__ = ("mount_id", "majmin", "mountpoint", "fstype", "source")
 
-    def __init__(self, majmin, mountpoint, fstype, source):
-        self.majmin, self.mountpoint, self.fstype, self.source = majmin, mountpoint, fstype, source
+    def __init__(self, mount_id, majmin, mountpoint, fstype, source):
+        self.mount_id, self.majmin, self.mountpoint = mount_id, majmin, mountpoint
+        self.fstype, self.source = fstype, source
 
 
 def _unescape(field):
@@ -69,20 +70,22 @@ def _unescape(field):
 
 
 def parse_mountinfo(text):
-    """Mounts from /proc/PID/mountinfo (Documentation/filesystems/proc.rst, 3.5)."""
-    mounts = []
+    """Mounts from /proc/PID/mountinfo (Documentation/filesystems/proc.rst, 3.5) and the number
+    of malformed lines skipped (one bad line costs that mount alone)."""
+    mounts, bad = [], 0
     for line in text.splitlines():
         fields = line.split()
         try:
             sep = fields.index("-", 6)
-            mounts.append(Mount(fields[2], _unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2])))
+            mounts.append(Mount(fields[0], fields[2], _unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2])))
         except (ValueError, IndexError):
-            raise ParseError(f"mountinfo: malformed line {line[:80]!r}") from None
-    return mounts
+            bad += 1
+    return mounts, bad
 
 
 def read_mountinfo(procfs):
-    return parse_mountinfo(read_text(os.path.join(procfs, "self", "mountinfo")))
+    """Read to end of file: one read of it returns a page at most (see fs.py)."""
+    return parse_mountinfo(read_text(os.path.join(procfs, "self", "mountinfo"), MAX_MOUNTINFO_BYTES))
 
 
 def mount_holding(mounts, path):

@@ -1,35 +1,72 @@
-"""Small, fast readers for sysfs/procfs files.
+"""Readers for sysfs/procfs files, bounded in what they read and never blocking on a FIFO.
 
-sysfs attributes are read with one os.read each: at 1024 devices the exporter reads more
-than ten thousand of them per scrape, and the plain open() path costs several times more.
+procfs files are read to end of file: one read of a seq_file returns at most a page, cut at a
+line boundary (/proc/self/mountinfo of a host with containers is many pages). A sysfs
+attribute is at most a page and one pread at offset 0 returns all of it (kernfs calls show()
+again), which AttributeReader uses through descriptors kept open between scrapes.
+Every reader stops at a bound and raises TooLarge past it: a file is never read whole into
+memory just because it is large. Files are opened O_NONBLOCK, so a FIFO in their place
+answers at once (EAGAIN/ESPIPE or nothing) instead of blocking the scrape.
 """
 import os
+import re
 import resource
+import threading
+import time
+
+MAX_FILE_BYTES = 1 << 20  # a procfs file such as jbd2 info or ext4 options (a few hundred bytes)
+MAX_MOUNTINFO_BYTES = 16 << 20  # ~100k mounts
+MAX_ATTRIBUTE_BYTES = 65536  # a sysfs attribute is at most one page (4 KiB on x86)
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+_UINT = re.compile(r"[0-9]{1,20}", re.ASCII)
+U64_MAX = (1 << 64) - 1
 
 
 class ParseError(ValueError):
     """A file held something other than what the kernel documents for it."""
 
 
-def read_text(path):
-    """The stripped content of a small file (sysfs attributes are at most one page)."""
-    fd = os.open(path, os.O_RDONLY)
+class TooLarge(ParseError):
+    """A file or a command's output is larger than anything the kernel writes there."""
+
+
+def parse_uint(text, what="value"):
+    """A kernel unsigned integer (at most 64 bits, ASCII digits only). Anything else, including
+    a number of hundreds of digits that int() would take (and float() then reject), is a
+    ParseError."""
+    if not _UINT.fullmatch(text):
+        raise ParseError(f"{what}: expected a non-negative integer, got {text[:40]!r}")
+    value = int(text)
+    if value > U64_MAX:
+        raise ParseError(f"{what}: {text[:24]}... is larger than 64 bits")
+    return value
+
+
+def read_bytes(path, limit=MAX_FILE_BYTES):
+    """A file's content read to end of file, at most `limit` bytes (TooLarge past them)."""
+    fd = os.open(path, _OPEN_FLAGS)
     try:
-        return os.read(fd, 65536).decode("utf-8", "replace").strip()
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 16, limit + 1 - total))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise TooLarge(f"{path}: larger than {limit} bytes")
     finally:
         os.close(fd)
 
 
-def read_int(path):
-    text = read_text(path)
-    try:
-        return int(text)
-    except ValueError:
-        raise ParseError(f"{path}: expected an integer, got {text[:40]!r}") from None
+def read_text(path, limit=MAX_FILE_BYTES):
+    """The stripped text of a file (bytes that are not UTF-8 become U+FFFD)."""
+    return read_bytes(path, limit).decode("utf-8", "replace").strip()
 
 
 def listdir(path):
-    """Names in a directory, or [] if it does not exist (a device vanished, a feature absent)."""
+    """Names in a directory, or [] if it does not exist (a device vanished, a feature absent).
+    Other errors (EACCES, ELOOP of a symlink loop, ...) are raised for the caller to count."""
     try:
         return os.listdir(path)
     except (FileNotFoundError, NotADirectoryError):
@@ -61,15 +98,15 @@ class AttributeReader:
         fd = self.fds.get(path)
         if fd is not None:
             try:
-                data = os.pread(fd, 65536, 0)
+                data = os.pread(fd, MAX_ATTRIBUTE_BYTES + 1, 0)
                 self.used.add(path)
-                return data.decode("utf-8", "replace").strip()
+                return self._text(path, data)
             except OSError:
                 del self.fds[path]
                 os.close(fd)
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, _OPEN_FLAGS)
         try:
-            data = os.pread(fd, 65536, 0)
+            data = os.pread(fd, MAX_ATTRIBUTE_BYTES + 1, 0)
         except OSError:
             os.close(fd)
             raise
@@ -78,6 +115,12 @@ class AttributeReader:
             self.used.add(path)
         else:
             os.close(fd)
+        return self._text(path, data)
+
+    @staticmethod
+    def _text(path, data):
+        if len(data) > MAX_ATTRIBUTE_BYTES:
+            raise TooLarge(f"{path}: larger than {MAX_ATTRIBUTE_BYTES} bytes")
         return data.decode("utf-8", "replace").strip()
 
     def sweep(self):
@@ -90,3 +133,52 @@ class AttributeReader:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
+
+
+class _PendingRead:
+    def __init__(self, path, size, offset):
+        self.path, self.size, self.offset = path, size, offset
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.result = self.error = None
+        threading.Thread(target=self._run, name=f"read {path}", daemon=True).start()
+
+    def _run(self):
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # may block: a FIFO without a writer
+            try:
+                self.result = os.pread(fd, self.size, self.offset)  # may block: a device that does not answer
+            finally:
+                os.close(fd)
+        except OSError as e:
+            self.error = e
+        finally:
+            self.done.set()
+
+
+class BlockingReads:
+    """preads of files that can block (a device node whose device hangs, a FIFO in its place),
+    each in a thread of its own and waited for at most a timeout. A read that has not returned
+    is not started again: while it is pending, reads of that path fail at once, so one stuck
+    device holds one thread, whatever the number of scrapes."""
+
+    def __init__(self):
+        self._pending = {}  # path -> _PendingRead still running after its timeout
+
+    def pread(self, path, size, offset, timeout):
+        pending = self._pending.get(path)
+        if pending is not None:
+            if not pending.done.is_set():
+                raise TimeoutError(f"{path}: a read started {time.monotonic() - pending.started:.0f} s ago "
+                                   "has not returned; skipped")
+            del self._pending[path]  # it came back: read afresh
+        read = _PendingRead(path, size, offset)
+        if not read.done.wait(max(0.0, timeout)):
+            self._pending[path] = read
+            raise TimeoutError(f"{path}: no answer within {max(0.0, timeout):.2f} s; skipped")
+        if read.error is not None:
+            raise read.error
+        return read.result
+
+    def stuck(self):
+        return sum(1 for r in self._pending.values() if not r.done.is_set())

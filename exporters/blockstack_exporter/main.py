@@ -4,11 +4,11 @@ import logging
 import sys
 import threading
 
-from prometheus_client import start_http_server
+from prometheus_client import ProcessCollector
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from . import __version__, exposition
+from . import __version__, server
 from .collectors import ALL, DmCollector
 from .scrape import BlockstackCollector, Paths
 
@@ -25,6 +25,9 @@ def build_registry(args):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BlockstackCollector(collectors, Paths(args.sysfs, args.procfs, args.dev)))
     registry.register(_BuildInfo())
+    # process_* of the exporter itself (the real /proc, not --path.procfs): its open descriptors
+    # (sysfs attributes are kept open between scrapes), RSS and CPU.
+    ProcessCollector(registry=registry)
     return registry
 
 
@@ -37,25 +40,34 @@ class _BuildInfo(Collector):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="blockstack-exporter", description=__doc__)
+    p = argparse.ArgumentParser(prog="blockstack-exporter", description=__doc__, allow_abbrev=False)
     p.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN,
                    help="host:port to serve /metrics on (default %(default)s; loopback only unless you say so)")
     p.add_argument("--path.sysfs", dest="sysfs", default="/sys", help="sysfs mountpoint (default %(default)s)")
     p.add_argument("--path.procfs", dest="procfs", default="/proc", help="procfs mountpoint (default %(default)s)")
     p.add_argument("--path.dev", dest="dev", default="/dev",
                    help="device nodes, read for ext4 superblocks (default %(default)s)")
-    p.add_argument("--collectors", default=",".join(ALL), type=lambda s: [c for c in s.split(",") if c],
-                   help="comma-separated collectors to run (default %(default)s)")
+    for name in ALL:  # node_exporter's --collector.NAME / --no-collector.NAME
+        p.add_argument(f"--collector.{name}", dest=f"collector_{name}", action=argparse.BooleanOptionalAction,
+                       default=None, help=f"enable the {name} collector (default: enabled)")
+    p.add_argument("--collector.disable-defaults", dest="disable_defaults", action="store_true",
+                   help="disable every collector not enabled by its own --collector.NAME flag")
     p.add_argument("--collector.dm.dmsetup", dest="dmsetup", default="dmsetup",
                    help="dmsetup binary (default %(default)s)")
     p.add_argument("--collector.dm.timeout", dest="dmsetup_timeout", type=float, default=5.0,
                    help="seconds before a dmsetup call is abandoned (default %(default)s)")
+    p.add_argument("--web.default-scrape-timeout", dest="scrape_timeout", type=float, default=4.5,
+                   help="seconds a collection may take when the request has no X-Prometheus-Scrape-Timeout-Seconds "
+                        "header (default %(default)s: the stack scrapes every 5 s with a 5 s timeout)")
+    p.add_argument("--web.scrape-timeout-offset", dest="timeout_offset", type=float, default=0.5,
+                   help="seconds subtracted from X-Prometheus-Scrape-Timeout-Seconds for the answer to arrive in "
+                        "time (default %(default)s)")
     p.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--version", action="version", version=__version__)
     args = p.parse_args(argv)
-    unknown = [c for c in args.collectors if c not in ALL]
-    if unknown:
-        p.error(f"unknown collectors {unknown}; known: {', '.join(ALL)}")
+    args.collectors = [name for name in ALL
+                       if (getattr(args, f"collector_{name}") if getattr(args, f"collector_{name}") is not None
+                           else not args.disable_defaults)]
     return args
 
 
@@ -64,17 +76,15 @@ def main(argv=None):
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, _, port = args.listen.rpartition(":")
     registry = build_registry(args)
-    server, thread = start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)
-    # start_http_server takes no encoder: keep its server (address family, a thread per request,
-    # no request log) and swap in the same app with the leaner encoder.
-    server.set_app(exposition.make_app(registry))
+    httpd, _ = server.serve(registry, host.strip("[]") or "127.0.0.1", int(port), args.scrape_timeout,
+                            args.timeout_offset)
     logging.getLogger("blockstack_exporter").info("listening on %s, collectors %s", args.listen, ",".join(args.collectors))
     try:
         threading.Event().wait()
     except KeyboardInterrupt:
         pass
     finally:
-        server.shutdown()
+        httpd.shutdown()
 
 
 if __name__ == "__main__":

@@ -36,9 +36,83 @@ class Scraped:
             for s in family.samples:
                 self.samples[(s.name, frozenset(s.labels.items()))] = s.value
 
-    def get(self, name, **labels):
-        return self.samples.get((name, frozenset(labels.items())))
+    def get(self, metric, /, **labels):
+        return self.samples.get((metric, frozenset(labels.items())))
+
+    def errors(self, collector, reason=None):
+        """blockstack_collector_errors_total of a collector, over every reason or for one."""
+        return sum(v for (name, labels), v in self.samples.items()
+                   if name == "blockstack_collector_errors_total" and ("collector", collector) in labels
+                   and (reason is None or ("reason", reason) in labels))
 
 
 def scrape_tree(root, collectors=None):
     return Scraped(registry_for(root, collectors))
+
+
+# --- a tree with every kind of file the exporter reads, dm devices and dmsetup included ------------
+
+FAKE_DMSETUP = os.path.join(HERE, "fake_dmsetup.py")
+# dm-N: (dev, dm name, devices beneath); majors 252 (the fixture's zram0 holds 253:0)
+DM_DEVICES = {"dm-0": ("252:0", "vg-lv-real", ["loop0"]), "dm-1": ("252:1", "vg-snap-cow", ["loop0"]),
+              "dm-2": ("252:2", "vg-lv", ["dm-0"]), "dm-3": ("252:3", "vg-snap", ["dm-0", "dm-1"])}
+DMSETUP_TABLE = ("vg-lv-real: 0 2048 linear 7:0 0\nvg-snap-cow: 0 1024 linear 7:0 2048\n"
+                 "vg-lv: 0 2048 snapshot-origin 252:0\nvg-snap: 0 2048 snapshot 252:0 252:1 P 8\n")
+DMSETUP_STATUS = ("vg-lv-real: 0 2048 linear \nvg-snap-cow: 0 1024 linear \n"
+                  "vg-lv: 0 2048 snapshot-origin \nvg-snap: 0 2048 snapshot 16/1024 16\n")
+
+
+def full_tree(base):
+    """host-loop plus four dm devices (an LVM snapshot stack on loop0) and the dmsetup outputs
+    fake_dmsetup.py prints for them. Returns (tree, dmsetup fixture directory)."""
+    import shutil
+    tree = os.path.join(base, "tree")
+    shutil.copytree(HOST_LOOP, tree, symlinks=True)
+    for name, (devno, dm_name, slaves) in DM_DEVICES.items():
+        rel = f"devices/virtual/block/{name}"
+        d = os.path.join(tree, "sys", rel)
+        shutil.copytree(os.path.join(tree, "sys/devices/virtual/block/loop0/queue"), os.path.join(d, "queue"))
+        os.makedirs(os.path.join(d, "dm"))
+        os.makedirs(os.path.join(d, "slaves"))
+        for path, text in (("dev", devno), ("dm/name", dm_name), ("dm/uuid", f"LVM-{name}fixture")):
+            with open(os.path.join(d, path), "w") as f:
+                f.write(text + "\n")
+        for low in slaves:
+            os.symlink(f"../../{low}", os.path.join(d, "slaves", low))
+        os.symlink(f"../../{rel}", os.path.join(tree, "sys/class/block", name))
+        os.symlink(f"../../{rel}", os.path.join(tree, "sys/dev/block", devno))
+    fixtures = os.path.join(base, "dmsetup")
+    os.makedirs(fixtures)
+    for command, text in (("dmsetup_table", DMSETUP_TABLE), ("dmsetup_status_--noflush", DMSETUP_STATUS)):
+        with open(os.path.join(fixtures, command), "w") as f:
+            f.write(text)
+    return tree, fixtures
+
+
+def exporter_argv(tree, port, *extra):
+    return [EXPORTER, f"--web.listen-address=127.0.0.1:{port}", f"--path.sysfs={tree}/sys",
+            f"--path.procfs={tree}/proc", f"--path.dev={tree}/dev", f"--collector.dm.dmsetup={FAKE_DMSETUP}", *extra]
+
+
+def http(url, method="GET", headers=None, timeout=30):
+    """(status, body text, seconds) of one request, whatever the status."""
+    import time
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(url, method=method, headers=headers or {})
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, r.read().decode("utf-8", "replace"), time.monotonic() - start
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace"), time.monotonic() - start
+
+
+def errors_in(body, collector=None, reason=None):
+    """Sum of blockstack_collector_errors_total in an exposition, optionally of one collector/reason."""
+    import re
+    total = 0.0
+    for m in re.finditer(r'^blockstack_collector_errors_total\{collector="(\w+)",reason="(\w+)"\} (\S+)$', body, re.M):
+        if (collector is None or m[1] == collector) and (reason is None or m[2] == reason):
+            total += float(m[3])
+    return total

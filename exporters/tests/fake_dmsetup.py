@@ -12,6 +12,8 @@ Environment:
   FAKE_DMSETUP_ONLY      apply MODE only to this subcommand (e.g. "status"); others behave normally
   FAKE_DMSETUP_LOG       append "PID dmsetup ARGS..." per call to this file (tests count the calls
                          and check a hung one was killed)
+A file `mode` in the fixtures directory, "MODE [SUBCOMMAND]", overrides MODE and ONLY (the fuzz
+test changes it while the exporter runs).
 """
 import os
 import sys
@@ -26,6 +28,11 @@ def main(argv):
             f.write(f"{os.getpid()} " + " ".join(["dmsetup", *argv]) + "\n")
     mode = os.environ.get("FAKE_DMSETUP_MODE", "ok")
     only = os.environ.get("FAKE_DMSETUP_ONLY")
+    try:
+        with open(os.path.join(os.environ.get("FAKE_DMSETUP_FIXTURES", ""), "mode")) as f:
+            mode, _, only = f.read().strip().partition(" ")
+    except OSError:
+        pass
     if only and (not argv or argv[0] != only):
         mode = "ok"
     if mode == "absent":

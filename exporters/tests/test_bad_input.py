@@ -15,7 +15,7 @@ LOOP0_QUEUE = "sys/devices/virtual/block/loop0/queue"
 
 
 def errors(scraped, collector):
-    return scraped.get("blockstack_collector_errors_total", collector=collector)
+    return scraped.errors(collector)
 
 
 def success(scraped, collector):
@@ -37,7 +37,7 @@ def test_garbage_number_drops_one_sample_and_counts_an_error(host_tree, caplog):
     assert s.get("blockstack_queue_nomerges", device="loop1") == 0
     assert errors(s, "queue") == 1
     assert s.get("blockstack_scrape_collector_success", collector="queue") == 1
-    assert "loop0: nomerges: expected an integer, got 'two'" in caplog.text
+    assert "loop0: nomerges: value: expected a non-negative integer, got 'two'" in caplog.text
 
 
 def test_odd_scheduler_and_negative_value(host_tree):
@@ -108,7 +108,7 @@ def _scrape_as_nobody(host_tree, tmp_path):
     assert 'blockstack_queue_nomerges{device="loop1"} 0.0' in body
     assert 'blockstack_queue_nomerges{device="loop0"}' not in body
     # one error per scrape (the health check scraped too)
-    count = float(body.split('blockstack_collector_errors_total{collector="queue"} ')[1].split()[0])
+    count = float(body.split('blockstack_collector_errors_total{collector="queue",reason="unreadable"} ')[1].split()[0])
     assert count >= 1
     assert "Permission denied" in log.read_text()
 

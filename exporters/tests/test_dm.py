@@ -155,7 +155,7 @@ class Result:
         return self.registry.get_sample_value(metric, labels)
 
     def errors(self, collector="dm"):
-        return self.value("blockstack_collector_errors_total", collector=collector)
+        return sum(s.value for s in self.samples("blockstack_collector_errors_total") if s.labels["collector"] == collector)
 
     def success(self, collector="dm"):
         return self.value("blockstack_scrape_collector_success", collector=collector)
@@ -341,7 +341,7 @@ def test_device_vanished_between_sysfs_and_dmsetup(fake):
 def test_command_line_flag_reaches_the_collector(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", os.path.join(DM_FIXTURES, "nvme-incident"))
     paths = build_sysfs(str(tmp_path / "root"), SYSFS["nvme-incident"])
-    args = parse_args(["--collectors", "dm", "--collector.dm.dmsetup", FAKE, "--collector.dm.timeout", "3",
+    args = parse_args(["--collector.disable-defaults", "--collector.dm", "--collector.dm.dmsetup", FAKE, "--collector.dm.timeout", "3",
                        "--path.sysfs", paths.sysfs, "--path.procfs", paths.procfs])
     r = Result(build_registry(args))
     assert r.value("blockstack_dm_snapshot_cow_used_bytes", device="dm-3", name="secvol-tmp_backup1") == 208 * SECTOR
@@ -430,3 +430,20 @@ def test_snapshot_table_round_trips(store, chunk, origin_minor, cow_minor):
     t = parse_snapshot_table(f"253:{origin_minor} 253:{cow_minor} {store} {chunk}")
     assert (t["origin"], t["cow"], t["persistent"], t["chunk_sectors"]) == (
         f"253:{origin_minor}", f"253:{cow_minor}", store, chunk)
+
+
+def test_unchanged_output_is_not_parsed_again_but_still_counted(fake, tmp_path, monkeypatch):
+    """The same dmsetup output twice: the second scrape reuses the parsed families (reading
+    less), yet reports the same errors again and the same series."""
+    monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", os.path.join(DM_FIXTURES, "garbage"))
+    paths = build_sysfs(str(tmp_path / "root"), SYSFS["garbage"])
+    collector = BlockstackCollector([DmCollector(dmsetup=FAKE)], paths)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    first = Result(registry)
+    second = Result(registry)
+    assert first.errors() == 11 and second.errors() == 22
+    dm_series = lambda r: [(s.name, s.labels, s.value) for f in r.families if f.name.startswith("blockstack_dm_")
+                           for s in f.samples]
+    assert dm_series(first) == dm_series(second) and len(dm_series(first)) > 5
+    assert len(fake.calls()) == 4  # both scrapes ran dmsetup table and status

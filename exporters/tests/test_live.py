@@ -127,3 +127,27 @@ def test_loop_device_removed_and_made_again_between_scrapes(exporter):
     if not _loop_control(LOOP_CTL_ADD, number):
         pytest.skip(f"{name} was taken by someone else meanwhile")
     assert sample(exporter(), "blockstack_queue_logical_block_size_bytes", device=name) == 512
+
+
+def test_mountinfo_of_a_mount_namespace_with_many_mounts(tmp_path):
+    """The exporter in a private mount namespace holding 120 tmpfs mounts (mountinfo ~15 KiB:
+    procfs hands it out a page per read), then ext4 on a loop device mounted last: its
+    mountpoint label must be read from the end of mountinfo, not left empty."""
+    base = str(tmp_path)
+    mnt = os.path.join(base, "ext4")
+    port = procs.free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    with loop.attached(32 << 20) as dev:
+        loop.mkfs_ext4(dev)
+        script = (f'set -e; for i in $(seq 1 120); do mkdir -p {base}/t$i; mount -t tmpfs -o size=64k t$i {base}/t$i; done; '
+                  f'mkdir -p {mnt}; mount {dev} {mnt}; '
+                  f'test $(wc -c < /proc/self/mountinfo) -gt 8192; '
+                  f'exec {EXPORTER} --web.listen-address=127.0.0.1:{port} --no-collector.dm')
+        # the namespace, and every mount in it, goes away with the exporter
+        with procs.running(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                           health_url=url, log_path=str(tmp_path / "exporter.log")):
+            body = procs.http_get(url)
+        name = loop.name(dev)
+        assert sample(body, "blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 1, \
+            [line for line in body.splitlines() if name in line and "ext4" in line][:3]
+        assert sample(body, "blockstack_collector_errors_total", collector="stack", reason="parse") is None

@@ -87,8 +87,9 @@ def test_lvm_dm_names_from_the_incidents():
 
 
 @given(st.text(max_size=400))
-def test_mountinfo_never_raises_other_errors(text):
-    only_parse_errors(parse_mountinfo, text)
+def test_mountinfo_never_raises(text):
+    mounts, bad = parse_mountinfo(text)
+    assert len(mounts) + bad <= len(text.splitlines())
 
 
 @given(st.binary(min_size=0, max_size=1100))

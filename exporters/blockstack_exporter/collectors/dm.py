@@ -36,13 +36,16 @@ its arguments are never logged or exported (a crypt table can carry a key).
 import logging
 import os
 import re
+import selectors
 import signal
 import subprocess
+import time
 
 from prometheus_client.core import GaugeMetricFamily
 
 from ..devices import name_of_devno
-from ..fs import ParseError
+from ..fs import ParseError, TooLarge, parse_uint
+from ..scrape import CollectorFailed, Reuse
 
 log = logging.getLogger("blockstack_exporter")
 
@@ -53,6 +56,8 @@ TABLE_ARGS = ("table",)
 STATUS_ARGS = ("status", "--noflush")
 MISSING = object()  # the status call failed: already reported once
 KILL_GRACE = 1.0  # seconds to reap a killed dmsetup before abandoning it (stuck in an ioctl)
+MAX_OUTPUT_BYTES = 8 << 20  # dmsetup's output for ~50k targets; beyond, it is not dmsetup talking
+MAX_STDERR_BYTES = 4096
 
 _LINE = re.compile(r"^(\S+?):(?: +(\d+) +(\d+) +(\S+)(?: (.*))?)? *$", re.ASCII)  # mangled names hold no spaces
 _DEVNO = re.compile(r"^\d+:\d+$", re.ASCII)
@@ -61,6 +66,10 @@ _MANGLED = re.compile(r"\\x([0-9a-fA-F]{2})")
 
 class DmsetupError(Exception):
     """dmsetup could not be run, failed, or timed out."""
+
+    def __init__(self, message, reason="command"):
+        super().__init__(message)
+        self.reason = reason
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,7 +104,7 @@ def parse_line(line):
     name = unmangle(m.group(1))
     if m.group(2) is None:
         return Target(name, None, None, None, "")
-    return Target(name, int(m.group(2)), int(m.group(3)), m.group(4), m.group(5) or "")
+    return Target(name, parse_uint(m.group(2), "start"), parse_uint(m.group(3), "length"), m.group(4), m.group(5) or "")
 
 
 def parse_listing(text):
@@ -114,9 +123,7 @@ def parse_listing(text):
 
 
 def _int(word, what):
-    if not word.isdigit() or not word.isascii():
-        raise ParseError(f"{what}: expected a non-negative integer, got {word[:40]!r}")
-    return int(word)
+    return parse_uint(word, what)
 
 
 def _devno(word, what):
@@ -243,12 +250,19 @@ class DmCollector:
     def __init__(self, dmsetup="dmsetup", timeout=5.0):
         self.dmsetup, self.timeout = dmsetup, timeout
         self._abandoned = []  # dmsetup processes that did not die when killed (stuck in an ioctl)
+        self._reuse = Reuse()
 
-    def run(self, args):
-        """stdout of `dmsetup ARGS` as text; DmsetupError if absent, failing or slower than the timeout.
+    def run(self, args, timeout=None):
+        """stdout of `dmsetup ARGS` as text; DmsetupError if absent, failing, slower than the
+        timeout (the flag's, or less: the collector's deadline) or writing more than
+        MAX_OUTPUT_BYTES.
 
         dmsetup runs in its own session so that a timeout kills it and anything it started."""
         self._reap()
+        timeout = self.timeout if timeout is None else min(self.timeout, timeout)
+        command = f"`dmsetup {' '.join(args)}`"
+        if timeout <= 0:
+            raise DmsetupError(f"{command} not run: the collector's deadline has passed", "deadline")
         argv = [self.dmsetup, *args]
         env = dict(os.environ, LC_ALL="C")
         try:
@@ -257,13 +271,45 @@ class DmCollector:
         except OSError as e:
             raise DmsetupError(f"cannot run {self.dmsetup}: {e.strerror or e}") from None
         try:
-            out, err = proc.communicate(timeout=self.timeout)
+            out, err = self._read(proc, time.monotonic() + timeout)
         except subprocess.TimeoutExpired:
             self._kill(proc)
-            raise DmsetupError(f"`dmsetup {' '.join(args)}` timed out after {self.timeout:g}s; killed") from None
-        if proc.returncode != 0:
-            raise DmsetupError(f"`dmsetup {' '.join(args)}` exited with {proc.returncode}: {_stderr(err)}")
+            raise DmsetupError(f"{command} timed out after {timeout:.2g}s; killed", "timeout") from None
+        except TooLarge:
+            self._kill(proc)
+            raise DmsetupError(f"{command} wrote more than {MAX_OUTPUT_BYTES} bytes; killed", "too_large") from None
+        if proc.wait() != 0:
+            raise DmsetupError(f"{command} exited with {proc.returncode}: {_stderr(err)}")
         return out.decode("utf-8", "replace")
+
+    @staticmethod
+    def _read(proc, deadline):
+        """Both pipes to end of file, stdout bounded, stderr kept up to MAX_STDERR_BYTES."""
+        out, err = bytearray(), bytearray()
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ, out)
+            sel.register(proc.stderr, selectors.EVENT_READ, err)
+            while sel.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(proc.args, 0)
+                for key, _ in sel.select(left):
+                    chunk = os.read(key.fd, 1 << 16)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        key.fileobj.close()
+                    elif key.data is out:
+                        out += chunk
+                        if len(out) > MAX_OUTPUT_BYTES:
+                            raise TooLarge("dmsetup output")
+                    elif len(err) < MAX_STDERR_BYTES:
+                        err += chunk[:MAX_STDERR_BYTES - len(err)]
+        left = deadline - time.monotonic()
+        try:
+            proc.wait(max(left, 0.01))
+        except subprocess.TimeoutExpired:
+            raise
+        return bytes(out), bytes(err)
 
     def _kill(self, proc):
         try:
@@ -276,7 +322,8 @@ class DmCollector:
             # Uninterruptible sleep: the kill lands when the ioctl returns. Do not wait for it.
             for pipe in (proc.stdout, proc.stderr):
                 try:
-                    pipe.close()
+                    if pipe and not pipe.closed:
+                        pipe.close()
                 except OSError:
                     pass
             self._abandoned.append(proc)
@@ -289,6 +336,23 @@ class DmCollector:
 
     def collect(self, scrape):
         dm = scrape.dm
+        if not dm:
+            return []
+        try:
+            table_text = self.run(TABLE_ARGS, scrape.remaining())
+        except DmsetupError as e:  # nothing to publish: the collector failed
+            scrape.error(str(e), e.reason, subject="dmsetup table")
+            raise CollectorFailed() from None
+        try:
+            status_text = self.run(STATUS_ARGS, scrape.remaining())
+        except DmsetupError as e:
+            scrape.error(str(e), e.reason, subject="dmsetup status")  # tables are still published
+            status_text = None
+        # parsed again only when something it depends on changed
+        key = (table_text, status_text, tuple(sorted(dm.items())), tuple(scrape.devices))
+        return self._reuse.families_for(scrape, key, lambda: self._families(scrape, dm, table_text, status_text))
+
+    def _families(self, scrape, dm, table_text, status_text):
         labels = ["device", "name"]
         m = {
             "target": GaugeMetricFamily(
@@ -336,17 +400,10 @@ class DmCollector:
                 "blockstack_dm_thin_pool_metadata_size_bytes", "Thin-pool metadata space, in bytes.",
                 labels=labels),
         }
-        if dm:
-            self._collect(scrape, dm, m)
-        yield from (family for family in m.values() if family.samples)  # no HELP without a series
+        self._collect(scrape, dm, m, table_text, status_text)
+        return [family for family in m.values() if family.samples]  # no HELP without a series
 
-    def _collect(self, scrape, dm, m):
-        table_text = self.run(TABLE_ARGS)   # a failure here fails the collector: nothing to publish
-        try:
-            status_text = self.run(STATUS_ARGS)
-        except DmsetupError as e:
-            scrape.error(str(e))  # tables are still published; usage and states are not
-            status_text = None
+    def _collect(self, scrape, dm, m, table_text, status_text):
         tables = self._listing(scrape, "table", table_text)
         kernel_of = {name: kname for kname, (name, _) in dm.items()}
 
@@ -360,10 +417,11 @@ class DmCollector:
         for t in tables:
             by_name.setdefault(t.name, []).append(t)
         for name in sorted(set(by_name) - set(kernel_of)):
-            scrape.error(f"{name}: listed by dmsetup but not in sysfs (created during the scrape?)")
+            scrape.error(f"{name[:80]}: listed by dmsetup but not in sysfs (created during the scrape?)", "vanished")
         for kname in sorted(dm):
             if dm[kname][0] not in by_name:
-                scrape.error(f"{kname} ({dm[kname][0]}): in sysfs but not listed by dmsetup (removed during the scrape?)")
+                scrape.error(f"{kname} ({dm[kname][0][:80]}): in sysfs but not listed by dmsetup "
+                             "(removed during the scrape?)", "vanished")
 
         for name, targets in sorted(by_name.items()):
             device = kernel_of.get(name)
@@ -379,7 +437,8 @@ class DmCollector:
                 if t.target not in ("snapshot", "snapshot-merge", "snapshot-origin", "thin-pool"):
                     continue
                 if t.target in handled:
-                    scrape.error(f"{device}: more than one {t.target} segment; only the first is published")
+                    scrape.error(f"{device}: more than one {t.target} segment; only the first is published",
+                                 "series_limit")
                     continue
                 handled.add(t.target)
                 status = MISSING if status_of is None else status_of.get((t.name, t.start, t.length, t.target))
@@ -396,14 +455,16 @@ class DmCollector:
 
     def _listing(self, scrape, what, text):
         targets, errors = parse_listing(text)
-        for number, e in errors:
-            scrape.error(f"dmsetup {what} line {number}: {e}")
+        if errors:  # one count per line, one log line for them all
+            number, e = errors[0]
+            scrape.error(f"dmsetup {what}: {len(errors)} unparseable lines, first: line {number}: {e}",
+                         subject=f"dmsetup {what} lines", count=len(errors))
         return targets
 
     def _device_name(self, scrape, devno):
         kname = name_of_devno(scrape.paths.sysfs, devno)
         if kname is None:
-            scrape.error(f"device {devno} is not in /sys/dev/block")
+            scrape.error(f"device {devno} is not in /sys/dev/block", "vanished")
             return devno
         return kname
 
@@ -429,7 +490,7 @@ class DmCollector:
         for s in SNAPSHOT_STATES:
             m["state"].add_metric(lv + [s], 1 if s == state else 0)
         if state in ("invalid", "overflow", "merge_failed"):
-            scrape.error(f"{device} ({name}): snapshot is {state}")
+            scrape.error(f"{device} ({name}): snapshot is {state}", "state")
         if st["used_sectors"] is not None:
             m["used"].add_metric(lv, st["used_sectors"] * SECTOR)
             m["size"].add_metric(lv, st["total_sectors"] * SECTOR)
@@ -445,7 +506,7 @@ class DmCollector:
             return
         st = parse_thin_pool_status(status)
         if st["failed"]:
-            scrape.error(f"{device} ({name}): thin-pool status is {st['failed']}")
+            scrape.error(f"{device} ({name}): thin-pool status is {st['failed']}", "state")
             return
         lv = [device, name]
         block = table["data_block_sectors"] * SECTOR

@@ -11,10 +11,14 @@ import struct
 
 from prometheus_client.core import GaugeMetricFamily
 
-from ..fs import ParseError, listdir, read_text
+from ..devices import name_of_devno
+from ..fs import BlockingReads, ParseError, listdir, parse_uint, read_text
+from ..scrape import reason_of
 
 EXT4_SUPER_MAGIC = 0xEF53
 EXT3_JNL_BACKUP_BLOCKS = 1  # s_jnl_backup_type when s_jnl_blocks holds a journal inode copy
+MAX_OPTIONS_BYTES = 65536  # the options file is a few hundred bytes
+MAX_OPTIONS = 128  # options per filesystem; ext4 has about 80 in all
 
 
 def parse_options(text):
@@ -44,16 +48,17 @@ def parse_superblock_journal_bytes(sb):
     return (size_high << 32) | size_low
 
 
-def read_superblock(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.pread(fd, 1024, 1024)
-    finally:
-        os.close(fd)
-
-
 class Ext4Collector:
+    """The journal's size cannot change while the filesystem is mounted (resizing a journal needs
+    it unmounted), so the superblock is read once per mount (the mount ID of mountinfo), never
+    on every scrape. That read goes to a device that may hang, or to whatever sits at /dev/DEV:
+    it runs with the collector's deadline (fs.BlockingReads) and a stuck device costs its
+    journal size alone."""
     name = "ext4"
+
+    def __init__(self):
+        self.reads = BlockingReads()
+        self._journal = {}  # (device, mount id) -> journal bytes or None (external journal)
 
     def collect(self, scrape):
         option_info = GaugeMetricFamily(
@@ -75,17 +80,30 @@ class Ext4Collector:
             "Size of the filesystem's internal journal, in bytes.", labels=["device", "mountpoint"])
 
         ext4_dir = os.path.join(scrape.paths.procfs, "fs", "ext4")
-        mountpoints = self._mountpoints(scrape)
-        for device in sorted(listdir(ext4_dir)):
-            mountpoint = mountpoints.get(device, "")
+        mounts = self._mounts(scrape)
+        try:
+            names = sorted(listdir(ext4_dir))
+        except OSError as e:
+            scrape.error(f"{ext4_dir}: {e}", reason_of(e), subject="ext4 dir")
+            names = []
+        journals = {}
+        for i, device in enumerate(names):
+            if scrape.past_deadline("the remaining filesystems", len(names) - i):
+                break
+            mount = mounts.get(device)
+            mountpoint = mount.mountpoint if mount else ""
             labels = [device, mountpoint]
             try:
-                options = parse_options(read_text(os.path.join(ext4_dir, device, "options")))
+                options = parse_options(read_text(os.path.join(ext4_dir, device, "options"), MAX_OPTIONS_BYTES))
             except FileNotFoundError:
                 continue  # unmounted between listing and reading
-            except OSError as e:
-                scrape.error(f"{device}: options: {e}")
+            except (OSError, ParseError) as e:
+                scrape.error(f"{device}: options: {e}", reason_of(e), subject=f"{device} options")
                 continue
+            if len(options) > MAX_OPTIONS:
+                scrape.error(f"{device}: {len(options)} options, only the first {MAX_OPTIONS} published",
+                             "series_limit", subject=f"{device} options count", count=len(options) - MAX_OPTIONS)
+                options = options[:MAX_OPTIONS]
             present = {}
             for option, value in options:
                 option_info.add_metric(labels + [option, value], 1)
@@ -94,25 +112,34 @@ class Ext4Collector:
             delalloc.add_metric(labels, 0 if "nodelalloc" in present else 1)
             if "commit" in present:
                 try:
-                    commit.add_metric(labels, int(present["commit"]))
-                except ValueError:
-                    scrape.error(f"{device}: commit={present['commit']!r} is not a number")
-            try:
-                size = parse_superblock_journal_bytes(read_superblock(os.path.join(scrape.paths.dev, device)))
-                if size is not None:
-                    journal.add_metric(labels, size)
-            except (OSError, ParseError) as e:
-                scrape.error(f"{device}: journal size: {e}")
+                    commit.add_metric(labels, parse_uint(present["commit"], "commit"))
+                except ParseError as e:
+                    scrape.error(f"{device}: {e}", subject=f"{device} commit")
+            key = (device, mount.mount_id if mount else None)
+            size = self._journal.get(key) if key[1] is not None else None
+            if key not in self._journal or key[1] is None:
+                try:
+                    sb = self.reads.pread(os.path.join(scrape.paths.dev, device), 1024, 1024, scrape.remaining())
+                    size = parse_superblock_journal_bytes(sb)
+                    if key[1] is not None:
+                        journals[key] = size
+                except (OSError, ParseError) as e:
+                    scrape.error(f"{device}: journal size: {e}", reason_of(e), subject=f"{device} journal size")
+                    continue
+            else:
+                journals[key] = size
+            if size is not None:
+                journal.add_metric(labels, size)
+        self._journal = journals  # only mounts still there are kept
         yield from (option_info, dioread_nolock, delalloc, commit, journal)
 
     @staticmethod
-    def _mountpoints(scrape):
-        """Kernel device name -> first ext4 mountpoint, matched by device number."""
-        from ..devices import name_of_devno
+    def _mounts(scrape):
+        """Kernel device name -> its first ext4 mount, matched by device number."""
         out = {}
         for m in scrape.mounts:
             if m.fstype == "ext4":
                 name = name_of_devno(scrape.paths.sysfs, m.majmin)
                 if name and name not in out:
-                    out[name] = m.mountpoint
+                    out[name] = m
         return out

@@ -22,9 +22,10 @@ import re
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..fs import ParseError, listdir, read_text
+from ..fs import ParseError, listdir, parse_uint, read_text
+from ..scrape import reason_of
 
-HEAD = re.compile(r"^(\d+) transactions \((\d+) requested\), each up to (\d+) blocks$")
+HEAD = re.compile(r"^(\d+) transactions \((\d+) requested\), each up to (\d+) blocks$", re.ASCII)
 PHASES = (  # line text after the number -> phase label
     ("waiting for transaction", "waiting"),
     ("request delay", "request_delay"),
@@ -34,7 +35,7 @@ PHASES = (  # line text after the number -> phase label
     ("logging transaction", "logging"),
 )
 UNITS = {"ms": 1e3, "us": 1e6}  # divisors to seconds
-VALUE = re.compile(r"^(\d+)(ms|us)? (.+)$")
+VALUE = re.compile(r"^(\d+)(ms|us)? (.+)$", re.ASCII)
 
 
 def parse_info(text):
@@ -46,15 +47,21 @@ def parse_info(text):
     m = HEAD.match(lines[0])
     if not m:
         raise ParseError(f"jbd2 info: unexpected first line {lines[0][:80]!r}")
-    out = {"transactions": int(m[1]), "requested": int(m[2]), "max_blocks": int(m[3]), "phases": {}}
+    out = {"transactions": parse_uint(m[1], "transactions"), "requested": parse_uint(m[2], "requested"),
+           "max_blocks": parse_uint(m[3], "max blocks"), "phases": {}}
     phase_of = dict(PHASES)
+    out["bad_lines"] = []  # lines after the first that could not be read: each costs its value alone
     for line in lines[1:]:
         if line == "average:":
             continue
         v = VALUE.match(line)
-        if not v:
-            raise ParseError(f"jbd2 info: unexpected line {line[:80]!r}")
-        number, unit, what = int(v[1]), v[2], v[3]
+        try:
+            if not v:
+                raise ParseError(f"jbd2 info: unexpected line {line[:80]!r}")
+            number, unit, what = parse_uint(v[1], what=v[3][:40]), v[2], v[3]
+        except ParseError as e:
+            out["bad_lines"].append(e)
+            continue
         if what in phase_of and unit:
             out["phases"][phase_of[what]] = number / UNITS[unit]
         elif what == "average transaction commit time" and unit:
@@ -100,7 +107,14 @@ class Jbd2Collector:
             labels=labels)
 
         jbd2_dir = os.path.join(scrape.paths.procfs, "fs", "jbd2")
-        for journal in sorted(listdir(jbd2_dir)):
+        try:
+            names = sorted(listdir(jbd2_dir))
+        except OSError as e:
+            scrape.error(f"{jbd2_dir}: {e}", reason_of(e), subject="jbd2 dir")
+            names = []
+        for i, journal in enumerate(names):
+            if scrape.past_deadline("the remaining journals", len(names) - i):
+                break
             device = journal.rpartition("-")[0] or journal
             lv = [device, journal]
             try:
@@ -108,8 +122,11 @@ class Jbd2Collector:
             except FileNotFoundError:
                 continue  # unmounted between listing and reading
             except (OSError, ParseError) as e:
-                scrape.error(f"{journal}: {e}")
+                scrape.error(f"{journal}: {e}", reason_of(e), subject=f"{journal} info")
                 continue
+            for e in info["bad_lines"][:1]:
+                scrape.error(f"{journal}: {len(info['bad_lines'])} unreadable lines, first: {e}",
+                             subject=f"{journal} lines", count=len(info["bad_lines"]))
             transactions.add_metric(lv, info["transactions"])
             requested.add_metric(lv, info["requested"])
             max_blocks.add_metric(lv, info["max_blocks"])

@@ -1,31 +1,35 @@
 """Queue settings from /sys/block/DEV/queue/ (Documentation/ABI/stable/sysfs-block).
 
-Re-read on every scrape: nomerges, max_sectors_kb, the scheduler and read_ahead_kb are all
-writable at run time, and the NVMe incident was a nomerges=2 nobody knew about.
+Settings re-read on every scrape: nomerges, max_sectors_kb, the scheduler, read_ahead_kb and
+nr_requests are writable at run time (the NVMe incident was a nomerges=2 nobody knew about), and
+rotational is too. The device's limits (logical and physical block size, max_hw_sectors_kb,
+max_segments) are the driver's and do not change while the device exists: they are read when a
+device is first seen, and again whenever its identity (Scrape.identity: device number, dm uuid,
+loop backing file) changes.
 """
 import os
 
 from prometheus_client.core import GaugeMetricFamily
 
-from ..fs import ParseError
-from ..scrape import add_gauge_sample
+from ..fs import ParseError, parse_uint
+from ..scrape import Reuse, reason_of
 
 KIB = 1024
 
-# (file in queue/, metric suffix, HELP, multiplier to base units)
+# (file in queue/, metric suffix, HELP, multiplier to base units, fixed while the device exists)
 SETTINGS = (
     ("nomerges", "nomerges",
-     "Request merging: 0 all merges enabled, 1 only simple one-hit merges, 2 no merges.", 1),
+     "Request merging: 0 all merges enabled, 1 only simple one-hit merges, 2 no merges.", 1, False),
     ("max_sectors_kb", "max_sectors_bytes",
-     "Largest request the block layer builds for the device (max_sectors_kb), in bytes.", KIB),
+     "Largest request the block layer builds for the device (max_sectors_kb), in bytes.", KIB, False),
     ("max_hw_sectors_kb", "max_hw_sectors_bytes",
-     "Largest request the device's driver accepts (max_hw_sectors_kb), in bytes.", KIB),
-    ("read_ahead_kb", "read_ahead_bytes", "Read-ahead window, in bytes.", KIB),
-    ("nr_requests", "nr_requests", "Requests that may be allocated per queue (per hardware queue for blk-mq).", 1),
-    ("rotational", "rotational", "Whether the device is rotational (1) or not (0).", 1),
-    ("logical_block_size", "logical_block_size_bytes", "Smallest unit the device can address, in bytes.", 1),
-    ("physical_block_size", "physical_block_size_bytes", "Smallest unit the device writes without read-modify-write, in bytes.", 1),
-    ("max_segments", "max_segments", "Most scatter/gather segments in one request.", 1),
+     "Largest request the device's driver accepts (max_hw_sectors_kb), in bytes.", KIB, True),
+    ("read_ahead_kb", "read_ahead_bytes", "Read-ahead window, in bytes.", KIB, False),
+    ("nr_requests", "nr_requests", "Requests that may be allocated per queue (per hardware queue for blk-mq).", 1, False),
+    ("rotational", "rotational", "Whether the device is rotational (1) or not (0).", 1, False),
+    ("logical_block_size", "logical_block_size_bytes", "Smallest unit the device can address, in bytes.", 1, True),
+    ("physical_block_size", "physical_block_size_bytes", "Smallest unit the device writes without read-modify-write, in bytes.", 1, True),
+    ("max_segments", "max_segments", "Most scatter/gather segments in one request.", 1, True),
 )
 
 
@@ -44,61 +48,82 @@ def parse_scheduler(text):
 
 
 def parse_setting(text, multiplier):
-    try:
-        value = int(text)
-    except ValueError:
-        raise ParseError(f"expected an integer, got {text[:40]!r}") from None
-    if value < 0:
-        raise ParseError(f"expected a non-negative integer, got {value}")
-    return value * multiplier
+    return parse_uint(text.strip()) * multiplier
 
 
 class QueueCollector:
     name = "queue"
 
+    def __init__(self):
+        self._fixed = {}  # queue owner -> (identity, {filename: value}) of the settings that never change
+        self._reuse = Reuse()
+
     def collect(self, scrape):
+        read = {}  # queue owner -> (values, scheduler): a disk's queue is read once for all its partitions
+        fixed, self._fixed = self._fixed, {}  # only devices present now are kept
+        devices = list(scrape.devices.items())
+        for i, (name, dev) in enumerate(devices):
+            if scrape.past_deadline("queues of the remaining devices", len(devices) - i):
+                devices = devices[:i]
+                break
+            if dev.queue_owner not in read:
+                read[dev.queue_owner] = self._read_queue(scrape, dev.queue_owner, fixed)
+        per_device = tuple((name, *read[dev.queue_owner]) for name, dev in devices)
+        return self._reuse.families_for(scrape, per_device, lambda: self._build(per_device))
+
+    @staticmethod
+    def _build(per_device):
         families = [GaugeMetricFamily("blockstack_queue_" + suffix, help_, labels=["device"])
-                    for _, suffix, help_, _ in SETTINGS]
+                    for _, suffix, help_, _, _ in SETTINGS]
         scheduler = GaugeMetricFamily(
             "blockstack_queue_scheduler_info",
             "The active I/O scheduler of the device's queue (value always 1).", labels=["device", "scheduler"])
-        read = {}  # queue owner -> (values, scheduler): a disk's queue is read once for all its partitions
-        for name, dev in scrape.devices.items():
-            owner = dev.queue_owner
-            if owner not in read:
-                read[owner] = self._read_queue(scrape, owner)
-            values, sched = read[owner]
-            labels = {"device": name}
+        for name, values, sched in per_device:
+            labels = [name]
             for family, value in zip(families, values):
                 if value is not None:
-                    add_gauge_sample(family, labels, value)
+                    family.add_metric(labels, value)
             if sched is not None:
-                add_gauge_sample(scheduler, {"device": name, "scheduler": sched}, 1)
-        yield from families
-        yield scheduler
+                scheduler.add_metric([name, sched], 1)
+        return families + [scheduler]
 
-    def _read_queue(self, scrape, owner):
+    def _read_queue(self, scrape, owner, fixed):
         if owner not in scrape.devices:
-            scrape.error(f"{owner}: disk of a partition is missing")
-            return [None] * len(SETTINGS), None
-        queue = os.path.join(scrape.devices[owner].path, "queue")
+            scrape.error(f"{owner}: disk of a partition is missing", "vanished")
+            return (None,) * len(SETTINGS), None
+        dev = scrape.devices[owner]
+        queue = os.path.join(dev.path, "queue")
+        identity = scrape.identity(dev)
+        known_identity, known = fixed.get(owner, (None, {}))
+        if identity is None or identity != known_identity:
+            known = {}  # a new device behind the name: read everything afresh
+        kept = {}
         values = []
-        for filename, _, _, multiplier in SETTINGS:
+        for filename, _, _, multiplier, is_fixed in SETTINGS:
+            if is_fixed and filename in known:
+                values.append(known[filename])
+                kept[filename] = known[filename]
+                continue
             try:
-                values.append(parse_setting(scrape.attributes.read_text(f"{queue}/{filename}"), multiplier))
+                value = parse_setting(scrape.attributes.read_text(f"{queue}/{filename}"), multiplier)
+                values.append(value)
+                if is_fixed:
+                    kept[filename] = value
             except FileNotFoundError:
                 if not os.path.isdir(queue):
-                    scrape.error(f"{owner}: device vanished while being read")
-                    return [None] * len(SETTINGS), None
+                    scrape.error(f"{owner}: device vanished while being read", "vanished")
+                    return (None,) * len(SETTINGS), None
                 values.append(None)  # an older kernel without this file
             except (OSError, ParseError) as e:
-                scrape.error(f"{owner}: {filename}: {e}")
+                scrape.error(f"{owner}: {filename}: {e}", reason_of(e), subject=f"{owner} {filename}")
                 values.append(None)
         try:
             sched = parse_scheduler(scrape.attributes.read_text(f"{queue}/scheduler"))
         except FileNotFoundError:
             sched = None
         except (OSError, ParseError) as e:
-            scrape.error(f"{owner}: scheduler: {e}")
+            scrape.error(f"{owner}: scheduler: {e}", reason_of(e), subject=f"{owner} scheduler")
             sched = None
-        return values, sched
+        if identity is not None:
+            self._fixed[owner] = (identity, kept)
+        return tuple(values), sched

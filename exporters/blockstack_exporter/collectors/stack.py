@@ -14,8 +14,8 @@ import os
 from prometheus_client.core import GaugeMetricFamily
 
 from .. import devices as devmod
-from ..fs import listdir, read_text
-from ..scrape import add_gauge_sample
+from ..fs import ParseError, listdir
+from ..scrape import Reuse, reason_of
 
 INFO_LABELS = ["device", "kind", "name", "dm_name", "dm_uuid", "lvm_vg", "lvm_lv", "lvm_layer", "backing_file"]
 
@@ -57,7 +57,23 @@ def kind_of(dev):
 class StackCollector:
     name = "stack"
 
+    def __init__(self):
+        self._reuse = Reuse()
+
     def collect(self, scrape):
+        described = []
+        devices = list(scrape.devices.values())
+        for i, dev in enumerate(devices):
+            if scrape.past_deadline("the remaining devices", len(devices) - i):
+                break
+            labels, lower = self._describe(scrape, dev)
+            if labels is not None:  # else vanished
+                described.append((tuple(labels), tuple(lower)))
+        described = tuple(described)
+        return self._reuse.families_for(scrape, described, lambda: self._build(described))
+
+    @staticmethod
+    def _build(described):
         info = GaugeMetricFamily(
             "blockstack_device_info",
             "A block device: its kind (disk, partition, dm, md, loop), dm name and uuid, the LVM "
@@ -78,14 +94,12 @@ class StackCollector:
             labels=["device"])
 
         edges = {}
-        for name, dev in scrape.devices.items():
-            labels, lower = self._describe(scrape, dev)
-            if labels is None:
-                continue  # vanished
+        for labels, lower in described:
+            name = labels[0]
             info.add_metric(labels, 1)
             edges[name] = lower
             for low in lower:
-                add_gauge_sample(lower_info, {"device": name, "lower": low}, 1)
+                lower_info.add_metric([name, low], 1)
 
         above = {name: 0 for name in edges}
         for lower in edges.values():
@@ -93,12 +107,12 @@ class StackCollector:
                 if low in above:
                     above[low] += 1
         for name, n in above.items():
-            add_gauge_sample(holders, {"device": name}, n)
+            holders.add_metric([name], n)
 
         for name in edges:
             for low, depth in walk_down(edges, name):
-                add_gauge_sample(beneath, {"device": name, "lower": low, "depth": str(depth)}, 1)
-        yield from (info, lower_info, beneath, holders)
+                beneath.add_metric([name, low, str(depth)], 1)
+        return info, lower_info, beneath, holders
 
     def _describe(self, scrape, dev):
         kind = kind_of(dev)
@@ -107,9 +121,13 @@ class StackCollector:
         if kind == "partition":
             lower = [dev.parent]
         elif kind in ("dm", "md"):
-            lower = sorted(listdir(f"{dev.path}/slaves"))
+            try:
+                lower = sorted(listdir(f"{dev.path}/slaves"))
+            except OSError as e:  # EACCES, ELOOP: no edges for this device
+                scrape.error(f"{dev.name}: slaves: {e}", reason_of(e), subject=f"{dev.name} slaves")
+                lower = []
             if not lower and not os.path.isdir(dev.path):  # checked only then: one stat less per device
-                scrape.error(f"{dev.name}: device vanished while being read")
+                scrape.error(f"{dev.name}: device vanished while being read", "vanished")
                 return None, None
             if kind == "dm":
                 dm_name, dm_uuid = scrape.dm.get(dev.name, ("", ""))
@@ -118,7 +136,8 @@ class StackCollector:
                     if decoded:
                         vg, lv, layer = decoded
                     else:
-                        scrape.error(f"{dev.name}: LVM dm name {dm_name!r} is not VG-LV[-LAYER]")
+                        scrape.error(f"{dev.name}: LVM dm name {dm_name[:80]!r} is not VG-LV[-LAYER]",
+                                     subject=f"{dev.name} lvm name")
         elif kind == "loop":
             backing, low = self._loop_backing(scrape, dev)
             lower = [low] if low else []
@@ -127,12 +146,12 @@ class StackCollector:
     def _loop_backing(self, scrape, dev):
         """A loop device's backing file and the block device that holds it ('' / None if unknown)."""
         try:
-            backing = read_text(os.path.join(dev.path, "loop", "backing_file"))
-        except FileNotFoundError:
-            return "", None  # an unattached loop device has no loop/ directory
-        except OSError as e:
-            scrape.error(f"{dev.name}: backing_file: {e}")
+            backing = scrape.backing_file(dev)
+        except (OSError, ParseError) as e:
+            scrape.error(f"{dev.name}: backing_file: {e}", reason_of(e), subject=f"{dev.name} backing_file")
             return "", None
+        if not backing:
+            return "", None  # an unattached loop device
         path = backing[:-len(" (deleted)")] if backing.endswith(" (deleted)") else backing
         mount = devmod.mount_holding(scrape.mounts, path)
         if mount is None:

@@ -1,0 +1,320 @@
+"""The HTTP side: GET /metrics (and a landing page at /), nothing else.
+
+- The exposition is prometheus_client's own (choose_encoder: text 0.0.4 or OpenMetrics, as the
+  Accept header asks; gzip when accepted). Each family is encoded by the library on its own and
+  its text kept until the family changes: between two scrapes most families (queue settings,
+  the device stack, ext4 options, dm tables) are equal sample for sample, and the library's
+  text of an equal family is the same bytes.
+- Concurrent requests share the collection in flight instead of queueing their own: a burst of
+  scrapes costs one collection. A request waits for it at most its own deadline (503 past it).
+- The deadline of a collection is Prometheus's X-Prometheus-Scrape-Timeout-Seconds minus a
+  margin (--web.scrape-timeout-offset, as blackbox_exporter's --timeout-offset), or
+  --web.default-scrape-timeout without the header; the collectors share it (scrape.py).
+- A request counts only when it arrived whole: a connection closed in the middle of its headers
+  (or never finishing them within REQUEST_READ_SECONDS) triggers no collection. At most
+  MAX_CONNECTIONS connections are served at once; at that number, the connection that has been
+  sending its request the longest is closed to make room (Prometheus sends a request in one
+  go; a client that trickles it is the one to go), and past it a new one is closed at once.
+"""
+import gzip
+import logging
+import select
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+
+from . import __version__
+
+log = logging.getLogger("blockstack_exporter")
+
+GZIP_LEVEL = 6  # zlib's and Go's default (node_exporter); the library's 9 takes 4x as long for 2 % fewer bytes
+REQUEST_READ_SECONDS = 5.0  # the whole request line and headers must arrive within this
+MAX_CONNECTIONS = 1024  # a waiting connection is a thread with little memory of its own
+MAX_TIMEOUT_HEADER = 300.0  # a larger X-Prometheus-Scrape-Timeout-Seconds is taken as this
+LANDING = (b"<html><head><title>blockstack-exporter</title></head><body><h1>blockstack-exporter</h1>"
+           b"<p><a href=\"/metrics\">Metrics</a></p></body></html>\n")
+
+
+class _Families:
+    """A list of families as the library's encoders take it (a collector)."""
+
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
+class FamilyTextCache:
+    """prometheus_client's encoder applied family by family, each family's text kept while the
+    family stays equal (name, type, HELP, unit and every sample). Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._texts = {}  # content type -> {(name, type): ((documentation, unit, samples), bytes)}
+        self.hits = self.misses = 0
+
+    def render(self, families, encoder, content_type):
+        openmetrics = content_type.startswith("application/openmetrics-text")
+        eof = b"# EOF\n"
+        with self._lock:
+            previous = self._texts.get(content_type, {})
+            current, parts = {}, []
+            for family in families:
+                key = (family.name, family.type)
+                state = (family.documentation, family.unit, family.samples)
+                known = previous.get(key)
+                if known is not None and known[0] == state:
+                    text = known[1]
+                    self.hits += 1
+                else:
+                    text = encoder(_Families([family]))
+                    if openmetrics and text.endswith(eof):
+                        text = text[:-len(eof)]
+                    self.misses += 1
+                current[key] = (state, text)
+                parts.append(text)
+            self._texts[content_type] = current
+        if openmetrics:
+            parts.append(eof)
+        return b"".join(parts)
+
+
+class _Flight:
+    def __init__(self, deadline):
+        self.deadline = deadline
+        self.done = threading.Event()
+        self.families = None
+        self.error = None
+        self.lock = threading.Lock()
+        self.bodies = {}
+
+
+class Exporter:
+    """Collections of a registry, one in flight at a time, shared by the requests that wait."""
+
+    def __init__(self, registry, scrape_timeout=4.5, timeout_offset=0.5):
+        self.registry = registry
+        self.scrape_timeout, self.timeout_offset = scrape_timeout, timeout_offset
+        self.texts = FamilyTextCache()
+        self._lock = threading.Lock()
+        self._flight = None
+        self.collections = 0
+
+    def deadline_for(self, header):
+        """Monotonic deadline of a collection for a request with this timeout header (or None)."""
+        timeout = self.scrape_timeout
+        if header:
+            try:
+                value = float(header)
+                if value > 0 and value == value:
+                    timeout = min(value, MAX_TIMEOUT_HEADER) - self.timeout_offset
+            except ValueError:
+                pass
+        return time.monotonic() + max(timeout, 0.1)
+
+    def _collect(self, flight):
+        from .scrape import deadline  # set for the collectors of this thread
+        with deadline(flight.deadline):
+            return list(self.registry.collect())
+
+    def families(self, deadline):
+        """The families of the collection in flight, or of a new one; None past the deadline."""
+        with self._lock:
+            flight, leader = self._flight, False
+            if flight is None:
+                flight = self._flight = _Flight(deadline)
+                leader = True
+                self.collections += 1
+        if leader:
+            try:
+                flight.families = self._collect(flight)
+            except Exception as e:  # the collectors catch their own; this is the registry's
+                log.exception("collection failed")
+                flight.error = e
+            finally:
+                with self._lock:
+                    self._flight = None
+                flight.done.set()
+        elif not flight.done.wait(max(0.0, deadline - time.monotonic())):
+            return None, None
+        return flight, flight.families
+
+    def body(self, flight, accept):
+        encoder, content_type = choose_encoder(accept)
+        with flight.lock:
+            if content_type not in flight.bodies:
+                flight.bodies[content_type] = self.texts.render(flight.families, encoder, content_type)
+            return flight.bodies[content_type], content_type
+
+
+class _LastLineReader:
+    """A request's input that remembers the last line read (see Handler._headers_complete)."""
+
+    def __init__(self, raw):
+        self.raw, self.last = raw, None
+
+    def readline(self, *args):
+        self.last = self.raw.readline(*args)
+        return self.last
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = f"blockstack-exporter/{__version__}"
+    protocol_version = "HTTP/1.0"  # one request per connection
+    timeout = 30  # seconds a socket read or write may wait: a client that stops reading its answer
+
+    def setup(self):
+        super().setup()
+        self.rfile = _LastLineReader(self.rfile)
+        self.server.watch(self.connection)
+
+    def log_message(self, format, *args):  # no access log (prometheus_client's server has none)
+        pass
+
+    def parse_request(self):
+        if not super().parse_request():
+            return False
+        self.server.unwatch(self.connection)
+        if self.request_version == "HTTP/0.9" or not self._headers_complete():
+            self.close_connection = True
+            return False
+        return True
+
+    def _headers_complete(self):
+        """http.client.parse_headers stops at an empty line or at end of input alike: a request
+        cut off in its headers must not count: the last line read must be the empty one."""
+        return self.rfile.last in (b"\r\n", b"\n")
+
+    def __getattr__(self, name):
+        if name.startswith("do_"):  # any other method: 405
+            return self._not_allowed
+        raise AttributeError(name)
+
+    def _not_allowed(self):
+        self._reply(405, b"Method Not Allowed\n", "text/plain; charset=utf-8", [("Allow", "GET")])
+
+    def _reply(self, code, body, content_type, headers=()):
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in headers:
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self):
+        path = urlsplit(self.path).path
+        if path == "/":
+            return self._reply(200, LANDING, "text/html; charset=utf-8")
+        if path != "/metrics":
+            return self._reply(404, b"Not Found\n", "text/plain; charset=utf-8")
+        exporter = self.server.exporter
+        deadline = exporter.deadline_for(self.headers.get("X-Prometheus-Scrape-Timeout-Seconds"))
+        if self._client_gone():
+            return
+        flight, families = exporter.families(deadline)
+        if flight is None:
+            return self._reply(503, b"collection in flight did not finish in time\n", "text/plain; charset=utf-8")
+        if families is None:
+            return self._reply(500, b"collection failed\n", "text/plain; charset=utf-8")
+        body, content_type = exporter.body(flight, self.headers.get("Accept"))
+        headers = []
+        if gzip_accepted(self.headers.get("Accept-Encoding")):
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+            headers.append(("Content-Encoding", "gzip"))
+        self._reply(200, body, content_type, headers)
+
+    def _client_gone(self):
+        """True when the client already closed its side (an aborted request): no collection."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024
+
+    def __init__(self, address, exporter):
+        host = address[0]
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.exporter = exporter
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._reading = {}  # connection -> monotonic time by which its request must have arrived
+        self._reading_lock = threading.Lock()
+        self.refused = 0
+        super().__init__(address, Handler)
+        threading.Thread(target=self._reaper, name="request-reaper", daemon=True).start()
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self._evict_slowest()
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.unwatch(request)
+            self._slots.release()
+
+    def watch(self, connection):
+        with self._reading_lock:
+            self._reading[connection] = time.monotonic() + REQUEST_READ_SECONDS
+
+    def unwatch(self, connection):
+        with self._reading_lock:
+            self._reading.pop(connection, None)
+
+    def _evict_slowest(self):
+        with self._reading_lock:
+            if not self._reading:
+                return
+            oldest = min(self._reading, key=self._reading.get)
+            del self._reading[oldest]
+        try:
+            oldest.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _reaper(self):
+        """Shut down connections whose request has not arrived in time (slowloris): the handler's
+        read then ends, the request is incomplete, and no collection runs."""
+        while True:
+            time.sleep(0.25)
+            now = time.monotonic()
+            with self._reading_lock:
+                late = [c for c, t in self._reading.items() if t < now]
+                for c in late:
+                    del self._reading[c]
+            for c in late:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def serve(registry, host, port, scrape_timeout, timeout_offset):
+    exporter = Exporter(registry, scrape_timeout, timeout_offset)
+    server = Server((host, port), exporter)
+    thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
+    thread.start()
+    return server, thread

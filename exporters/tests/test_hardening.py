@@ -1,0 +1,285 @@
+"""Issue 14: bad values cost one sample, hung devices and commands cost their own metrics only,
+and the HTTP side serves only scrapes, one collection for many requests. Each test failed on
+the exporter before the hardening (noted per test)."""
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from blockstack_exporter.collectors import ALL
+from blockstack_exporter.scrape import SHARES, BlockstackCollector
+from exporter_testlib import (HOST_LOOP, Scraped, errors_in, exporter_argv, full_tree, http, tree_paths)
+from blockstack_lab import procs
+
+LOOP0 = "sys/devices/virtual/block/loop0"
+
+
+def write(tree, rel, data):
+    path = os.path.join(tree, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+
+
+def registry_over(tree, default_timeout=4.5):
+    collector = BlockstackCollector([c() for n, c in ALL.items() if n != "dm"], tree_paths(tree), default_timeout)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry, collector
+
+
+def promtool_ok(text):
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    return r.returncode == 0, r.stdout + r.stderr
+
+
+# --- one bad value costs one sample --------------------------------------------------------------
+
+def test_names_that_are_not_utf8_cost_their_samples_only(host_tree):
+    """Old: UnicodeEncodeError in the exposition, HTTP 500 for the whole scrape."""
+    os.symlink("../../devices/virtual/block/loop0", os.fsencode(host_tree) + b"/sys/class/block/sd\xff")
+    write(host_tree, "proc/fs/ext4/" + os.fsdecode(b"x\xfe") + "/options", "rw\n")
+    write(host_tree, "proc/fs/jbd2/" + os.fsdecode(b"x\xfe-8") + "/info",
+          "1 transactions (1 requested), each up to 8 blocks\n")
+    registry, _ = registry_over(host_tree)
+    text = generate_latest(registry).decode()
+    assert 'blockstack_queue_nomerges{device="loop0"} 2.0' in text
+    assert errors_in(text, reason="label_value") >= 3
+    ok, out = promtool_ok(text)
+    assert ok, out
+
+
+def test_huge_integers_cost_one_sample(host_tree):
+    """Old: 310 digits -> OverflowError in the exposition (HTTP 500); 4,300+ digits in jbd2 info
+    -> ValueError, the whole jbd2 collector failed."""
+    write(host_tree, f"{LOOP0}/queue/nr_requests", "9" * 400 + "\n")
+    write(host_tree, "proc/fs/jbd2/loop0-8/info", "9" * 5000 + " transactions (1 requested), each up to 8 blocks\n")
+    with open(os.path.join(HOST_LOOP, "proc/fs/jbd2/loop1-8/info")) as f:
+        info = f.read()
+    handles = [line for line in info.splitlines() if "handles per transaction" in line][0]
+    write(host_tree, "proc/fs/jbd2/loop1-8/info", info.replace(handles, "  " + "9" * 350 + " handles per transaction")
+          + "  " + "7" * 4400 + " blocks per transaction\n")
+    registry, _ = registry_over(host_tree)
+    s = Scraped(registry)
+    assert s.get("blockstack_queue_nr_requests", device="loop0") is None
+    assert s.get("blockstack_queue_nomerges", device="loop0") == 2
+    assert s.get("blockstack_scrape_collector_success", collector="jbd2") == 1
+    assert s.get("blockstack_jbd2_transactions_total", device="loop0", journal="loop0-8") is None
+    assert s.get("blockstack_jbd2_transactions_total", device="loop1", journal="loop1-8") is not None
+    assert s.errors("queue", "parse") == 1 and s.errors("jbd2", "parse") >= 2
+    ok, out = promtool_ok(generate_latest(registry).decode())
+    assert ok, out
+
+
+def test_symlink_loops_cost_what_is_behind_them(host_tree):
+    """Old: ELOOP from listing /proc/fs/ext4 (or a slaves/ directory) failed the whole collector."""
+    ext4 = os.path.join(host_tree, "proc/fs/ext4")
+    os.rename(ext4, ext4 + ".real")
+    os.symlink("ext4", ext4)  # a link to itself: ELOOP
+    os.unlink(os.path.join(host_tree, f"{LOOP0}/queue/nomerges"))
+    os.symlink("nomerges", os.path.join(host_tree, f"{LOOP0}/queue/nomerges"))
+    s = Scraped(registry_over(host_tree)[0])
+    assert s.get("blockstack_scrape_collector_success", collector="ext4") == 1
+    assert s.errors("ext4", "unreadable") == 1
+    assert s.get("blockstack_queue_nomerges", device="loop0") is None
+    assert s.get("blockstack_queue_max_sectors_bytes", device="loop0") == 4096
+    assert s.errors("queue", "unreadable") == 1
+
+
+def test_garbage_text_values_are_bounded(host_tree):
+    """Old: 10 MB of ext4 options became ~1,700 series; a 5,000-character scheduler a label."""
+    write(host_tree, "proc/fs/ext4/loop0/options", "".join(f"opt{i}=v\n" for i in range(1_000_000)))
+    write(host_tree, "proc/fs/ext4/loop1/options", "".join(f"o{i}\n" for i in range(500)))
+    write(host_tree, f"{LOOP0}/queue/scheduler", "[" + "x" * 5000 + "]\n")
+    registry, _ = registry_over(host_tree)
+    s = Scraped(registry)
+    options = [k for k in s.samples if k[0] == "blockstack_ext4_option_info"]
+    assert not [k for k in options if ("device", "loop0") in k[1]]  # larger than any options file: dropped
+    assert len([k for k in options if ("device", "loop1") in k[1]]) == 128
+    assert s.errors("ext4", "too_large") == 1 and s.errors("ext4", "series_limit") == 500 - 128
+    assert not [k for k in s.samples if k[0] == "blockstack_queue_scheduler_info" and ("device", "loop0") in k[1]]
+    assert s.errors("queue", "label_value") == 1
+
+
+def test_a_repeated_condition_is_logged_once_and_counted_every_time(host_tree, caplog):
+    """Old: the same warning on every scrape (the ext4 EPERM every 5 s)."""
+    write(host_tree, f"{LOOP0}/queue/nomerges", "two\n")
+    registry, _ = registry_over(host_tree)
+    caplog.set_level(logging.INFO, logger="blockstack_exporter")
+    for _ in range(3):
+        s = Scraped(registry)
+    assert s.errors("queue", "parse") == 3
+    assert caplog.text.count("loop0: nomerges") == 1
+    write(host_tree, f"{LOOP0}/queue/nomerges", "0\n")
+    Scraped(registry)
+    Scraped(registry)
+    assert caplog.text.count("no longer: loop0: nomerges") == 1
+
+
+def test_dmsetup_garbage_is_bounded(tmp_path, monkeypatch, caplog):
+    """Old: 10 MB of garbage from dmsetup took seconds, ~278k warning lines and ~300 MB."""
+    tree, fixtures = full_tree(str(tmp_path))
+    monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", fixtures)
+    with open(os.path.join(fixtures, "dmsetup_status_--noflush"), "w") as f:
+        f.write("g: x\n" * 2_000_000)  # 10 MB of bad lines
+    with open(os.path.join(fixtures, "dmsetup_table"), "a") as f:
+        f.write("bad line\n" * 50_000)  # 450 kB: read, each bad line counted, one log line
+    from blockstack_exporter.collectors.dm import DmCollector
+    from exporter_testlib import FAKE_DMSETUP
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BlockstackCollector([DmCollector(dmsetup=FAKE_DMSETUP)], tree_paths(tree)))
+    caplog.set_level(logging.INFO, logger="blockstack_exporter")
+    start = time.monotonic()
+    s = Scraped(registry)
+    assert time.monotonic() - start < 4
+    assert s.errors("dm", "too_large") == 1 and s.errors("dm", "parse") == 50_000
+    assert s.get("blockstack_dm_snapshot_chunk_size_bytes", device="dm-3", name="vg-snap") == 4096
+    assert len(caplog.records) <= 5
+
+
+# --- a hung device must not hang the exporter ------------------------------------------------------
+
+def test_a_fifo_in_place_of_a_device_costs_its_journal_size_only(host_tree):
+    """Old: the superblock read blocked the scrape forever (holding the scrape lock)."""
+    os.unlink(os.path.join(host_tree, "dev/loop1"))
+    fifo = os.path.join(host_tree, "dev/loop1")
+    os.mkfifo(fifo)
+    registry, collector = registry_over(host_tree, default_timeout=1.0)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(Scraped(registry)), daemon=True)
+    worker.start()
+    worker.join(10)
+    try:
+        assert results, "the scrape hung on the FIFO"
+        threads = threading.active_count()
+        start = time.monotonic()
+        s = Scraped(registry)  # the read still pending: skipped at once, no new thread
+        assert time.monotonic() - start < 0.5 and threading.active_count() == threads
+        assert s.get("blockstack_ext4_journal_size_bytes", device="loop1", mountpoint="/mnt/blockstack-upper") is None
+        assert s.get("blockstack_ext4_dioread_nolock", device="loop1", mountpoint="/mnt/blockstack-upper") == 0
+        assert s.get("blockstack_ext4_journal_size_bytes", device="loop0", mountpoint="/mnt/blockstack-lower") is not None
+        assert s.errors("ext4", "timeout") == 2
+    finally:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # releases the reader
+        os.close(fd)
+
+
+def test_collector_deadlines_add_up_to_less_than_the_scrape_timeout():
+    assert sum(SHARES.values()) <= 1.0
+    assert set(SHARES) == set(ALL)
+
+
+@pytest.fixture
+def dm_exporter(tmp_path):
+    """The real exporter on a tree with dm devices; fake dmsetup's mode per test (env)."""
+    tree, fixtures = full_tree(str(tmp_path))
+    log = tmp_path / "dmsetup.log"
+
+    def start(mode="ok", sleep="60", extra=()):
+        port = procs.free_port()
+        env = {"FAKE_DMSETUP_FIXTURES": fixtures, "FAKE_DMSETUP_MODE": mode, "FAKE_DMSETUP_SLEEP": sleep,
+               "FAKE_DMSETUP_LOG": str(log)}
+        url = f"http://127.0.0.1:{port}"
+        return url, procs.running(exporter_argv(tree, port, *extra), env=env, health_url=url + "/",
+                                  log_path=str(tmp_path / "exporter.log"))
+
+    start.calls = lambda: len(log.read_text().splitlines()) if log.exists() else 0
+    return start
+
+
+def test_a_hung_dmsetup_costs_the_dm_metrics_within_the_scrape_timeout(dm_exporter):
+    """Old: every scrape took 5.07-5.12 s against the stack's 5 s timeout: the target went down."""
+    url, running = dm_exporter(mode="hang")
+    with running:
+        for timeout in ("5", "2"):
+            status, body, seconds = http(url + "/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": timeout})
+            assert status == 200 and seconds < float(timeout), seconds
+            assert 'blockstack_scrape_collector_success{collector="dm"} 0.0' in body
+            assert 'blockstack_scrape_collector_success{collector="queue"} 1.0' in body
+            assert errors_in(body, "dm", "timeout") >= 1
+
+
+# --- HTTP: only scrapes, one collection for many requests ----------------------------------------
+
+def test_only_get_metrics_and_the_landing_page(dm_exporter):
+    """Old: any method on any path ran a collection and answered the metrics."""
+    url, running = dm_exporter()
+    with running:
+        calls = dm_exporter.calls()
+        assert http(url + "/nothing")[0] == 404
+        for method in ("POST", "PUT", "DELETE", "HEAD", "OPTIONS"):
+            assert http(url + "/metrics", method=method)[0] == 405, method
+        status, body, _ = http(url + "/")
+        assert status == 200 and "blockstack_" not in body and "/metrics" in body
+        assert dm_exporter.calls() == calls  # none of these ran a collection
+        assert http(url + "/metrics")[0] == 200 and dm_exporter.calls() == calls + 2
+
+
+def _raw(url, data, close_after=True):
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    s = socket.create_connection((host, int(port)), timeout=5)
+    s.sendall(data)
+    if close_after:
+        s.close()
+    return s
+
+
+def test_aborted_and_half_sent_requests_run_no_collection(dm_exporter):
+    """Old: 20 aborted requests ran 20 collections (40 dmsetup runs as root)."""
+    url, running = dm_exporter()
+    with running:
+        calls = dm_exporter.calls()
+        for _ in range(10):
+            _raw(url, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+            _raw(url, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # closed before any answer
+        time.sleep(1.0)
+        assert dm_exporter.calls() == calls
+
+
+def test_concurrent_scrapes_share_one_collection(dm_exporter):
+    """Old: every request ran its own collection, one after the other (500 scrapes: 110 s)."""
+    url, running = dm_exporter(mode="hang", sleep="1")  # each dmsetup run takes 1 s
+    with running:
+        calls = dm_exporter.calls()
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(http(url + "/metrics")), daemon=True)
+                   for _ in range(30)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(results) == 30 and all(r[0] == 200 for r in results)
+        assert time.monotonic() - start < 10
+        assert dm_exporter.calls() - calls <= 2 * 3  # table + status per collection, at most 3 collections
+
+
+def test_slow_connections_do_not_block_a_real_scrape(dm_exporter):
+    """Connections that never finish their request are closed after a few seconds and hold no
+    collection; a real scrape meanwhile is answered at once."""
+    url, running = dm_exporter()
+    with running:
+        calls = dm_exporter.calls()
+        slow = [_raw(url, b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ", close_after=False) for _ in range(100)]
+        try:
+            status, _, seconds = http(url + "/metrics")
+            assert status == 200 and seconds < 3
+            assert dm_exporter.calls() == calls + 2
+            time.sleep(6)
+            closed = 0
+            for s in slow:
+                s.settimeout(1)
+                try:
+                    closed += s.recv(1) == b""
+                except OSError:
+                    closed += 1
+            assert closed == len(slow)
+        finally:
+            for s in slow:
+                s.close()
+        assert dm_exporter.calls() == calls + 2
