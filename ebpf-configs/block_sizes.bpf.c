@@ -1,11 +1,13 @@
 // Request sizes per device and operation at the two ends of the block layer, and the merges
-// that happen (or would have happened) between them:
+// that happen, are missed or are undone by splits between them:
 //   block_bio_size_bytes          bios as submitted to a device      (block_bio_queue)
 //   block_rq_size_bytes           requests as issued to its driver   (block_rq_issue)
 //   block_bio_merges_total        bios merged into a queued request  (block_bio_backmerge/frontmerge)
-//   block_rq_missed_merges_total  small requests issued right next to the previous one
+//   block_rq_missed_merges_total  requests issued next to one they waited with and could have joined
+//   block_bio_splits_total        pieces split off bios to fit the device's limits (block_split)
 // A bio-based device (dm-N, md) has bios only; a request-based one (nvme, sd, loop) has both,
 // and bytes per bio / bytes per request is how much merging (>1) or splitting (<1) happened.
+// README.md in this directory gives the exact semantics and the kernel paths they rely on.
 #include <vmlinux.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -24,12 +26,6 @@
 #define SIZE_BUCKET_MAX 27
 // Buckets plus the sum slot.
 #define SIZE_SLOTS (SIZE_BUCKET_MAX - SIZE_BUCKET_MIN + 2)
-
-// "Small" for missed merges: at most 32 KiB. Merged streams and readahead come in requests of
-// 64 KiB and more (128 KiB readahead by default; merging stops only at max_sectors_kb), while the
-// requests that merging exists to combine are one or a few pages: 4 KiB filesystem blocks and
-// direct I/O, 8-32 KiB database pages. With nomerges=2 such requests reach the driver one by one.
-#define SMALL_RQ_BYTES (32 << 10)
 
 // 512-byte sectors (include/linux/blk_types.h SECTOR_SHIFT).
 #define SECTOR_SHIFT 9
@@ -59,10 +55,11 @@ struct merge_key {
     u8 pad[2];
 };
 
-// The last request issued on a device, for missed merges, in a direct-mapped table indexed by a
-// hash of the device id (an array lookup is inlined by the verifier; a hash map lookup costs more
-// at every request). Two devices sharing a slot take turns and only blur each other's count.
-#define LAST_RQ_SLOTS_BITS 10
+// The last read or write request this CPU issued to a device, for missed merges: a per-CPU table
+// indexed by a hash of the device id (an array lookup the verifier inlines; per CPU, so issuing
+// never pulls a cache line from another CPU). Two devices sharing a slot take turns and only
+// lose pairs (a missed merge not counted), never invent one: the device id is compared.
+#define LAST_RQ_SLOTS_BITS 8
 #define LAST_RQ_SLOTS (1 << LAST_RQ_SLOTS_BITS)
 // 2^32 / golden ratio (Fibonacci hashing).
 #define GOLDEN_RATIO_32 0x9E3779B9U
@@ -70,9 +67,11 @@ struct merge_key {
 struct last_rq {
     u32 dev;
     u8 op;
-    u8 pad[3];
-    u64 start; // first sector
-    u64 end;   // sector after the last
+    u8 mergeable; // no REQ_NOMERGE, REQ_PREFLUSH or REQ_FUA: merging could have extended it
+    u16 segments; // nr_phys_segments
+    u64 start;    // first sector
+    u64 end;      // sector after the last
+    u64 issued;   // bpf_ktime_get_ns() at block_rq_issue (CLOCK_MONOTONIC, like rq->start_time_ns)
 };
 
 struct {
@@ -102,13 +101,21 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
+    __uint(max_entries, (MAX_DEVICES * MAX_OPS));
+    __type(key, struct op_key);
+    __type(value, u64);
+} block_bio_splits_total SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
     __uint(max_entries, (MAX_DEVICES * MAX_OPS * 2));
     __type(key, struct merge_key);
     __type(value, u64);
 } block_bio_merges_total SEC(".maps");
 
 struct {
-    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
     __uint(max_entries, LAST_RQ_SLOTS);
     __type(key, u32);
     __type(value, struct last_rq);
@@ -130,7 +137,82 @@ int BPF_PROG(block_bio_queue, struct bio *bio)
     return 0;
 }
 
-// A request going to the driver: its final size after merging and splitting.
+// Request flags that forbid merging (include/linux/blk_types.h REQ_NOMERGE_FLAGS): REQ_NOMERGE
+// (set, among others, on every piece split off a bio), REQ_PREFLUSH and REQ_FUA. Bit numbers from
+// the running kernel's BTF (enum req_flag_bits).
+static __always_inline u32 nomerge_flags(void)
+{
+    return (1U << bpf_core_enum_value(enum req_flag_bits, __REQ_NOMERGE)) |
+           (1U << bpf_core_enum_value(enum req_flag_bits, __REQ_PREFLUSH)) |
+           (1U << bpf_core_enum_value(enum req_flag_bits, __REQ_FUA));
+}
+
+// When the request was made for its first bio, or 0 if unknown. rq->start_time_ns is set from
+// blk_mq_bio_to_request() (blk_account_io_start() since 6.12, blk_mq_rq_time_init() before) with
+// blk_time_get_ns(): CLOCK_MONOTONIC, like bpf_ktime_get_ns(), cached per plug (so never later
+// than the real time). It is kept only where the queue keeps I/O statistics (queue/iostats = 1,
+// the default), which RQF_IO_STAT says; since 6.12 it is left stale otherwise. Kernels before
+// enum rqf_flags (a #define then) zeroed it when unused.
+static __always_inline u64 rq_created_ns(struct request *rq)
+{
+    if (bpf_core_enum_value_exists(enum rqf_flags, __RQF_IO_STAT) &&
+        !(rq->rq_flags & (1U << bpf_core_enum_value(enum rqf_flags, __RQF_IO_STAT))))
+        return 0;
+    return rq->start_time_ns;
+}
+
+// Whether the pair (the last request issued on this device by this CPU, then rq) would have fit
+// in one request under the device's limits, as ll_merge_requests_fn() (blk-merge.c) checks:
+// at most max_sectors (queue/max_sectors_kb) and max_segments, not across a chunk boundary.
+static __always_inline bool pair_fits(struct request *rq, struct last_rq *last, u64 start, u32 sectors)
+{
+    struct request_queue *q = rq->q;
+    u64 first = start < last->start ? start : last->start;
+    u32 total = sectors + (u32) (last->end - last->start);
+    u32 chunk = q->limits.chunk_sectors;
+
+    if (total > q->limits.max_sectors)
+        return false;
+    if ((u32) rq->nr_phys_segments + last->segments > q->limits.max_segments)
+        return false;
+    if (chunk && first % chunk + total > chunk)
+        return false;
+    return true;
+}
+
+// A missed merge: rq, a read or write going to the driver, is contiguous with the request issued
+// just before it on the same device, same operation, by this CPU; rq already existed when that
+// one was issued (so both were waiting together: in one plug, or in the scheduler or software
+// queue, dispatched one after the other); neither carries a flag that forbids merging; and the
+// two would have fit in one request. Requests issued one by one as they are submitted never
+// count, however adjacent: each was issued before the next existed. Updates `last` to rq.
+static __always_inline bool rq_missed_merge(struct request *rq, u32 dev, u8 op, struct last_rq *last)
+{
+    u64 start = rq->__sector;
+    u32 sectors = rq->__data_len >> SECTOR_SHIFT;
+    u64 end = start + sectors;
+    u64 now = bpf_ktime_get_ns();
+    bool mergeable = !(rq->cmd_flags & nomerge_flags());
+    bool missed = false;
+
+    if (last->dev == dev && last->op == op && sectors && mergeable && last->mergeable &&
+        (start == last->end || end == last->start)) {
+        u64 created = rq_created_ns(rq);
+
+        missed = created && created < last->issued && pair_fits(rq, last, start, sectors);
+    }
+    last->dev = dev;
+    last->op = op;
+    last->mergeable = mergeable;
+    last->segments = rq->nr_phys_segments;
+    last->start = start;
+    last->end = end;
+    last->issued = now;
+    return missed;
+}
+
+// A request going to the driver: its final size after merging and splitting, and whether it is a
+// missed merge (rq_missed_merge above).
 SEC("tp_btf/block_rq_issue")
 int BPF_PROG(block_rq_issue, struct request *rq)
 {
@@ -138,8 +220,6 @@ int BPF_PROG(block_rq_issue, struct request *rq)
     struct last_rq *last;
     u32 slot;
     u32 bytes = rq->__data_len;
-    u64 start = rq->__sector;
-    u64 end = start + (bytes >> SECTOR_SHIFT);
 
     key.dev = request_dev(rq);
     if (!key.dev)
@@ -149,24 +229,15 @@ int BPF_PROG(block_rq_issue, struct request *rq)
 
     if (key.op != OPC_READ && key.op != OPC_WRITE)
         return 0;
-
-    // Adjacent on either side: requests from one plug may reach the driver in either order.
-    // Updated without a lock: two CPUs issuing to one device at the same instant may each
-    // compare against a stale neighbour, which only blurs a rate.
     slot = (key.dev * GOLDEN_RATIO_32) >> (32 - LAST_RQ_SLOTS_BITS);
     last = bpf_map_lookup_elem(&last_rq, &slot);
     if (!last)
         return 0;
-    if (last->dev == key.dev && last->op == key.op && bytes && bytes <= SMALL_RQ_BYTES &&
-        (start == last->end || end == last->start)) {
+    if (rq_missed_merge(rq, key.dev, key.op, last)) {
         struct op_key okey = { .dev = key.dev, .op = key.op };
 
         map_add(&block_rq_missed_merges_total, &okey, 1);
     }
-    last->dev = key.dev;
-    last->op = key.op;
-    last->start = start;
-    last->end = end;
     return 0;
 }
 
@@ -195,6 +266,24 @@ SEC("tp_btf/block_bio_frontmerge")
 int BPF_PROG(block_bio_frontmerge, struct bio *bio)
 {
     return count_merge(bio, MERGE_FRONT);
+}
+
+// A bio too large (or with too many segments, or crossing a chunk boundary) for the device's
+// limits: the block layer splits off a piece that fits and resubmits the rest (blk-merge.c
+// bio_submit_split; md and bcache call it too). Fires once per piece split off, so a bio cut
+// into n pieces counts n - 1: the extra requests the split created. TP_PROTO(struct bio *bio,
+// unsigned int new_sector) since 5.11 (commit e8a676d61c07); `bio` is the piece split off.
+SEC("tp_btf/block_split")
+int BPF_PROG(block_split, struct bio *bio, unsigned int new_sector)
+{
+    struct op_key key = {};
+
+    key.dev = bio_dev(bio);
+    if (!key.dev)
+        return 0;
+    key.op = op_class(bio->bi_opf);
+    map_add(&block_bio_splits_total, &key, 1);
+    return 0;
 }
 
 char LICENSE[] SEC("license") = "GPL";
