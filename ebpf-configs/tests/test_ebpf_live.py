@@ -201,7 +201,7 @@ def test_latency_histograms_populate_with_device_label(exporter, device):
     service_count, service_sum = d.hist("ebpf_exporter_block_rq_latency_seconds", operation="read", stage="service")
     queue_count, queue_sum = d.hist("ebpf_exporter_block_rq_latency_seconds", operation="read", stage="queue")
     # A sample is dropped only when two requests in flight share a slot of the table (see
-    # block_latency.bpf.c), well under 5 % at this queue depth.
+    # block_io.bpf.c), well under 5 % at this queue depth.
     print(f"latency: service {service_count:.0f} samples, mean {service_sum / service_count * 1e6:.1f} us; "
           f"queue {queue_count:.0f}, mean {queue_sum / max(queue_count, 1) * 1e6:.1f} us; reads {disk['reads']}")
     assert service_count >= (1 - TOLERANCE) * disk["reads"], (service_count, disk["reads"])

@@ -1,8 +1,10 @@
-// Request sizes per device and operation at the two ends of the block layer, and the merges
-// that happen, are missed or are undone by splits between them:
-//   block_bio_size_bytes          bios as submitted to a device      (block_bio_queue)
-//   block_rq_size_bytes           requests as issued to its driver   (block_rq_issue)
-//   block_bio_merges_total        bios merged into a queued request  (block_bio_backmerge/frontmerge)
+// The block layer's requests and bios per device and operation, one program per tracepoint (each
+// program run costs a fixed ~70 ns of dispatch, so one config instead of one per metric family):
+//   block_bio_size_bytes          bios as submitted to a device         (block_bio_queue)
+//   block_rq_size_bytes           requests as issued to its driver      (block_rq_issue)
+//   block_rq_latency_seconds      queue: request made -> issued          (block_rq_issue)
+//                                 service: issued -> completed           (block_rq_issue, block_rq_complete)
+//   block_bio_merges_total        bios merged into a waiting request    (block_bio_backmerge/frontmerge)
 //   block_rq_missed_merges_total  requests issued next to one they waited with and could have joined
 //   block_bio_splits_total        pieces split off bios to fit the device's limits (block_split)
 // A bio-based device (dm-N, md) has bios only; a request-based one (nvme, sd, loop) has both,
@@ -21,14 +23,48 @@
 #define MAX_OPS 5
 
 // Byte buckets: 2^9 = 512 B (one sector; smaller and empty flush requests count here) to
-// 2^27 = 128 MiB (and everything larger). Must match bucket_min / bucket_max in block_sizes.yaml.
+// 2^27 = 128 MiB (and everything larger). Must match bucket_min / bucket_max in block_io.yaml.
 #define SIZE_BUCKET_MIN 9
 #define SIZE_BUCKET_MAX 27
 // Buckets plus the sum slot.
 #define SIZE_SLOTS (SIZE_BUCKET_MAX - SIZE_BUCKET_MIN + 2)
 
+// Nanosecond buckets: 2^10 ns (~1 us, everything faster counts here) to 2^36 ns (~68.7 s, and
+// everything slower). Must match the latency histogram in block_io.yaml.
+#define LATENCY_BUCKET_MIN 10
+#define LATENCY_BUCKET_MAX 36
+#define LATENCY_SLOTS (LATENCY_BUCKET_MAX - LATENCY_BUCKET_MIN + 2)
+
+// queue and service.
+#define MAX_STAGES 2
+
 // 512-byte sectors (include/linux/blk_types.h SECTOR_SHIFT).
 #define SECTOR_SHIFT 9
+
+// Issue times of requests in flight live in a direct-mapped table indexed by a hash of the request
+// address, each slot tagged with the request it belongs to. An array lookup is a few instructions
+// (the verifier inlines it) where a hash map update + lookup + delete per request cost ~200 ns.
+// When a request takes a slot still held by another request in flight, the earlier one's sample
+// is dropped: with k requests in flight about k / INFLIGHT_SLOTS of samples (0.8 % at k = 128,
+// 6 % at k = 1024), the longest-running ones a little more often. 2^14 slots of 16 bytes: 256 KiB.
+#define INFLIGHT_SLOTS_BITS 14
+#define INFLIGHT_SLOTS (1 << INFLIGHT_SLOTS_BITS)
+
+// The last read or write request each CPU issued to a device, for missed merges: a per-CPU table
+// indexed by a hash of the device id (an array lookup the verifier inlines; per CPU, so issuing
+// never pulls a cache line from another CPU). Two devices sharing a slot take turns and only
+// lose pairs (a missed merge not counted), never invent one: the device id is compared.
+#define LAST_RQ_SLOTS_BITS 8
+#define LAST_RQ_SLOTS (1 << LAST_RQ_SLOTS_BITS)
+
+// 2^32 / golden ratio: Fibonacci hashing spreads ids that differ in a few middle bits (requests
+// are carved out of one allocation at a fixed stride) over all slots.
+#define GOLDEN_RATIO_32 0x9E3779B9U
+
+enum latency_stage {
+    LATENCY_QUEUE = 0,
+    LATENCY_SERVICE = 1,
+};
 
 enum merge_type {
     MERGE_BACK = 0,
@@ -39,6 +75,14 @@ struct size_key {
     u32 dev;
     u8 op;
     u8 pad[3];
+    u64 bucket;
+};
+
+struct latency_key {
+    u32 dev;
+    u8 op;
+    u8 stage;
+    u8 pad[2];
     u64 bucket;
 };
 
@@ -55,14 +99,11 @@ struct merge_key {
     u8 pad[2];
 };
 
-// The last read or write request this CPU issued to a device, for missed merges: a per-CPU table
-// indexed by a hash of the device id (an array lookup the verifier inlines; per CPU, so issuing
-// never pulls a cache line from another CPU). Two devices sharing a slot take turns and only
-// lose pairs (a missed merge not counted), never invent one: the device id is compared.
-#define LAST_RQ_SLOTS_BITS 8
-#define LAST_RQ_SLOTS (1 << LAST_RQ_SLOTS_BITS)
-// 2^32 / golden ratio (Fibonacci hashing).
-#define GOLDEN_RATIO_32 0x9E3779B9U
+struct inflight {
+    u32 id; // request_id() of the request issued, 0 if free
+    u32 pad;
+    u64 issued; // bpf_ktime_get_ns() at block_rq_issue
+};
 
 struct last_rq {
     u32 dev;
@@ -93,6 +134,14 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
+    __uint(max_entries, (MAX_DEVICES * MAX_OPS * MAX_STAGES * LATENCY_SLOTS));
+    __type(key, struct latency_key);
+    __type(value, u64);
+} block_rq_latency_seconds SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
     __uint(max_entries, (MAX_DEVICES * MAX_OPS));
     __type(key, struct op_key);
     __type(value, u64);
@@ -115,11 +164,46 @@ struct {
 } block_bio_merges_total SEC(".maps");
 
 struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, INFLIGHT_SLOTS);
+    __type(key, u32);
+    __type(value, struct inflight);
+} inflight SEC(".maps");
+
+struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
     __uint(max_entries, LAST_RQ_SLOTS);
     __type(key, u32);
     __type(value, struct last_rq);
 } last_rq SEC(".maps");
+
+// The request's address as a number: its low 32 bits, never 0 (requests are at least 8-byte
+// aligned, so the low bit is free to mark the id in use). The verifier forbids arithmetic on a
+// typed kernel pointer; a 32-bit move of one yields a plain number for programs loaded with
+// CAP_PERFMON (the verifier's allow_ptr_leaks), as ebpf_exporter is. A move, not a
+// bpf_probe_read_kernel() helper call per event. Two requests in flight exactly a multiple of
+// 4 GiB apart in the same slot would share an id; their samples would blur like a collision.
+static __always_inline u32 request_id(struct request *rq)
+{
+    u32 id;
+
+    asm volatile("%[id] = %[rq]" : [id] "=w"(id) : [rq] "w"((u32) (unsigned long) rq));
+    return id | 1;
+}
+
+static __always_inline struct inflight *inflight_slot(u32 id)
+{
+    u32 index = (id * GOLDEN_RATIO_32) >> (32 - INFLIGHT_SLOTS_BITS);
+
+    return bpf_map_lookup_elem(&inflight, &index);
+}
+
+static __always_inline void observe_latency(u32 dev, u8 op, u8 stage, u64 delta_ns)
+{
+    struct latency_key key = { .dev = dev, .op = op, .stage = stage };
+
+    histogram_observe(&block_rq_latency_seconds, key, delta_ns, LATENCY_BUCKET_MIN, LATENCY_BUCKET_MAX);
+}
 
 // Fires once per bio submitted to a device (submit_bio_noacct_nocheck, before any split), for
 // bio-based and request-based devices alike; a dm clone sent to the device beneath fires again
@@ -186,21 +270,18 @@ static __always_inline bool pair_fits(struct request *rq, struct last_rq *last, 
 // queue, dispatched one after the other); neither carries a flag that forbids merging; and the
 // two would have fit in one request. Requests issued one by one as they are submitted never
 // count, however adjacent: each was issued before the next existed. Updates `last` to rq.
-static __always_inline bool rq_missed_merge(struct request *rq, u32 dev, u8 op, struct last_rq *last)
+static __always_inline bool rq_missed_merge(struct request *rq, u32 dev, u8 op, u64 created, u64 now,
+                                            struct last_rq *last)
 {
     u64 start = rq->__sector;
     u32 sectors = rq->__data_len >> SECTOR_SHIFT;
     u64 end = start + sectors;
-    u64 now = bpf_ktime_get_ns();
     bool mergeable = !(rq->cmd_flags & nomerge_flags());
     bool missed = false;
 
     if (last->dev == dev && last->op == op && sectors && mergeable && last->mergeable &&
-        (start == last->end || end == last->start)) {
-        u64 created = rq_created_ns(rq);
-
+        (start == last->end || end == last->start))
         missed = created && created < last->issued && pair_fits(rq, last, start, sectors);
-    }
     last->dev = dev;
     last->op = op;
     last->mergeable = mergeable;
@@ -211,33 +292,65 @@ static __always_inline bool rq_missed_merge(struct request *rq, u32 dev, u8 op, 
     return missed;
 }
 
-// A request going to the driver: its final size after merging and splitting, and whether it is a
-// missed merge (rq_missed_merge above).
+// A request going to the driver (blk_mq_start_request): its final size after merging and
+// splitting, how long it waited since it was made (the queue stage: plug, I/O scheduler, software
+// queue), its issue time for the service stage, and whether it is a missed merge.
+// TP_PROTO(struct request *rq) since 5.11 (commit a54895fa057c).
 SEC("tp_btf/block_rq_issue")
 int BPF_PROG(block_rq_issue, struct request *rq)
 {
     struct size_key key = {};
+    struct inflight *slot;
     struct last_rq *last;
-    u32 slot;
-    u32 bytes = rq->__data_len;
+    u32 id = request_id(rq);
+    u32 index;
+    u64 now = bpf_ktime_get_ns();
+    u64 created;
 
     key.dev = request_dev(rq);
     if (!key.dev)
         return 0;
     key.op = op_class(rq->cmd_flags);
-    histogram_observe(&block_rq_size_bytes, key, bytes, SIZE_BUCKET_MIN, SIZE_BUCKET_MAX);
+    histogram_observe(&block_rq_size_bytes, key, rq->__data_len, SIZE_BUCKET_MIN, SIZE_BUCKET_MAX);
+
+    created = rq_created_ns(rq);
+    if (created && created <= now)
+        observe_latency(key.dev, key.op, LATENCY_QUEUE, now - created);
+
+    slot = inflight_slot(id);
+    if (slot) {
+        slot->id = id;
+        slot->issued = now;
+    }
 
     if (key.op != OPC_READ && key.op != OPC_WRITE)
         return 0;
-    slot = (key.dev * GOLDEN_RATIO_32) >> (32 - LAST_RQ_SLOTS_BITS);
-    last = bpf_map_lookup_elem(&last_rq, &slot);
-    if (!last)
-        return 0;
-    if (rq_missed_merge(rq, key.dev, key.op, last)) {
+    index = (key.dev * GOLDEN_RATIO_32) >> (32 - LAST_RQ_SLOTS_BITS);
+    last = bpf_map_lookup_elem(&last_rq, &index);
+    if (last && rq_missed_merge(rq, key.dev, key.op, created, now, last)) {
         struct op_key okey = { .dev = key.dev, .op = key.op };
 
         map_add(&block_rq_missed_merges_total, &okey, 1);
     }
+    return 0;
+}
+
+// blk_update_request() fires this for every chunk it completes; the sample ends with the chunk
+// that finishes the request (nr_bytes covers what is left of it). The slot is only read here, not
+// cleared: issue and completion often run on different CPUs, and a write would pull the slot's
+// cache line back and forth once more per request. A later request reusing the slot overwrites it.
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(block_rq_complete, struct request *rq, blk_status_t error, unsigned int nr_bytes)
+{
+    u32 id = request_id(rq);
+    struct inflight *slot = inflight_slot(id);
+    u32 dev;
+
+    if (!slot || slot->id != id || nr_bytes < rq->__data_len)
+        return 0;
+    dev = request_dev(rq);
+    if (dev)
+        observe_latency(dev, op_class(rq->cmd_flags), LATENCY_SERVICE, bpf_ktime_get_ns() - slot->issued);
     return 0;
 }
 
