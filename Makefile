@@ -116,6 +116,11 @@ dashboards: venv
 dashboard-screenshot: deps venv ebpf-build grafana
 	@$(VPY) dashboards/screenshot.py
 
+## bench-dashboard: time to every panel loaded in Grafana + chromium, slowest panel query (root, ~5 minutes)
+.PHONY: bench-dashboard
+bench-dashboard: deps venv ebpf-build grafana
+	@$(VPY) dashboards/bench_dashboard.py
+
 ## --- fleet (docs/fleet.md): Thanos + Alertmanager cluster across many hosts ----------------------
 THANOS_VERSION := v0.42.5
 THANOS         := $(BUILD)/bin/thanos

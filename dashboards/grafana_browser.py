@@ -105,7 +105,8 @@ class Browser:
 
     def load_every_panel(self, timeout=120):
         """Scroll each panel into view (Grafana queries a panel only once it is in view) and wait until
-        it has finished loading, down to the last panel. Returns {title: state} in page order, state
+        it has finished loading, down to the last panel (with a viewport tall enough for the whole
+        dashboard, every panel loads at once and this only checks). Returns {title: state} in page order, state
         being {"error": text or None, "no_data": text or None, "loaded_at": time.monotonic()}."""
         page = self.page
         deadline = time.monotonic() + timeout
@@ -119,16 +120,17 @@ class Browser:
             for title in pending:
                 panel = self.panel(title)
                 panel.scroll_into_view_if_needed()
-                self._wait_loaded(panel, deadline)
+                loaded_at = self._wait_loaded(panel, deadline)
                 states[title] = {"error": _text(panel.locator(ERROR)), "no_data": _text(panel.locator(NO_DATA)),
-                                 "loaded_at": time.monotonic()}
+                                 "loaded_at": loaded_at}
             page.mouse.wheel(0, self.viewport[1])  # further rows may appear below the last panel seen
         else:
             raise TimeoutError(f"panels still loading after {timeout}s: {sorted(set(titles) - set(states))}")
         return states
 
     def _wait_loaded(self, panel, deadline):
-        """Until the panel shows no loading bar and no query of the page is in flight, 0.5 s in a row."""
+        """Until the panel shows no loading bar and no query of the page is in flight, 0.5 s in a row;
+        returns when that quiet began (time.monotonic())."""
         quiet_since = None
         while time.monotonic() < deadline:
             busy = panel.locator(LOADING).count() > 0 or self.in_flight() > 0
@@ -137,7 +139,7 @@ class Browser:
             elif quiet_since is None:
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since >= 0.5:
-                return
+                return quiet_since
             time.sleep(0.1)
         raise TimeoutError(f"panel still loading: {panel}")
 
