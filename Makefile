@@ -138,7 +138,7 @@ $(THANOS): scripts/build-thanos.sh
 up-agent: deps venv ebpf-build thanos
 	@$(STACKCTL) up --role agent $(UP_ARGS)
 
-## up-central: the central role (Thanos Query, 2 Alertmanager peers, watcher, receiver, Grafana if installed)
+## up-central: the central role (Thanos Query, 2 Alertmanager peers, watcher, receiver, Grafana)
 up-central: deps venv thanos grafana
 	@$(STACKCTL) up --role central $(UP_ARGS)
 
