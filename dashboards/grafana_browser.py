@@ -10,6 +10,8 @@ aria-label attributes), as Grafana's e2e-playwright suite does:
   "No data":        data-testid="data-testid Panel data error message" (components.Panels.Panel.PanelDataErrorMessage)
   annotation:       data-testid="data-testid annotation-marker"    (pages.Dashboard.Annotations.marker)
   login:            data-testid Username input field / Password input field / Login button
+  variables:        data-testid template variable, ... submenu Label LABEL, ... Variable Value DropDown
+                    value link text VALUE / option text VALUE  (pages.Dashboard.SubMenu)
 """
 import contextlib
 import json
@@ -26,6 +28,7 @@ PANEL_PREFIX = "data-testid Panel header "
 LOADING = '[aria-label="Panel loading bar"]'
 ERROR = '[data-testid="data-testid Panel status error"]'
 NO_DATA = '[data-testid="data-testid Panel data error message"]'
+VALUE = '[data-testid^="data-testid Dashboard template variables Variable Value DropDown value link text"]'
 ANNOTATION = '[data-testid="data-testid annotation-marker"]'
 
 
@@ -37,6 +40,7 @@ class Browser:
         self.base_url, self.password, self.viewport = base_url.rstrip("/"), password, viewport
         self.requests = []  # every URL the page asked for (documents, scripts, XHR, fonts, websockets)
         self.queries = []   # /api/ds/query: {"body", "status", "response", "ms", "done"}
+        self.failed = []    # (url, HTTP status or failure text) of every request that failed
         self._stack = contextlib.ExitStack()
 
     def __enter__(self):
@@ -66,6 +70,11 @@ class Browser:
                                  "started": time.monotonic()})
 
     def _on_finished(self, request):
+        response = request.response() if request.failure is None else None
+        if request.failure == "net::ERR_ABORTED":
+            pass  # cancelled by the page itself (Grafana cancels a panel's queries when a variable changes)
+        elif request.failure is not None or response is None or response.status >= 400:
+            self.failed.append((request.url, request.failure or (response.status if response else "no response")))
         for q in self.queries:
             if q["request"] is request:
                 q["done"] = True
@@ -120,7 +129,7 @@ class Browser:
             for title in pending:
                 panel = self.panel(title)
                 panel.scroll_into_view_if_needed()
-                loaded_at = self._wait_loaded(panel, deadline)
+                loaded_at = self.wait_loaded(panel, deadline)
                 states[title] = {"error": _text(panel.locator(ERROR)), "no_data": _text(panel.locator(NO_DATA)),
                                  "loaded_at": loaded_at}
             page.mouse.wheel(0, self.viewport[1])  # further rows may appear below the last panel seen
@@ -128,7 +137,7 @@ class Browser:
             raise TimeoutError(f"panels still loading after {timeout}s: {sorted(set(titles) - set(states))}")
         return states
 
-    def _wait_loaded(self, panel, deadline):
+    def wait_loaded(self, panel, deadline):
         """Until the panel shows no loading bar and no query of the page is in flight, 0.5 s in a row;
         returns when that quiet began (time.monotonic())."""
         quiet_since = None
@@ -142,6 +151,21 @@ class Browser:
                 return quiet_since
             time.sleep(0.1)
         raise TimeoutError(f"panel still loading: {panel}")
+
+    def choose_variable(self, label, value):
+        """Pick value in the dashboard's variable picker labelled label, as a user does."""
+        page = self.page
+        self._picker(label).locator(VALUE).first.click()
+        page.get_by_test_id(f"data-testid Dashboard template variables Variable Value DropDown option text {value}").click()
+        page.keyboard.press("Escape")
+
+    def variable_value(self, label):
+        testid = self._picker(label).locator(VALUE).first.get_attribute("data-testid")
+        return testid.rsplit(" ", 1)[1]
+
+    def _picker(self, label):
+        return self.page.get_by_test_id("data-testid template variable").filter(
+            has=self.page.get_by_test_id(f"data-testid Dashboard template variables submenu Label {label}"))
 
     def panel(self, title):
         return self.page.locator(f'[data-testid="{PANEL_PREFIX}{title}"]')

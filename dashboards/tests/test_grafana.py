@@ -17,6 +17,7 @@ gitignored), on success and on failure.
 import math
 import os
 import re
+import time
 import types
 
 import pytest
@@ -59,8 +60,14 @@ def visit(lab):
     with Browser(lab.stack.url("grafana"), lab.grafana_password) as b:
         b.login()
         params = {"orgId": 1, "from": int((lab.start - 30) * 1000), "to": "now", "var-host": lab.stack.host,
-                  "var-stack": lab.upper, "var-device": "$__all", "refresh": ""}
-        opened = b.open_dashboard(UID, params)
+                  "var-device": "$__all", "refresh": ""}
+        b.open_dashboard(UID, params)
+        # the stack picked in its variable's drop-down, from the options Grafana queried (tops only)
+        b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + 60)
+        b.queries.clear()
+        opened = time.monotonic()
+        b.choose_variable("Stack (top device)", lab.upper)
+        assert b.variable_value("Stack (top device)") == lab.upper
         states = b.load_every_panel()
         loaded = max(s["loaded_at"] for s in states.values())
         print(f"\nbrowser: {len(states)} panels loaded {loaded - opened:.1f} s after opening the dashboard")
@@ -195,6 +202,7 @@ def test_every_panel_in_the_browser(lab, visit):
         b.panel(LINEUP_SIZE).scroll_into_view_if_needed()
         assert b.annotations(LINEUP_SIZE) >= 1, "no collapse annotation on the lineup panel"
 
+        assert not b.failed, f"failed requests: {b.failed}"
         foreign = b.foreign_requests()
         assert not foreign, f"the page asked hosts other than 127.0.0.1: {foreign}"
         assert visit.seconds < 120
