@@ -11,10 +11,12 @@ aria-label attributes), as Grafana's e2e-playwright suite does:
   annotation:       data-testid="data-testid annotation-marker"    (pages.Dashboard.Annotations.marker)
   login:            data-testid Username input field / Password input field / Login button
   variables:        data-testid template variable, ... submenu Label LABEL, ... Variable Value DropDown
-                    value link text VALUE / option text VALUE  (pages.Dashboard.SubMenu)
+                    value link text VALUE (pages.Dashboard.SubMenu); its options: data-testid Select option
+                    (components.Select.option)
 """
 import contextlib
 import json
+import re
 import tempfile
 import time
 import urllib.parse
@@ -156,7 +158,7 @@ class Browser:
         """Pick value in the dashboard's variable picker labelled label, as a user does."""
         page = self.page
         self._picker(label).locator(VALUE).first.click()
-        page.get_by_test_id(f"data-testid Dashboard template variables Variable Value DropDown option text {value}").click()
+        page.get_by_test_id("data-testid Select option").filter(has_text=re.compile(f"^{re.escape(value)}$")).click()
         page.keyboard.press("Escape")
 
     def variable_value(self, label):

@@ -29,7 +29,7 @@ import types
 from blockstack_lab import fio, loop, procs
 from blockstack_lab.stack import Stack
 
-PHASES = {"healthy": 25, "fsync": 15}
+PHASES = {"healthy": 20, "fsync": 12}
 HOLD = 420  # longest the collapsed phase lasts (a bound: the context normally exits long before)
 SCRAPE_INTERVAL = "2s"
 COMPONENTS = ("node", "blockstack", "ebpf", "prometheus", "grafana")
