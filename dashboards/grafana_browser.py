@@ -155,10 +155,20 @@ class Browser:
         raise TimeoutError(f"panel still loading: {panel}")
 
     def choose_variable(self, label, value):
-        """Pick value in the dashboard's variable picker labelled label, as a user does."""
+        """Pick value in the dashboard's variable picker labelled label, as a user does; fails with
+        the options offered (and the page's failed requests) when value is not among them."""
         page = self.page
         self._picker(label).locator(VALUE).first.click()
-        page.get_by_test_id("data-testid Select option").filter(has_text=re.compile(f"^{re.escape(value)}$")).click()
+        options = page.get_by_test_id("data-testid Select option")
+        try:
+            options.first.wait_for(timeout=30_000)
+        except Exception:
+            pass  # no options at all: said below
+        offered = [t.strip() for t in options.all_inner_texts()]
+        if value not in offered:
+            raise AssertionError(f"variable {label!r}: {value} not among the options {offered}; "
+                                 f"failed requests of the page: {self.failed}")
+        options.filter(has_text=re.compile(f"^{re.escape(value)}$")).click()
         page.keyboard.press("Escape")
 
     def variable_value(self, label):

@@ -58,19 +58,23 @@ def lab(tmp_path_factory):
 def visit(lab):
     """The dashboard opened in chromium during the collapse, every panel loaded."""
     with Browser(lab.stack.url("grafana"), lab.grafana_password) as b:
-        b.login()
-        params = {"orgId": 1, "from": int((lab.start - 30) * 1000), "to": "now", "var-host": lab.stack.host,
-                  "var-device": "$__all", "refresh": ""}
-        b.open_dashboard(UID, params)
-        # the stack picked in its variable's drop-down, from the options Grafana queried (tops only)
-        b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + 60)
-        b.queries.clear()
-        opened = time.monotonic()
-        b.choose_variable("Stack (top device)", lab.upper)
-        assert b.variable_value("Stack (top device)") == lab.upper
-        states = b.load_every_panel()
+        try:
+            b.login()
+            params = {"orgId": 1, "from": int((lab.start - 30) * 1000), "to": "now", "var-host": lab.stack.host,
+                      "var-device": "$__all", "refresh": ""}
+            b.open_dashboard(UID, params)
+            # the stack picked in its variable's drop-down, from the options Grafana queried (tops only)
+            b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + 60)
+            b.queries.clear()
+            opened = time.monotonic()
+            b.choose_variable("Stack (top device)", lab.upper)
+            assert b.variable_value("Stack (top device)") == lab.upper
+            states = b.load_every_panel()
+        except BaseException:
+            screenshot(b, "grafana-dashboard-FAILED.png")
+            raise
         loaded = max(s["loaded_at"] for s in states.values())
-        print(f"\nbrowser: {len(states)} panels loaded {loaded - opened:.1f} s after opening the dashboard")
+        print(f"\nbrowser: {len(states)} panels loaded {loaded - opened:.1f} s after choosing the stack")
         yield types.SimpleNamespace(browser=b, states=states, seconds=loaded - opened)
 
 
