@@ -80,6 +80,7 @@ class Browser:
         for q in self.queries:
             if q["request"] is request:
                 q["done"] = True
+                q["finished"] = time.monotonic()
                 response = request.response()
                 q["status"] = response.status if response else None
                 try:
@@ -138,6 +139,24 @@ class Browser:
         else:
             raise TimeoutError(f"panels still loading after {timeout}s: {sorted(set(titles) - set(states))}")
         return states
+
+    def wait_all_loaded(self, requests, timeout=120):
+        """With every panel in view (a viewport taller than the dashboard): until at least `requests`
+        /api/ds/query requests have finished, none is in flight and no panel shows a loading bar,
+        0.5 s in a row. Returns when the last of them finished (time.monotonic())."""
+        deadline = time.monotonic() + timeout
+        quiet_since = None
+        while time.monotonic() < deadline:
+            done = [q for q in self.queries if q["done"]]
+            busy = len(done) < requests or self.in_flight() or self.page.locator(LOADING).count()
+            if busy:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= 0.5:
+                return max(q["finished"] for q in done)
+            time.sleep(0.1)
+        raise TimeoutError(f"dashboard still loading after {timeout}s")
 
     def wait_loaded(self, panel, deadline):
         """Until the panel shows no loading bar and no query of the page is in flight, 0.5 s in a row;

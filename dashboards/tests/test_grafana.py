@@ -61,7 +61,7 @@ def visit(lab):
         try:
             b.login()
             params = {"orgId": 1, "from": int((lab.start - 30) * 1000), "to": "now", "var-host": lab.stack.host,
-                      "var-device": "$__all", "refresh": ""}
+                      "var-device": "$__all", "refresh": "1d"}
             b.open_dashboard(UID, params)
             # the stack picked in its variable's drop-down, from the options Grafana queried (tops only)
             b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + 60)
