@@ -80,7 +80,6 @@ class Browser:
         for q in self.queries:
             if q["request"] is request:
                 q["done"] = True
-                q["finished"] = time.monotonic()
                 response = request.response()
                 q["status"] = response.status if response else None
                 try:
@@ -117,8 +116,7 @@ class Browser:
 
     def load_every_panel(self, timeout=120):
         """Scroll each panel into view (Grafana queries a panel only once it is in view) and wait until
-        it has finished loading, down to the last panel (with a viewport tall enough for the whole
-        dashboard, every panel loads at once and this only checks). Returns {title: state} in page order, state
+        it has finished loading, down to the last panel. Returns {title: state} in page order, state
         being {"error": text or None, "no_data": text or None, "loaded_at": time.monotonic()}."""
         page = self.page
         deadline = time.monotonic() + timeout
@@ -139,24 +137,6 @@ class Browser:
         else:
             raise TimeoutError(f"panels still loading after {timeout}s: {sorted(set(titles) - set(states))}")
         return states
-
-    def wait_all_loaded(self, requests, timeout=120):
-        """With every panel in view (a viewport taller than the dashboard): until at least `requests`
-        /api/ds/query requests have finished, none is in flight and no panel shows a loading bar,
-        0.5 s in a row. Returns when the last of them finished (time.monotonic())."""
-        deadline = time.monotonic() + timeout
-        quiet_since = None
-        while time.monotonic() < deadline:
-            done = [q for q in self.queries if q["done"]]
-            busy = len(done) < requests or self.in_flight() or self.page.locator(LOADING).count()
-            if busy:
-                quiet_since = None
-            elif quiet_since is None:
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= 0.5:
-                return max(q["finished"] for q in done)
-            time.sleep(0.1)
-        raise TimeoutError(f"dashboard still loading after {timeout}s")
 
     def wait_loaded(self, panel, deadline):
         """Until the panel shows no loading bar and no query of the page is in flight, 0.5 s in a row;
