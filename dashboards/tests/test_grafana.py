@@ -4,8 +4,8 @@ collapse, through Grafana's HTTP API and in a real browser (Debian's chromium).
 One lab collapse (dashboards/lab_run.py) and one browser visit are shared by the module's tests:
 ext4 on loopU (direct-io) on a file on ext4 on loopL; healthy reads, fsync writes, then
 nomerges=2 and max_sectors_kb=4 on loopL until BlockStackMergeCollapse pages, held while the
-tests run. The browser logs in, opens the dashboard with $stack = loopU (from the start of the lab
-run to now) and scrolls through every row until every panel has loaded; every /api/ds/query
+tests run. The browser logs in, opens the dashboard (from the start of the lab run to now), picks
+$stack = loopU in its drop-down and scrolls through every row until every panel has loaded; every /api/ds/query
 request the frontend sends is recorded. Template variables ($host, $stack, $device) are expanded
 by Grafana's frontend, not its backend, so the API test takes the expanded queries from those
 requests, sends them to /api/ds/query itself and asserts on Grafana's answers; $__interval and
@@ -64,8 +64,9 @@ def visit(lab):
                       "var-device": "$__all", "refresh": "1d"}
             b.open_dashboard(UID, params)
             # the stack picked in its variable's drop-down, from the options Grafana queried (tops only)
+            # (the queries recorded before the choice stay: if the stack was already the first option
+            # nothing is queried again, else the API test takes each query's last, sent after it)
             b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + 60)
-            b.queries.clear()
             opened = time.monotonic()
             b.choose_variable("Stack (top device)", lab.upper)
             assert b.variable_value("Stack (top device)") == lab.upper
