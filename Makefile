@@ -43,8 +43,13 @@ ebpf-build: $(EBPF_EXPORTER)
 	@echo ">> compiling BPF programs"
 	@$(MAKE) -s -C ebpf-configs BUILD=$(abspath $(BUILD))
 
+## grafana: the Grafana server (GRAFANA_HOME, grafana on PATH, or ../shared/grafana's tarball unpacked once into .build/)
+.PHONY: grafana
+grafana: venv
+	@$(VPY) -m blockstack_lab.grafana
+
 ## test: every test (unit, golden, live on loop devices, real servers)
-test: deps venv ebpf-build thanos
+test: deps venv ebpf-build thanos grafana
 	@echo ">> running tests"
 	@$(PYTEST)
 
@@ -80,7 +85,7 @@ STATE_DIR ?= $(CURDIR)/.state
 STACKCTL  := $(VPY) deploy/stackctl.py --state $(STATE_DIR)
 
 ## up: install what is missing, render config into STATE_DIR, start everything under supervisord
-up: deps venv ebpf-build
+up: deps venv ebpf-build grafana
 	@$(STACKCTL) up $(UP_ARGS)
 
 ## down: stop everything, keep data
@@ -111,9 +116,15 @@ dashboards: venv
 	@echo ">> generating dashboards"
 	@$(VPY) dashboards/blockstack_dashboard.py
 
-## dashboard-preview: a lab run rendered to docs/lineup.png (needs root, ~2 minutes)
-dashboard-preview: venv ebpf-build
-	@$(VPY) dashboards/preview.py
+## dashboard-screenshot: the dashboard in Grafana + chromium during a lab collapse, to docs/dashboard.png (root, ~3 minutes)
+.PHONY: dashboard-screenshot
+dashboard-screenshot: deps venv ebpf-build grafana
+	@$(VPY) dashboards/screenshot.py
+
+## bench-dashboard: time to every panel loaded in Grafana + chromium, slowest panel query (root, ~5 minutes)
+.PHONY: bench-dashboard
+bench-dashboard: deps venv ebpf-build grafana
+	@$(VPY) dashboards/bench_dashboard.py
 
 ## --- fleet (docs/fleet.md): Thanos + Alertmanager cluster across many hosts ----------------------
 THANOS_VERSION := v0.42.5
@@ -132,8 +143,8 @@ $(THANOS): scripts/build-thanos.sh
 up-agent: deps venv ebpf-build thanos
 	@$(STACKCTL) up --role agent $(UP_ARGS)
 
-## up-central: the central role (Thanos Query, 2 Alertmanager peers, watcher, receiver, Grafana if installed)
-up-central: deps venv thanos
+## up-central: the central role (Thanos Query, 2 Alertmanager peers, watcher, receiver, Grafana)
+up-central: deps venv thanos grafana
 	@$(STACKCTL) up --role central $(UP_ARGS)
 
 ## test-fleet: 3 hosts as network namespaces + the central role on this machine (root, ~4 minutes)

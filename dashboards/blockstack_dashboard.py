@@ -483,19 +483,26 @@ def variables():
             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
             .description("The `host` label every scrape target carries."))
     stack = (db.QueryVariable("stack").label("Stack (top device)").datasource(DS)
-             .query({"query": STACK_QUERY, "refId": "stack"})
+             .query({"query": one_line(STACK_QUERY), "refId": "stack"})
              .regex('/name="([^"]+)"/')
              .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
              .description("A device with nothing above it (blockstack_device_holders == 0), by its dm/LVM name "
                           "(the kernel name for other devices). Unattached loop devices are left out."))
     device = (db.QueryVariable("device").label("Device (layer)").datasource(DS)
-              .query({"query": DEVICE_QUERY, "refId": "device"})
+              .query({"query": one_line(DEVICE_QUERY), "refId": "device"})
               .regex('/device="([^"]+)"/')
               .multi(True).include_all(True)
               .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"]))
               .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
               .description("The kernel names of the stack's layers: the top and everything beneath it."))
     return [ds, host, stack, device]
+
+
+def one_line(query):
+    """A variable query on one line. Grafana's Prometheus datasource recognises query_result(...) and
+    label_values(...) with regexes whose `.` stops at a newline; a multi-line query falls through to
+    /api/v1/series as a series matcher, which Prometheus refuses (HTTP 400), and the variable is empty."""
+    return " ".join(query.split())
 
 
 def collapse_annotation(panel_ids):

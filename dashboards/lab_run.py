@@ -1,5 +1,5 @@
-"""A lab run for the dashboard: a stacked pair of loop devices, the whole stack scraping them, and
-three phases of load, so every panel's query has real data to return.
+"""A lab collapse for the dashboard: a stacked pair of loop devices, the whole stack with Grafana
+scraping them, and load in three phases, the last one held open while Grafana is looked at.
 
     upper (loopU, direct-io) -> file on ext4 -> lower (loopL) -> file on the root filesystem
     ext4 mounted on upper (the ext4/jbd2 panels' filesystem)
@@ -7,31 +7,36 @@ three phases of load, so every panel's query has real data to return.
 Phases (seconds, see PHASES):
   healthy   - fio sequential batched 4 KiB direct reads on upper: upper merges them into 256-sector
               requests and lower carries the same size.
-  collapsed - the same load with nomerges=2 and max_sectors_kb=4 on lower: lower serves 8-sector
-              requests (the NVMe incident's signature); BlockStackMergeCollapse fires.
   fsync     - fio random 4 KiB buffered writes with an fsync after each on the ext4 on upper:
               jbd2 transactions and credit waits.
+  collapsed - the sequential reads again, with nomerges=2 and max_sectors_kb=4 on lower: lower
+              serves 8-sector requests (the NVMe incident's signature). The context yields once
+              BlockStackMergeCollapse* pages (ALERTS firing) for lower and its 20 s recording-rule
+              window holds only collapsed samples; the collapse lasts until the context exits
+              (at most HOLD seconds).
 
-Prometheus scrapes and evaluates every 2 s here (5 s in production) so the run stays under about
-two and a half minutes; the recording rules' 20 s windows still hold 10 samples.
-Everything is undone on exit, also on failure: fio is killed by its timeout, sysfs settings are
-restored, filesystems unmounted, loop devices detached, servers stopped.
+Prometheus scrapes and evaluates every 2 s here (5 s in production), so the run reaches the page
+in about two minutes; the recording rules' 20 s windows still hold 10 samples. Everything is
+undone on exit, also on failure: fio stopped, sysfs settings restored, filesystems unmounted,
+loop devices detached, servers stopped.
 """
 import contextlib
 import os
 import shutil
-import subprocess
 import time
 import types
 
-from blockstack_lab import fio, loop
-from blockstack_lab.stack import REPO, Stack
+from blockstack_lab import fio, loop, procs
+from blockstack_lab.stack import Stack
 
-PHASES = {"healthy": 25, "collapsed": 45, "fsync": 20}
+PHASES = {"healthy": 20, "fsync": 12}
+HOLD = 420  # longest the collapsed phase lasts (a bound: the context normally exits long before)
 SCRAPE_INTERVAL = "2s"
-COMPONENTS = ("node", "blockstack", "ebpf", "prometheus")
+COMPONENTS = ("node", "blockstack", "ebpf", "prometheus", "grafana")
 LOWER_SIZE = 512 << 20
 UPPER_SIZE = 192 << 20
+PAGE = 'ALERTS{alertname=~"BlockStackMergeCollapse.*|BlockStackMissedMerges", alertstate="firing", device="%s"}'
+SETTLE = 22  # after the page, until the recording rules' 20 s windows hold collapsed samples only
 
 
 def missing_requirements():
@@ -39,18 +44,15 @@ def missing_requirements():
     problems = [] if os.geteuid() == 0 else ["needs root (loop devices, mounts, BPF)"]
     problems += [f"{tool} is not installed (run make deps)" for tool in ("fio", "losetup", "mkfs.ext4")
                  if shutil.which(tool) is None]
-    problems += Stack(REPO, components=COMPONENTS).missing()
+    problems += Stack("/nonexistent", components=COMPONENTS).missing()
     return "; ".join(problems) or None
 
 
-def _fio(args, seconds, name):
-    return fio.run(args, runtime=seconds, timeout=seconds + 60, name=name)
-
-
 @contextlib.contextmanager
-def lab_run(workdir, phases=PHASES, log=print):
-    """Yields a namespace: stack, upper, lower (kernel names), mountpoint, start, end, phases
-    {name: (start, end)} in Unix seconds. The stack keeps running until the context exits."""
+def collapse(workdir, phases=PHASES, log=print):
+    """Yields a namespace, during the collapse: stack (the lab Stack: .url("grafana"), .query() ...),
+    grafana_password, upper and lower (kernel names), mountpoint, start, paged (Unix seconds) and
+    phases {name: (start, end)} (collapsed: (start, None))."""
     why = missing_requirements()
     if why:
         raise RuntimeError(why)
@@ -65,7 +67,7 @@ def lab_run(workdir, phases=PHASES, log=print):
         log(f">> lab: {upper} (ext4 on {upper_mnt}) on a file on ext4 on {lower}")
 
         stack = Stack(workdir, components=COMPONENTS, scrape_interval=SCRAPE_INTERVAL,
-                         evaluation_interval=SCRAPE_INTERVAL)
+                      evaluation_interval=SCRAPE_INTERVAL)
         es.enter_context(stack.running(timeout=120))
         stack.wait_targets_up(timeout=60)
         time.sleep(4)  # two scrapes of the idle stack
@@ -73,27 +75,29 @@ def lab_run(workdir, phases=PHASES, log=print):
         read = fio.SEQ_BATCHED_READ + [f"--filename={upper_dev}", "--readonly"]
         times = {}
         start = time.time()
-        if "healthy" in phases:
-            log(f">> lab: healthy phase, {phases['healthy']} s")
-            t = time.time()
-            _fio(read, phases["healthy"], "healthy")
-            times["healthy"] = (t, time.time())
-        if "collapsed" in phases:
-            log(f">> lab: collapsed phase, {phases['collapsed']} s (nomerges=2, max_sectors_kb=4 on {lower})")
-            with loop.sysfs_setting(lower_dev, "queue/nomerges", "2"), \
-                    loop.sysfs_setting(lower_dev, "queue/max_sectors_kb", "4"):
-                t = time.time()
-                _fio(read, phases["collapsed"], "collapsed")
-                times["collapsed"] = (t, time.time())
-                time.sleep(4)  # let the exporter scrape the settings once more
-        if "fsync" in phases:
-            log(f">> lab: fsync phase, {phases['fsync']} s")
-            t = time.time()
-            _fio(["--rw=randwrite", "--bs=4k", "--ioengine=psync", "--fsync=1", "--size=32m", "--numjobs=4",
-                  f"--directory={upper_mnt}", "--group_reporting"], phases["fsync"], "fsync")
-            times["fsync"] = (t, time.time())
-        time.sleep(6)  # three more scrapes and rule evaluations
-        end = time.time()
-        subprocess.run(["sync"], timeout=60)
-        yield types.SimpleNamespace(stack=stack, upper=upper, lower=lower, mountpoint=upper_mnt,
-                                    start=start, end=end, phases=times)
+        log(f">> lab: healthy phase, {phases['healthy']} s")
+        fio.run(read, runtime=phases["healthy"], timeout=phases["healthy"] + 60, name="healthy")
+        times["healthy"] = (start, time.time())
+        log(f">> lab: fsync phase, {phases['fsync']} s")
+        t = time.time()
+        fio.run(["--rw=randwrite", "--bs=4k", "--ioengine=psync", "--fsync=1", "--size=32m", "--numjobs=4",
+                 f"--directory={upper_mnt}", "--group_reporting"], runtime=phases["fsync"],
+                timeout=phases["fsync"] + 60, name="fsync")
+        times["fsync"] = (t, time.time())
+        log(f">> lab: collapsed phase (nomerges=2, max_sectors_kb=4 on {lower}) until the page")
+        es.enter_context(loop.sysfs_setting(lower_dev, "queue/nomerges", "2"))
+        es.enter_context(loop.sysfs_setting(lower_dev, "queue/max_sectors_kb", "4"))
+        t = time.time()
+        es.enter_context(fio.background(read, runtime=HOLD, name="collapsed"))
+        times["collapsed"] = (t, None)
+        procs.wait_until(f"the collapse page for {lower}", lambda: stack.query(PAGE % lower), 120, 2)
+        paged = time.time()
+        log(f">> lab: paged {paged - t:.0f} s after the flip")
+        time.sleep(SETTLE)
+        yield types.SimpleNamespace(stack=stack, grafana_password=stack_password(stack), upper=upper, lower=lower,
+                                    mountpoint=upper_mnt, start=start, paged=paged, phases=times)
+
+
+def stack_password(stack):
+    with open(stack.grafana_password_file) as f:
+        return f.read().strip()

@@ -37,15 +37,14 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO, "lab"))
 sys.path.insert(0, REPO)  # fleet/ (the fleet roles)
 
+from blockstack_lab import grafana as grafana_runtime  # noqa: E402
 from blockstack_lab.stack import COMPONENTS, Stack  # noqa: E402
 from fleet import roles as fleet_roles  # noqa: E402
 
 DEFAULT_PORTS = {"prometheus": 9090, "alertmanager": 9093, "node": 9100, "blockstack": 9363,
                  "ebpf": 9435, "receiver": 9466, "grafana": 3000}
 VENV_BIN = os.path.join(REPO, ".venv", "bin")
-GRAFANA_HINT = ("Grafana is not installed: everything else runs. To add it on Debian/Ubuntu, install the "
-                "`grafana` package from Grafana's APT repository (https://apt.grafana.com) or unpack the "
-                "tarball and set GRAFANA_HOME; `make up` picks it up next time.")
+GRAFANA_HINT = grafana_runtime.HINT + "; everything else runs, and `make up` picks Grafana up next time."
 
 
 def state_dir(args):
@@ -86,13 +85,9 @@ def secret(state, name):
 
 
 def grafana_binary():
-    home = os.environ.get("GRAFANA_HOME")
-    candidates = [os.path.join(home, "bin", "grafana")] if home else []
-    candidates += [shutil.which("grafana") or "", shutil.which("grafana-server") or ""]
-    for c in candidates:
-        if c and os.access(c, os.X_OK):
-            return c
-    return None
+    """(binary, homepath): GRAFANA_HOME, else grafana/grafana-server on PATH, else the tarball in
+    ../shared/grafana unpacked once into .build/ (lab/blockstack_lab/grafana.py); None if none."""
+    return grafana_runtime.find()
 
 
 ROLE_PORTS = {"agent": fleet_roles.AGENT_PORTS, "central": {**fleet_roles.CENTRAL_PORTS, "grafana": 3000}}
@@ -197,11 +192,8 @@ class Deployment:
         return cmds
 
     def _grafana_command(self):
-        home = os.environ.get("GRAFANA_HOME") or "/usr/share/grafana"
-        ini = os.path.join(self.stack.workdir, "grafana.ini")
-        argv = [self.grafana] + (["server"] if os.path.basename(self.grafana) == "grafana" else [])
-        argv += [f"--homepath={home}", f"--config={ini}"]
-        return argv, {}, f"http://127.0.0.1:{self.ports['grafana']}/api/health"
+        binary, home = self.grafana
+        return grafana_runtime.command(binary, home, os.path.join(self.stack.workdir, "grafana.ini"), self.ports["grafana"])
 
     def render(self):
         """Write every configuration file; True if supervisord's own configuration changed."""
@@ -228,42 +220,11 @@ class Deployment:
                          f"basic_auth_users:\n  admin: {hashed}\n", private=True)
 
     def _render_grafana(self):
-        gdir = os.path.join(self.state, "grafana")
-        os.makedirs(gdir, exist_ok=True)
+        """grafana.ini and provisioning in the config directory, Grafana's database in STATE/grafana."""
         secret(self.state, "grafana-admin-password")
-        ini = f"""# rendered by deploy/stackctl.py
-[paths]
-data = {gdir}/data
-logs = {gdir}/logs
-plugins = {gdir}/plugins
-provisioning = {os.path.join(self.stack.workdir, "grafana-provisioning")}
-
-[server]
-http_addr = {self.listen}
-http_port = {self.ports['grafana']}
-
-[security]
-admin_user = admin
-admin_password = $__file{{{self.state}/secrets/grafana-admin-password}}
-
-[auth.anonymous]
-enabled = false
-
-[analytics]
-reporting_enabled = false
-check_for_updates = false
-"""
-        write_if_changed(os.path.join(self.stack.workdir, "grafana.ini"), ini)
-        # deploy/grafana/provisioning as shipped, pointed at this stack's Prometheus and dashboards/
-        src = os.path.join(REPO, "deploy", "grafana", "provisioning")
-        for kind in ("datasources", "dashboards"):
-            os.makedirs(os.path.join(self.stack.workdir, "grafana-provisioning", kind), exist_ok=True)
-            for name in os.listdir(os.path.join(src, kind)):
-                with open(os.path.join(src, kind, name)) as f:
-                    text = f.read()
-                text = text.replace("http://127.0.0.1:9090", self.datasource_url)
-                text = text.replace("/var/lib/grafana/dashboards/blockstack", os.path.join(REPO, "dashboards"))
-                write_if_changed(os.path.join(self.stack.workdir, "grafana-provisioning", kind, name), text)
+        grafana_runtime.render(self.stack.workdir, self.ports["grafana"], os.path.join(self.state, "grafana", "data"),
+                               self.datasource_url, os.path.join(self.state, "secrets", "grafana-admin-password"),
+                               listen=self.listen)
 
     def supervisord_conf(self):
         s, logs = self.state, os.path.join(self.state, "logs")

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from blockstack_lab import fio, loop, procs
+from blockstack_lab import fio, grafana, loop, procs
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus")
+COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")
 PAGE_ALERTS = {"BlockStackMergeCollapse", "BlockStackMissedMerges"}
 
 
@@ -84,6 +84,27 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     assert all(before.values()), before
     conf_mtime = os.stat(os.path.join(state_dir, "supervisord.conf")).st_mtime
 
+    # Grafana: provisioned, admin with the generated password only, its database in the state directory
+    password_file = os.path.join(state_dir, "secrets", "grafana-admin-password")
+    assert f"127.0.0.1:{ports['grafana']}/d/blockstack-merges" in out and password_file in out
+    assert oct(os.stat(password_file).st_mode & 0o777) == "0o600"
+    gurl = f"http://127.0.0.1:{ports['grafana']}"
+    status, found = grafana.api(gurl, "/api/dashboards/uid/blockstack-merges", grafana.password(password_file))
+    assert status == 200 and found["meta"]["provisioned"], found
+    assert grafana.api(gurl, "/api/dashboards/uid/blockstack-merges", "wrong")[0] == 401
+    try:
+        procs.http_get(gurl + "/api/dashboards/uid/blockstack-merges")
+        raise AssertionError("anonymous access to Grafana's API")
+    except OSError as e:
+        assert "401" in str(e)
+    with open(os.path.join(state_dir, "config", "grafana.ini")) as f:
+        ini = f.read()
+    for off in ("reporting_enabled = false", "check_for_updates = false", "check_for_plugin_updates = false",
+                "news_feed_enabled = false", "preinstall_disabled = true", "public_key_retrieval_disabled = true",
+                "disable_gravatar = true"):
+        assert off in ini
+    assert os.path.exists(os.path.join(state_dir, "grafana", "data", "grafana.db"))
+
     out, warm = make("up", state_dir, ports)
     assert pids(state_dir) == before, "a second make up restarted something"
     assert os.stat(os.path.join(state_dir, "supervisord.conf")).st_mtime == conf_mtime
@@ -151,3 +172,4 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     make("down", state_dir, ports)
     assert not subprocess.run(["pgrep", "-f", state_dir], capture_output=True, text=True).stdout.strip()
     assert os.path.isdir(os.path.join(state_dir, "data", "prometheus")), "make down must keep data"
+    assert os.path.exists(os.path.join(state_dir, "grafana", "data", "grafana.db")), "make down must keep Grafana's database"

@@ -151,3 +151,12 @@ def test_dashboard_provider_provisioning():
     assert set(p) <= {"name", "orgId", "folder", "folderUid", "type", "disableDeletion", "allowUiUpdates",
                       "updateIntervalSeconds", "options"}
     assert set(p["options"]) <= {"path", "foldersFromFilesStructure"}
+
+
+def test_variable_queries_are_one_line(dashboard):
+    """Grafana's Prometheus datasource matches query_result(...) / label_values(...) with regexes whose
+    `.` stops at a newline: a multi-line one is sent to /api/v1/series and refused (HTTP 400)."""
+    for v in dashboard["templating"]["list"]:
+        if v["type"] == "query":
+            query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+            assert "\n" not in query and re.fullmatch(r"(query_result|label_values)\(.+\)", query), v["name"]

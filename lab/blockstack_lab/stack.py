@@ -14,7 +14,7 @@ import urllib.parse
 
 import yaml
 
-from . import procs
+from . import grafana, procs
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.join(REPO, ".build")
@@ -85,6 +85,9 @@ class Stack:
         """What this stack needs and cannot find here, each naming the make target that provides it."""
         problems = []
         for component in self.components:
+            if component == "grafana":
+                problems += [] if grafana.find() else [grafana.HINT + " (run make grafana)"]
+                continue
             try:
                 program(component)
             except FileNotFoundError as e:
@@ -143,6 +146,13 @@ class Stack:
         for name, config in files.items():
             with open(os.path.join(self.workdir, name), "w") as f:
                 yaml.safe_dump(config, f, sort_keys=False)
+        if "grafana" in self.components:
+            grafana.render(self.workdir, self.ports["grafana"], os.path.join(self.data_dir, "grafana"),
+                           self.url("prometheus"), self.grafana_password_file, scrape_interval=self.scrape_interval)
+
+    @property
+    def grafana_password_file(self):
+        return os.path.join(self.workdir, "grafana-admin-password")
 
     # -- processes -------------------------------------------------------------------
 
@@ -179,6 +189,11 @@ class Stack:
                                    "--storage.tsdb.retention.time=15d", f"--web.listen-address=127.0.0.1:{p['prometheus']}",
                                    "--web.enable-lifecycle"],
                                   {}, self.url("prometheus", "/-/ready"))
+        if "grafana" in self.components:  # optional: started only when listed (it needs Prometheus)
+            binary, home = grafana.find() or (None, None)
+            if binary is None:
+                raise FileNotFoundError(grafana.HINT)
+            cmds["grafana"] = grafana.command(binary, home, os.path.join(w, "grafana.ini"), p["grafana"])
         return cmds
 
     @contextlib.contextmanager

@@ -1,0 +1,224 @@
+"""The dashboard in a real Grafana (12.4.0, from ../shared/grafana; `make grafana`) during a lab
+collapse, through Grafana's HTTP API and in a real browser (Debian's chromium).
+
+One lab collapse (dashboards/lab_run.py) and one browser visit are shared by the module's tests:
+ext4 on loopU (direct-io) on a file on ext4 on loopL; healthy reads, fsync writes, then
+nomerges=2 and max_sectors_kb=4 on loopL until BlockStackMergeCollapse pages, held while the
+tests run. The browser logs in, opens the dashboard (from the start of the lab run to now), picks
+$stack = loopU in its drop-down and scrolls through every row until every panel has loaded; every /api/ds/query
+request the frontend sends is recorded. Template variables ($host, $stack, $device) are expanded
+by Grafana's frontend, not its backend, so the API test takes the expanded queries from those
+requests, sends them to /api/ds/query itself and asserts on Grafana's answers; $__interval and
+$__rate_interval are left to the backend as the frontend leaves them.
+
+Screenshots of the browser visit go to $ARTIFACTS_DIR (default .artifacts/ in the repository,
+gitignored), on success and on failure.
+"""
+import math
+import os
+import re
+import time
+import types
+
+import pytest
+
+import blockstack_dashboard
+import lab_run
+from blockstack_lab import grafana as grafana_runtime
+from grafana_browser import Browser
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARTIFACTS = os.environ.get("ARTIFACTS_DIR") or os.path.join(REPO, ".artifacts")
+UID = blockstack_dashboard.CONFIG["uid"]
+LINEUP_SIZE = "Average request size per layer (upper vs lower)"
+
+# Panels that cannot have data on this machine, each with the reason. Their queries must still run
+# without error; an empty result is allowed for them and for nothing else.
+NO_DM = ("this kernel has no device-mapper (no dm-* in /sys/block, no dm_snapshot), so the dm collector "
+         "publishes no snapshot series")
+EXPECTED_EMPTY = {
+    "Snapshot COW use": NO_DM,
+    "Snapshot COW bytes used / size": NO_DM,
+    "Snapshot time until COW full": NO_DM,
+    "Snapshot chunk size": NO_DM,
+    "Snapshot state": NO_DM,
+}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    why = lab_run.missing_requirements()
+    if why:  # a core test: fail loudly rather than skip (make test installs and builds all of it)
+        pytest.fail(f"lab run impossible here: {why}")
+    with lab_run.collapse(str(tmp_path_factory.mktemp("grafana-lab"))) as run:
+        yield run
+
+
+@pytest.fixture(scope="module")
+def visit(lab):
+    """The dashboard opened in chromium during the collapse, every panel loaded."""
+    with Browser(lab.stack.url("grafana"), lab.grafana_password) as b:
+        try:
+            b.login()
+            params = {"orgId": 1, "from": int((lab.start - 30) * 1000), "to": "now", "var-host": lab.stack.host,
+                      "var-device": "$__all", "refresh": "1d"}
+            b.open_dashboard(UID, params)
+            # the stack picked in its variable's drop-down, from the options Grafana queried (tops only)
+            # (the queries recorded before the choice stay: if the stack was already the first option
+            # nothing is queried again, else the API test takes each query's last, sent after it)
+            b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + 60)
+            opened = time.monotonic()
+            b.choose_variable("Stack (top device)", lab.upper)
+            assert b.variable_value("Stack (top device)") == lab.upper
+            states = b.load_every_panel()
+        except BaseException:
+            screenshot(b, "grafana-dashboard-FAILED.png")
+            raise
+        loaded = max(s["loaded_at"] for s in states.values())
+        print(f"\nbrowser: {len(states)} panels loaded {loaded - opened:.1f} s after choosing the stack")
+        yield types.SimpleNamespace(browser=b, states=states, seconds=loaded - opened)
+
+
+def screenshot(browser, name):
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    path = os.path.join(ARTIFACTS, name)
+    browser.page.screenshot(path=path, full_page=True)
+    print(f"screenshot: {path}")
+
+
+def api(lab, path, body=None):
+    return grafana_runtime.api(lab.stack.url("grafana"), path, lab.grafana_password, body)
+
+
+def values(result):
+    """Every finite number in a /api/ds/query result's frames."""
+    out = []
+    for frame in result.get("frames", []):
+        for field, column in zip(frame["schema"]["fields"], frame.get("data", {}).get("values", [])):
+            if field.get("type") == "number":
+                out += [v for v in column if isinstance(v, (int, float)) and math.isfinite(v)]
+    return out
+
+
+def expected_titles(dashboard, devices):
+    """{panel title as the browser shows it: (panel, device or None)}; repeated panels once per device."""
+    titles = {}
+    for p in dashboard["panels"]:
+        if p["type"] == "row":
+            continue
+        if p.get("repeat") == "device":
+            for d in devices:
+                titles[p["title"].replace("$device", d)] = (p, d)
+        else:
+            titles[p["title"]] = (p, None)
+    return titles
+
+
+def test_every_panel_query_and_the_annotation_through_grafanas_api(lab, visit):
+    status, found = api(lab, f"/api/dashboards/uid/{UID}")
+    assert status == 200, found
+    assert found["meta"]["provisioned"] and found["dashboard"]["title"] == blockstack_dashboard.CONFIG["title"]
+    dashboard = found["dashboard"]
+    with open(os.path.join(lab.stack.workdir, "grafana.log")) as f:
+        log = f.read()
+    assert 'logger=provisioning.dashboard' in log and 'msg="finished to provision dashboards"' in log
+    problems = [line for line in log.splitlines()
+                if line.startswith("logger=provisioning") and re.search(r"level=(error|warn)", line)]
+    assert not problems, "provisioning errors in Grafana's log:\n" + "\n".join(problems)
+
+    status, health = api(lab, f"/api/datasources/uid/{blockstack_dashboard.CONFIG['datasource_uid']}/health")
+    assert status == 200 and health["status"] == "OK", health
+
+    # the frontend's requests, by the panel title Grafana sends with them (X-Panel-Title: a repeated
+    # panel's clones send the title before expansion, and differ by the device in their queries)
+    sent = {}
+    for q in visit.browser.queries:
+        title = q["request"].headers.get("x-panel-title")
+        for query in q["body"]["queries"]:
+            sent.setdefault((title, query["refId"]), []).append((q["body"], query))
+    repeated = {t for t in visit.states if t.startswith("Bio size at submission - ")}
+    devices = sorted(t.rsplit(" - ", 1)[1] for t in repeated)
+    assert {lab.upper, lab.lower} <= set(devices), f"the repeated panels cover {devices}"
+
+    checked = 0
+    for title, (panel, device) in expected_titles(dashboard, devices).items():
+        for target in panel["targets"]:
+            mine = [(b, q) for b, q in sent.get((panel["title"], target["refId"]), [])
+                    if device is None or f'device=~"{device}"' in q["expr"]]
+            assert mine, f"the frontend never queried {title} {target['refId']}; it queried {sorted(map(str, sent))}"
+            body, query = mine[-1]
+            expr = query["expr"]
+            assert "$" not in expr.replace('"$1"', "").replace("$__rate_interval", ""), f"{title}: unexpanded {expr}"
+            assert f'host="{lab.stack.host}"' in expr, f"{title}: {expr}"
+            selected = re.findall(r'device=~"([^"]*)"', expr)
+            if device:
+                assert selected and all(s == device for s in selected), f"{title}: {expr}"
+            elif selected:
+                assert all(lab.upper in s and lab.lower in s for s in selected), f"{title}: {expr}"
+            status, answer = api(lab, "/api/ds/query", {"queries": [query], "from": body["from"], "to": body["to"]})
+            result = answer.get("results", {}).get(target["refId"], {}) if isinstance(answer, dict) else {}
+            assert status == 200 and result.get("status", 200) == 200 and not result.get("error"), \
+                f"{title} {target['refId']}: HTTP {status} {answer}"
+            if title in EXPECTED_EMPTY:
+                assert not values(result) or not os.path.exists("/sys/module/dm_snapshot"), title
+            else:
+                assert values(result), f"{title} {target['refId']}: no data for\n{expr}"
+            checked += 1
+    print(f"\napi: {checked} panel queries answered with data or expected empty ({len(EXPECTED_EMPTY)} panels)")
+
+    # the collapse annotation: the frontend's query (refId Anno), answered with the page's event
+    body, query = sent[(None, "Anno")][-1]
+    status, answer = api(lab, "/api/ds/query", {"queries": [query], "from": body["from"], "to": body["to"]})
+    assert status == 200, answer
+    events = [(f["schema"]["fields"][1].get("labels", {}), f["data"]["values"][0])
+              for f in answer["results"]["Anno"].get("frames", []) if f.get("data", {}).get("values")]
+    pages = [times for labels, times in events if labels.get("device") == lab.lower
+             and labels.get("alertname", "").startswith("BlockStackMergeCollapse")]
+    assert pages, f"no collapse page for {lab.lower} in the annotation query's answer: {events}"
+    collapsed_at = lab.phases["collapsed"][0] * 1000
+    assert collapsed_at <= min(min(t) for t in pages) <= lab.paged * 1000 + 16000  # the annotation's 15 s step
+
+
+def test_every_panel_in_the_browser(lab, visit):
+    b = visit.browser
+    try:
+        states = visit.states
+        errors = {t: s["error"] for t, s in states.items() if s["error"]}
+        assert not errors, f"panels in error: {errors}"
+        empty = {t: s["no_data"] for t, s in states.items() if s["no_data"] and t not in EXPECTED_EMPTY}
+        assert not empty, f"panels without data where the lab makes some: {empty}"
+        for title in EXPECTED_EMPTY:
+            assert title in states, f"{title} never rendered"
+
+        # the lineup: upper still large, the device beneath at 8 sectors (Last * = last non-null value)
+        legend = b.legend(LINEUP_SIZE)
+        upper = [v for k, v in legend.items() if k == f"L0 {lab.upper} read"]
+        lower = [v for k, v in legend.items() if k == f"L1 {lab.lower} read"]
+        assert upper and lower, f"lineup legend lacks L0 {lab.upper} read / L1 {lab.lower} read: {legend}"
+        last_upper, last_lower = float(upper[0][-1]), float(lower[0][-1])
+        assert last_upper >= 128, f"upper {lab.upper}: {last_upper} sectors per request, expected >= 128"
+        assert last_lower <= blockstack_dashboard.CONFIG["collapse_max_sectors"], \
+            f"lower {lab.lower}: {last_lower} sectors per request, expected <= 16 (collapsed)"
+        iops = b.legend("IOPS per layer")
+        up_iops = _number(iops[f"{lab.upper} read"][-1])
+        low_iops = _number(iops[f"{lab.lower} read"][-1])
+        assert low_iops > 8 * up_iops, f"lower {low_iops} IOPS vs upper {up_iops}: the collapse should multiply them"
+        # the collapse annotation drawn on the lineup panels
+        b.panel(LINEUP_SIZE).scroll_into_view_if_needed()
+        assert b.annotations(LINEUP_SIZE) >= 1, "no collapse annotation on the lineup panel"
+
+        assert not b.failed, f"failed requests: {b.failed}"
+        foreign = b.foreign_requests()
+        assert not foreign, f"the page asked hosts other than 127.0.0.1: {foreign}"
+        assert visit.seconds < 120
+        screenshot(b, "grafana-dashboard.png")
+    except BaseException:
+        screenshot(b, "grafana-dashboard-FAILED.png")
+        raise
+
+
+def _number(text):
+    """'1.52 K io/s' -> 1520.0 (Grafana's SI prefixes)."""
+    m = re.match(r"\s*([-\d.]+)\s*([kKMG]?)", text)
+    return float(m.group(1)) * {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)]
+

@@ -1,0 +1,227 @@
+"""Grafana for the stack: found or unpacked, configured so that no request leaves the host, the
+datasource and the "Block Stack Merges" dashboard provisioned. `make up` (deploy/stackctl.py) and
+the tests (stack.Stack with the "grafana" component) both use it.
+
+    python -m blockstack_lab.grafana        # find Grafana, unpacking the shared tarball if needed (make grafana)
+
+Where Grafana comes from, in this order:
+1. GRAFANA_HOME (an unpacked release tarball: GRAFANA_HOME/bin/grafana);
+2. `grafana` or `grafana-server` on PATH (Grafana's APT package; its home is /usr/share/grafana);
+3. ../shared/grafana/grafana-VERSION.linux-amd64.tar.xz beside the repository ($SHARED_DIR/grafana
+   if set), unpacked once
+   (sha256 checked against the .sha256 file beside it) into .build/grafana-VERSION/.
+Nothing is ever downloaded.
+"""
+import base64
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+VERSION = "12.4.0"  # the build in ../shared/grafana, and the only version the tests have run against
+# shared/ sits beside the repository (a CI clone has it there); SHARED_DIR points elsewhere (a git worktree)
+SHARED = os.environ.get("SHARED_DIR") or os.path.join(REPO, "..", "shared")
+TARBALL = os.path.join(SHARED, "grafana", f"grafana-{VERSION}.linux-amd64.tar.xz")
+CACHE = os.path.join(REPO, ".build", f"grafana-{VERSION}")
+APT_HOME = "/usr/share/grafana"
+PROVISIONING = os.path.join(REPO, "deploy", "grafana", "provisioning")
+DASHBOARDS = os.path.join(REPO, "dashboards")
+HINT = (f"Grafana not found: set GRAFANA_HOME to an unpacked Grafana tarball, install the `grafana` package "
+        f"from Grafana's APT repository (https://apt.grafana.com), or put {os.path.basename(TARBALL)} and its "
+        f".sha256 in {os.path.normpath(os.path.dirname(TARBALL))}")
+
+
+def find(unpack_shared=True):
+    """(binary, homepath) of a Grafana server, or None when there is none (see the module doc)."""
+    home = os.environ.get("GRAFANA_HOME")
+    if home:
+        binary = os.path.join(home, "bin", "grafana")
+        return (binary, home) if os.access(binary, os.X_OK) else None
+    for name in ("grafana", "grafana-server"):
+        path = shutil.which(name)
+        if path:
+            return path, APT_HOME
+    binary = os.path.join(CACHE, "bin", "grafana")
+    if os.access(binary, os.X_OK):
+        return binary, CACHE
+    if unpack_shared and os.path.exists(TARBALL):
+        unpack(TARBALL, CACHE)
+        return binary, CACHE
+    return None
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def unpack(tarball, dest):
+    """Check tarball against its .sha256 file and unpack it into dest (atomically: a half-unpacked
+    tree is never left at dest, and two unpacks at once both end with one complete tree)."""
+    with open(tarball + ".sha256") as f:
+        expected = f.read().split()[0]
+    actual = sha256(tarball)
+    if actual != expected:
+        raise RuntimeError(f"{tarball}: sha256 {actual}, expected {expected} (from its .sha256 file)")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(dest) + ".", dir=os.path.dirname(dest))
+    try:
+        subprocess.run(["tar", "-xJf", tarball, "-C", tmp], check=True, timeout=600)
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another unpack won the race
+            if not os.access(os.path.join(dest, "bin", "grafana"), os.X_OK):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def password(path):
+    """The admin password kept 0600 at path, generated on first use."""
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(18) + "\n")
+    with open(path) as f:
+        return f.read().strip()
+
+
+def ini(port, data_dir, provisioning, password_file, listen="127.0.0.1"):
+    """grafana.ini: our paths and port, a generated admin password, no anonymous access, and every
+    feature that calls out to the internet turned off (a monitoring host may have no internet)."""
+    return f"""# rendered by lab/blockstack_lab/grafana.py: edit the source, not this file
+[paths]
+data = {data_dir}
+logs = {data_dir}/log
+plugins = {data_dir}/plugins
+provisioning = {provisioning}
+
+[server]
+http_addr = {listen}
+http_port = {port}
+
+[security]
+admin_user = admin
+admin_password = $__file{{{password_file}}}
+# avatars would be fetched from gravatar.com
+disable_gravatar = true
+
+[auth.anonymous]
+enabled = false
+
+[analytics]
+# usage reports, version checks of Grafana and of plugins: all calls to grafana.com
+reporting_enabled = false
+check_for_updates = false
+check_for_plugin_updates = false
+feedback_links_enabled = false
+
+[news]
+# the news feed is fetched from grafana.com
+news_feed_enabled = false
+
+[dashboards]
+# Grafana's own home dashboard has a news panel that fetches grafana.com's blog feed from the browser
+default_home_dashboard_path = {os.path.join(REPO, "deploy", "grafana", "home.json")}
+
+[snapshots]
+# "Publish to snapshots.raintank.io"
+external_enabled = false
+
+[plugins]
+# no plugin installs at startup, no catalogue, no signing key download: core plugins only
+preinstall_disabled = true
+plugin_admin_enabled = false
+public_key_retrieval_disabled = true
+
+[cloud_migration]
+enabled = false
+
+[log]
+# to stdout: the supervisor (or the test harness) writes it to the component's log file
+mode = console
+"""
+
+
+def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0.0.1", scrape_interval=None):
+    """Write workdir/grafana.ini and workdir/grafana-provisioning/ (deploy/grafana/provisioning as
+    shipped, pointed at datasource_url and at dashboards/); return the ini's path."""
+    os.makedirs(os.path.join(data_dir, "plugins"), exist_ok=True)
+    password(password_file)
+    prov = os.path.join(workdir, "grafana-provisioning")
+    for kind in ("plugins", "alerting"):  # none of ours; Grafana logs an error when they are missing
+        os.makedirs(os.path.join(prov, kind), exist_ok=True)
+    for kind in ("datasources", "dashboards"):
+        os.makedirs(os.path.join(prov, kind), exist_ok=True)
+        for name in os.listdir(os.path.join(PROVISIONING, kind)):
+            with open(os.path.join(PROVISIONING, kind, name)) as f:
+                text = f.read()
+            text = text.replace("http://127.0.0.1:9090", datasource_url)
+            text = text.replace("/var/lib/grafana/dashboards/blockstack", DASHBOARDS)
+            if scrape_interval:
+                text = text.replace("timeInterval: 5s", f"timeInterval: {scrape_interval}")
+            _write_if_changed(os.path.join(prov, kind, name), text)
+    path = os.path.join(workdir, "grafana.ini")
+    _write_if_changed(path, ini(port, data_dir, prov, password_file, listen))
+    return path
+
+
+def _write_if_changed(path, text):
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return
+    except FileNotFoundError:
+        pass
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def command(binary, home, ini_path, port):
+    """(argv, env, health_url) for the supervisor or procs.running."""
+    argv = [binary] + (["server"] if os.path.basename(binary) == "grafana" else [])
+    argv += [f"--homepath={home}", f"--config={ini_path}"]
+    env = {} if os.path.isdir("/usr/share/zoneinfo") else {"ZONEINFO": os.path.join(home, "tools", "zoneinfo.zip")}
+    return argv, env, f"http://127.0.0.1:{port}/api/health"
+
+
+def api(url, path, password_, body=None, method=None, timeout=60):
+    """Grafana's HTTP API as admin (basic auth): (status, decoded JSON or text)."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method or ("POST" if data else "GET"))
+    req.add_header("Authorization", "Basic " + base64.b64encode(f"admin:{password_}".encode()).decode())
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, raw = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read().decode()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw
+
+
+def main():
+    found = find()
+    if not found:
+        print(HINT, file=sys.stderr)
+        return 1
+    print(f">> grafana: {found[0]} (home {found[1]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
