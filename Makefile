@@ -163,7 +163,7 @@ up-central: deps venv thanos $(SERVERS_BUILT)
 	@BLOCKSTACK_SERVERS=$(SERVERS) $(STACKCTL) up --role central $(UP_ARGS)
 
 ## test-fleet: 3 hosts as network namespaces + the central role on this machine (root, ~4 minutes)
-test-fleet: deps venv ebpf-build thanos
+test-fleet: deps venv ebpf-build thanos upstream-servers
 	@echo ">> running the fleet tests"
 	@$(PYTEST) fleet/tests
 
