@@ -182,6 +182,11 @@ bench-detection: deps venv ebpf-build
 bench-cost: deps venv ebpf-build
 	@$(VPY) lab/bench/bench_cost.py
 
+## bench-servers: collapse onset -> page on Debian's Prometheus 2 and on Prometheus 3, side by side in one run (~5 min)
+.PHONY: bench-servers
+bench-servers: deps venv ebpf-build upstream-servers
+	@$(VPY) lab/bench/bench_servers.py
+
 ## soak: 10 minutes of healthy mixed I/O against a fresh `make up`; zero pages expected
 SOAK_MINUTES ?= 10
 soak: deps venv ebpf-build
