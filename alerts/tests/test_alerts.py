@@ -42,6 +42,21 @@ def run(argv):
     return r.stdout
 
 
+def test_upstream_servers_are_the_pinned_versions():
+    """The Makefile builds what stack.SERVERS runs, and each binary reports that version."""
+    make = (ROOT / "Makefile").read_text()
+    pinned = {name: re.search(rf"^{var}\s*:=\s*(\S+)", make, re.M).group(1) for name, var in (
+        ("prometheus", "PROMETHEUS3_VERSION"), ("alertmanager", "ALERTMANAGER_UPSTREAM_VERSION"))}
+    assert pinned == {"prometheus": stack.PROMETHEUS3_VERSION, "alertmanager": stack.ALERTMANAGER_UPSTREAM_VERSION}
+    module = re.search(r"^PROMETHEUS3_MODULE\s*:=\s*(\S+)", make, re.M).group(1)
+    major, minor, patch = pinned["prometheus"].split(".")
+    assert module == f"v0.{major}{int(minor):02d}.{patch}", "Prometheus 3.X.Y is module version v0.3XX.Y"
+    for name in ("prometheus", "promtool", "alertmanager", "amtool"):
+        version = pinned["alertmanager" if name in ("alertmanager", "amtool") else "prometheus"]
+        out = subprocess.run([tool(name, "upstream"), "--version"], capture_output=True, text=True, timeout=30)
+        assert f"{name}, version {version} " in out.stdout + out.stderr
+
+
 def rules(kind):
     for path in RULE_FILES:
         for group in yaml.safe_load(path.read_text())["groups"]:
