@@ -50,6 +50,7 @@ def main():
     start = time.time()
     load = os.getloadavg()[0]
     with contextlib.ExitStack() as es:
+        es.callback(subprocess.run, ["rm", "-rf", work], timeout=60)  # last, also on failure
         dev0 = es.enter_context(loop.attached(768 << 20, directory="/dev/shm"))
         mnt = es.enter_context(loop.ext4(dev0, mkfs_args=loop.NO_DISCARD))
         backing = os.path.join(mnt, "loop1.img")
@@ -108,7 +109,6 @@ def main():
         cells = [", ".join(f"{v:.1f}" for v in results[n][kind]) + f" (median {statistics.median(results[n][kind]):.1f})"
                  for _, kind in PAGES]
         print(f"| {n} | {versions[n]} | " + " | ".join(cells) + " |")
-    subprocess.run(["rm", "-rf", work], timeout=60)
     return 0
 
 
