@@ -49,7 +49,7 @@ grafana: venv
 	@$(VPY) -m blockstack_lab.grafana
 
 ## test: every test (unit, golden, live on loop devices, real servers)
-test: deps venv ebpf-build thanos grafana
+test: deps venv ebpf-build thanos grafana upstream-servers
 	@echo ">> running tests"
 	@$(PYTEST)
 
@@ -59,7 +59,7 @@ test-exporter: venv
 test-ebpf: venv ebpf-build
 	@$(PYTEST) ebpf-configs/tests
 
-test-alerts: venv
+test-alerts: venv upstream-servers
 	@$(PYTEST) alerts/tests
 
 update-fixtures: venv
@@ -85,8 +85,11 @@ STATE_DIR ?= $(CURDIR)/.state
 STACKCTL  := $(VPY) deploy/stackctl.py --state $(STATE_DIR)
 
 ## up: install what is missing, render config into STATE_DIR, start everything under supervisord
-up: deps venv ebpf-build grafana
-	@$(STACKCTL) up $(UP_ARGS)
+##   SERVERS=debian (default: Debian's Prometheus 2 and Alertmanager) or SERVERS=upstream (Prometheus 3, built)
+SERVERS ?= debian
+SERVERS_BUILT := $(if $(filter upstream,$(SERVERS)),upstream-servers)
+up: deps venv ebpf-build grafana $(SERVERS_BUILT)
+	@BLOCKSTACK_SERVERS=$(SERVERS) $(STACKCTL) up $(UP_ARGS)
 
 ## down: stop everything, keep data
 down:
@@ -132,23 +135,51 @@ THANOS         := $(BUILD)/bin/thanos
 .PHONY: thanos up-agent up-central test-fleet
 
 ## thanos: build Thanos from the Go module proxy (Go toolchain go1.26.10 via GOTOOLCHAIN; cached)
+# Upstream's release tags (.promu.yml); slicelabels is not optional: Thanos's labelpb casts
+# Prometheus's labels.Labels to its protobuf labels in place, which is only valid for the slice
+# implementation; without it the sidecar panics on its first gRPC answer.
 thanos: $(THANOS)
-$(THANOS): scripts/build-thanos.sh
+$(THANOS): scripts/build-go.sh
 	@echo ">> building thanos $(THANOS_VERSION)"
-	@THANOS_VERSION=$(THANOS_VERSION) scripts/build-thanos.sh $(BUILD)
+	@scripts/build-go.sh $(BUILD) github.com/thanos-io/thanos@$(THANOS_VERSION) --tags netgo,slicelabels thanos=cmd/thanos
 	@touch $@  # the script may find it already built; make must see it fresh
+
+## upstream-servers: Prometheus 3 (prometheus, promtool) and a current Alertmanager (alertmanager, amtool) from
+##   the Go module proxy into .build/bin/NAME-VERSION (cached; versions also in lab/blockstack_lab/stack.py).
+# Prometheus 3.X.Y is module version v0.3XX.Y. Tags: upstream's netgo, without builtinassets (the
+# web UI is built by npm and is not in the module zip: the API works, the UI pages do not), plus
+# remove_all_sd (cloud service discovery; one plugin's dependency is refused by the proxy; file
+# and static discovery stay). Alertmanager 0.32+ embeds an npm-built UI missing from the module
+# zip too (go:embed app/dist fails), so 0.31.1 is the newest that builds from the proxy.
+PROMETHEUS3_VERSION   := 3.16.0
+PROMETHEUS3_MODULE    := v0.316.0
+ALERTMANAGER_UPSTREAM_VERSION := 0.31.1
+PROMETHEUS3           := $(BUILD)/bin/prometheus-$(PROMETHEUS3_VERSION)
+ALERTMANAGER_UPSTREAM := $(BUILD)/bin/alertmanager-$(ALERTMANAGER_UPSTREAM_VERSION)
+.PHONY: upstream-servers
+upstream-servers: $(PROMETHEUS3) $(ALERTMANAGER_UPSTREAM)
+$(PROMETHEUS3): scripts/build-go.sh
+	@echo ">> building prometheus $(PROMETHEUS3_VERSION)"
+	@scripts/build-go.sh $(BUILD) github.com/prometheus/prometheus@$(PROMETHEUS3_MODULE) --version $(PROMETHEUS3_VERSION) \
+		--tags netgo,remove_all_sd prometheus-$(PROMETHEUS3_VERSION)=cmd/prometheus promtool-$(PROMETHEUS3_VERSION)=cmd/promtool
+	@touch $@  # the script may find it already built; make must see it fresh
+$(ALERTMANAGER_UPSTREAM): scripts/build-go.sh
+	@echo ">> building alertmanager $(ALERTMANAGER_UPSTREAM_VERSION)"
+	@scripts/build-go.sh $(BUILD) github.com/prometheus/alertmanager@v$(ALERTMANAGER_UPSTREAM_VERSION) \
+		alertmanager-$(ALERTMANAGER_UPSTREAM_VERSION)=cmd/alertmanager amtool-$(ALERTMANAGER_UPSTREAM_VERSION)=cmd/amtool
+	@touch $@
 
 ## up-agent: the agent role on this host (exporters, Prometheus replica(s), Thanos sidecar);
 ##   e.g. make up-agent UP_ARGS="--host db1 --listen 10.0.0.11 --alertmanager 10.0.0.5:9093 --alertmanager 10.0.0.5:9095 --fleet-secrets DIR"
-up-agent: deps venv ebpf-build thanos
-	@$(STACKCTL) up --role agent $(UP_ARGS)
+up-agent: deps venv ebpf-build thanos $(SERVERS_BUILT)
+	@BLOCKSTACK_SERVERS=$(SERVERS) $(STACKCTL) up --role agent $(UP_ARGS)
 
 ## up-central: the central role (Thanos Query, 2 Alertmanager peers, watcher, receiver, Grafana)
-up-central: deps venv thanos grafana
-	@$(STACKCTL) up --role central $(UP_ARGS)
+up-central: deps venv thanos grafana $(SERVERS_BUILT)
+	@BLOCKSTACK_SERVERS=$(SERVERS) $(STACKCTL) up --role central $(UP_ARGS)
 
 ## test-fleet: 3 hosts as network namespaces + the central role on this machine (root, ~4 minutes)
-test-fleet: deps venv ebpf-build thanos
+test-fleet: deps venv ebpf-build thanos upstream-servers
 	@echo ">> running the fleet tests"
 	@$(PYTEST) fleet/tests
 
@@ -166,6 +197,11 @@ bench-detection: deps venv ebpf-build
 ## bench-cost: eBPF overhead, scrape time vs node_exporter, CPU/RSS per component, series per device
 bench-cost: deps venv ebpf-build
 	@$(VPY) lab/bench/bench_cost.py
+
+## bench-servers: collapse onset -> page on Debian's Prometheus 2 and on Prometheus 3, side by side in one run (~5 min)
+.PHONY: bench-servers
+bench-servers: deps venv ebpf-build upstream-servers
+	@$(VPY) lab/bench/bench_servers.py
 
 ## soak: 10 minutes of healthy mixed I/O against a fresh `make up`; zero pages expected
 SOAK_MINUTES ?= 10

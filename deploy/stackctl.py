@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the Block Stack Merges stack on this host under supervisord.
 
-    stackctl.py up [--state DIR] [--port NAME=PORT ...] [--listen ADDR]
+    stackctl.py up [--state DIR] [--port NAME=PORT ...] [--listen ADDR] [--servers debian|upstream]
     stackctl.py down | status | logs [NAME] | clean | render      (all take --state)
     stackctl.py up --role agent --host NAME --listen ADDR --alertmanager ADDR:PORT ... [--replica A ...]
     stackctl.py up --role central --listen ADDR [--inventory FILE] [--cluster-peer ADDR:PORT ...]
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(REPO, "lab"))
 sys.path.insert(0, REPO)  # fleet/ (the fleet roles)
 
 from blockstack_lab import grafana as grafana_runtime  # noqa: E402
-from blockstack_lab.stack import COMPONENTS, Stack  # noqa: E402
+from blockstack_lab.stack import COMPONENTS, DEFAULT_SERVERS, SERVERS, Stack, servers_name  # noqa: E402
 from fleet import roles as fleet_roles  # noqa: E402
 
 DEFAULT_PORTS = {"prometheus": 9090, "alertmanager": 9093, "node": 9100, "blockstack": 9363,
@@ -324,7 +324,7 @@ class Deployment:
             if not fleet_roles.loopback(self.listen):
                 print(f"  TLS + basic auth: user fleet, password in {self.fleet.secrets.password_file}")
             return
-        print(f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}")
+        print(f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}, servers: {servers_name()}")
         print(f"  Prometheus     http://{host}:{self.ports['prometheus']}/   (alerts: /alerts)")
         print(f"  Alertmanager   http://{host}:{self.ports['alertmanager']}/")
         print(f"  pages file     {self.stack.pages_file}")
@@ -369,6 +369,9 @@ def main(argv=None):
     p.add_argument("--port", action="append", default=[], metavar="NAME=PORT", help=f"override a port ({', '.join(DEFAULT_PORTS)})")
     p.add_argument("--listen", default=os.environ.get("LISTEN", "127.0.0.1"),
                    help="address for Prometheus, Alertmanager and Grafana; anything but 127.0.0.1 turns on basic auth")
+    p.add_argument("--servers", choices=list(SERVERS), default=os.environ.get("BLOCKSTACK_SERVERS") or DEFAULT_SERVERS,
+                   help="Prometheus and Alertmanager: debian (Debian's packages, Prometheus 2) or upstream "
+                        "(Prometheus 3, built by make upstream-servers); default $BLOCKSTACK_SERVERS or %(default)s")
     fleet = p.add_argument_group("fleet roles (docs/fleet.md)")
     fleet.add_argument("--role", choices=["standalone", "agent", "central"], default=os.environ.get("ROLE", "standalone"))
     fleet.add_argument("--host", help="agent: this host's name (the `host` label; default the hostname); fleet-cert: whose")
@@ -381,6 +384,7 @@ def main(argv=None):
     fleet.add_argument("--cluster-peer", action="append", default=[], metavar="ADDR:PORT",
                        help="central: an Alertmanager peer on another central machine (its cluster port)")
     args = p.parse_args(argv)
+    os.environ["BLOCKSTACK_SERVERS"] = args.servers  # read by every Stack and fleet role of this run
     ports = {}
     known = ROLE_PORTS.get(args.role) or DEFAULT_PORTS
     for item in args.port:

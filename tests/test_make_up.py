@@ -17,10 +17,10 @@ COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometh
 PAGE_ALERTS = {"BlockStackMergeCollapse", "BlockStackMissedMerges"}
 
 
-def make(target, state, ports, timeout=600):
+def make(target, state, ports, timeout=600, variables=()):
     args = " ".join(f"--port {name}={port}" for name, port in ports.items())
     start = time.monotonic()
-    r = subprocess.run(["make", "-s", target, f"STATE_DIR={state}", f"UP_ARGS={args}"], cwd=REPO,
+    r = subprocess.run(["make", "-s", target, f"STATE_DIR={state}", f"UP_ARGS={args}", *variables], cwd=REPO,
                        capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"make {target} failed:\n{r.stdout}\n{r.stderr}"
     return r.stdout, time.monotonic() - start
@@ -173,3 +173,29 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     assert not subprocess.run(["pgrep", "-f", state_dir], capture_output=True, text=True).stdout.strip()
     assert os.path.isdir(os.path.join(state_dir, "data", "prometheus")), "make down must keep data"
     assert os.path.exists(os.path.join(state_dir, "grafana", "data", "grafana.db")), "make down must keep Grafana's database"
+
+
+def test_make_up_switches_servers(state):
+    """`make up SERVERS=upstream` runs Prometheus 3 and the current Alertmanager; `make up
+    SERVERS=debian` on the same state switches back, restarting only those two (the collapse ->
+    page on each set is alerts/tests/test_integration.py's)."""
+    from blockstack_lab.stack import ALERTMANAGER_UPSTREAM_VERSION, PROMETHEUS3_VERSION
+    state_dir, ports = state
+
+    def versions():
+        am = json.loads(procs.http_get(f"http://127.0.0.1:{ports['alertmanager']}/api/v2/status", timeout=20))
+        return prom(ports, "/api/v1/status/buildinfo")["version"], am["versionInfo"]["version"]
+
+    out, _ = make("up", state_dir, ports, variables=["SERVERS=upstream"])
+    assert "servers: upstream" in out
+    assert versions() == (PROMETHEUS3_VERSION, ALERTMANAGER_UPSTREAM_VERSION)
+    procs.wait_until("every target up", lambda: all(
+        t["health"] == "up" for t in prom(ports, "/api/v1/targets")["activeTargets"]), 60)
+    before = pids(state_dir)
+    out, _ = make("up", state_dir, ports, variables=["SERVERS=debian"])
+    assert "servers: debian" in out
+    prometheus2, alertmanager025 = versions()
+    assert prometheus2.startswith("2.") and alertmanager025.startswith("0.25"), (prometheus2, alertmanager025)
+    after = pids(state_dir)
+    assert {c for c in COMPONENTS if after[c] != before[c]} == {"prometheus", "alertmanager"}
+    make("down", state_dir, ports)

@@ -1,9 +1,10 @@
 """Static checks of alerts/: generated rules current, promtool and amtool happy, every rule tested,
-every alert with a runbook anchor, routing as documented, and the webhook receiver writing lines."""
+every alert with a runbook anchor, routing as documented, and the webhook receiver writing lines.
+promtool and amtool run in both tested sets of servers (blockstack_lab.stack.SERVERS): Debian's
+Prometheus 2 / Alertmanager 0.25 and the pinned Prometheus 3 / current Alertmanager."""
 import json
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -11,6 +12,7 @@ import urllib.request
 
 import pytest
 import yaml
+from blockstack_lab import stack
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"
@@ -20,17 +22,39 @@ RULE_FILES = sorted(ALERTS.glob("*.rules.yml"))
 AM_CONFIG = ALERTS / "alertmanager.yml"
 
 
-def tool(name):
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} not installed (run make deps)", pytrace=False)
+def tool(name, servers="debian"):
+    """promtool or amtool of a set of servers; a missing one fails, naming the make target."""
+    try:
+        path = stack.program(name, servers)
+    except FileNotFoundError as e:
+        pytest.fail(str(e), pytrace=False)
+    r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    print(r.stdout.splitlines()[0] if r.stdout else r.stderr)  # the version this test ran
     return path
+
+
+servers_matrix = pytest.mark.parametrize("servers", list(stack.SERVERS))
 
 
 def run(argv):
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"{' '.join(map(str, argv))}\n{r.stdout}\n{r.stderr}"
     return r.stdout
+
+
+def test_upstream_servers_are_the_pinned_versions():
+    """The Makefile builds what stack.SERVERS runs, and each binary reports that version."""
+    make = (ROOT / "Makefile").read_text()
+    pinned = {name: re.search(rf"^{var}\s*:=\s*(\S+)", make, re.M).group(1) for name, var in (
+        ("prometheus", "PROMETHEUS3_VERSION"), ("alertmanager", "ALERTMANAGER_UPSTREAM_VERSION"))}
+    assert pinned == {"prometheus": stack.PROMETHEUS3_VERSION, "alertmanager": stack.ALERTMANAGER_UPSTREAM_VERSION}
+    module = re.search(r"^PROMETHEUS3_MODULE\s*:=\s*(\S+)", make, re.M).group(1)
+    major, minor, patch = pinned["prometheus"].split(".")
+    assert module == f"v0.{major}{int(minor):02d}.{patch}", "Prometheus 3.X.Y is module version v0.3XX.Y"
+    for name in ("prometheus", "promtool", "alertmanager", "amtool"):
+        version = pinned["alertmanager" if name in ("alertmanager", "amtool") else "prometheus"]
+        out = subprocess.run([tool(name, "upstream"), "--version"], capture_output=True, text=True, timeout=30)
+        assert f"{name}, version {version} " in out.stdout + out.stderr
 
 
 def rules(kind):
@@ -49,18 +73,20 @@ def test_generated_rules_are_current():
     run([sys.executable, str(ALERTS / "generate.py"), "--check"])
 
 
+@servers_matrix
 @pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
-def test_promtool_check_rules(path):
-    out = run([tool("promtool"), "check", "rules", str(path)])
+def test_promtool_check_rules(path, servers):
+    out = run([tool("promtool", servers), "check", "rules", str(path)])
     assert "SUCCESS" in out
 
 
+@servers_matrix
 @pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
-def test_promtool_unit_tests(path):
+def test_promtool_unit_tests(path, servers):
     """One test file per rules file (alerts/tests/NAME.test.yml for alerts/NAME.rules.yml)."""
     test_file = TESTS / path.name.replace(".rules.yml", ".test.yml")
     assert test_file.exists(), f"no promtool test file for {path.name}"
-    out = run([tool("promtool"), "test", "rules", str(test_file)])
+    out = run([tool("promtool", servers), "test", "rules", str(test_file)])
     assert "SUCCESS" in out
 
 
@@ -132,8 +158,9 @@ def test_every_alert_has_a_runbook_anchor():
         assert name.lower() in anchors, f"docs/runbook.md has no section for {name}"
 
 
-def test_amtool_check_config():
-    out = run([tool("amtool"), "check-config", str(AM_CONFIG)])
+@servers_matrix
+def test_amtool_check_config(servers):
+    out = run([tool("amtool", servers), "check-config", str(AM_CONFIG)])
     assert "SUCCESS" in out
 
 
@@ -143,8 +170,9 @@ def test_amtool_check_config():
     (["severity=warning", "alertname=BlockStackNomergesBeneathStack", "host=db1"], "ticket"),
     (["severity=info", "alertname=BlockStackMaxSectorsLow", "host=db1"], "ticket"),
 ])
-def test_routing(labels, receiver):
-    out = run([tool("amtool"), "config", "routes", "test", f"--config.file={AM_CONFIG}", *labels])
+@servers_matrix
+def test_routing(labels, receiver, servers):
+    out = run([tool("amtool", servers), "config", "routes", "test", f"--config.file={AM_CONFIG}", *labels])
     assert out.strip() == receiver
 
 

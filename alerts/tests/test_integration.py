@@ -25,7 +25,7 @@ import urllib.parse
 import pytest
 
 from blockstack_lab import fio, loop, procs
-from blockstack_lab.stack import Stack
+from blockstack_lab.stack import SERVERS, Stack
 
 PAGE_TIMEOUT = 90      # seconds from the flip; the rules' worst case is 55 s (alerts/README.md)
 RESOLVE_TIMEOUT = 100  # rate window 20 s + evaluation + the page route's group_interval 30 s
@@ -60,8 +60,9 @@ def write_data(path, size):
         os.fsync(f.fileno())
 
 
-def test_collapse_pages_and_resolves(tmp_path):
-    stack = Stack(tmp_path / "stack")
+@pytest.mark.parametrize("servers", list(SERVERS))  # Prometheus 2 / Alertmanager 0.25, and 3 / 0.31
+def test_collapse_pages_and_resolves(tmp_path, servers):
+    stack = Stack(tmp_path / "stack", servers=servers)
     missing = missing_prerequisites(stack)
     if missing:
         pytest.fail("missing prerequisites:\n  " + "\n  ".join(missing), pytrace=False)

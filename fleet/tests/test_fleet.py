@@ -10,6 +10,8 @@ In order, on one fleet:
 4. Alertmanager peer 1 and h1's replica A killed, h3 stopped entirely: a new collapse on h1 still
    pages exactly once, and BlockStackHostDown pages once for h3.
 Needs root, `make thanos`, `make ebpf-build`, `make deps`; about 3 minutes (setup 35 s).
+The fleet runs on FLEET_SERVERS (blockstack_lab.stack.SERVERS; default upstream: Prometheus 3 and
+Alertmanager 0.31, `make upstream-servers`); `FLEET_SERVERS=debian,upstream` runs it on each.
 """
 import collections
 import json
@@ -45,8 +47,12 @@ def check_prerequisites():
         pytest.fail("fleet test prerequisites missing: " + "; ".join(problems) + " (make test-fleet builds them)")
 
 
-@pytest.fixture(scope="module")
-def fleet():
+@pytest.fixture(scope="module", params=os.environ.get("FLEET_SERVERS", "upstream").split(","))
+def fleet(request):
+    saved = os.environ.get("BLOCKSTACK_SERVERS")
+    os.environ["BLOCKSTACK_SERVERS"] = request.param  # every role's Prometheus and Alertmanager
+    request.addfinalizer(lambda: os.environ.pop("BLOCKSTACK_SERVERS") if saved is None else
+                         os.environ.update(BLOCKSTACK_SERVERS=saved))
     check_prerequisites()
     workdir = tempfile.mkdtemp(prefix="blockstack-fleet-")
     started = time.monotonic()

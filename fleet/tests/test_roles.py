@@ -3,22 +3,26 @@ promtool for the agent and watcher Prometheus configs and the fleet rules, amtoo
 Alertmanager config, and the properties paging depends on (replica dropped from alerts, host on
 every series, TLS + basic auth beyond loopback)."""
 import os
-import shutil
 import subprocess
 
 import pytest
 import yaml
 
+from blockstack_lab import stack
 from fleet import roles
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
-def tool(name):
-    path = shutil.which(name)
-    if not path:
-        pytest.fail(f"{name} not found (run make deps)")
-    return path
+def tool(name, servers):
+    """promtool or amtool of one set of servers (stack.SERVERS: Debian's, and Prometheus 3's)."""
+    try:
+        return stack.program(name, servers)
+    except FileNotFoundError as e:
+        pytest.fail(str(e))
+
+
+servers_matrix = pytest.mark.parametrize("servers", list(stack.SERVERS))
 
 
 @pytest.fixture(scope="module")
@@ -27,21 +31,23 @@ def secrets(tmp_path_factory):
     return s.ensure(server_names={"central": ["10.9.0.1"], "db1": ["10.9.0.11"]}, client_names=["query"])
 
 
-def test_fleet_rules_unit_tests():
-    subprocess.run([tool("promtool"), "check", "rules", os.path.join(REPO, "fleet", "fleet.rules.yml")], check=True,
+@servers_matrix
+def test_fleet_rules_unit_tests(servers):
+    subprocess.run([tool("promtool", servers), "check", "rules", os.path.join(REPO, "fleet", "fleet.rules.yml")], check=True,
                    capture_output=True, timeout=60)
-    r = subprocess.run([tool("promtool"), "test", "rules", "fleet.test.yml"], cwd=os.path.join(REPO, "fleet", "tests"),
+    r = subprocess.run([tool("promtool", servers), "test", "rules", "fleet.test.yml"], cwd=os.path.join(REPO, "fleet", "tests"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_agent_config(tmp_path, secrets):
+@servers_matrix
+def test_agent_config(tmp_path, secrets, servers):
     agent = roles.Agent(tmp_path, "db1", ["10.9.0.1:9093", "10.9.0.1:9095"], secrets, replicas=("A", "B"),
                         listen="10.9.0.11", ebpf_configs="block_sizes")
     agent.render()
     for r in ("A", "B"):
         path = tmp_path / f"prometheus-{r}.yml"
-        subprocess.run([tool("promtool"), "check", "config", str(path)], check=True, capture_output=True, timeout=60)
+        subprocess.run([tool("promtool", servers), "check", "config", str(path)], check=True, capture_output=True, timeout=60)
         config = yaml.safe_load(path.read_text())
         assert config["global"]["external_labels"] == {"host": "db1", "replica": r}
         assert {"action": "labeldrop", "regex": "replica"} in config["alerting"]["alert_relabel_configs"]
@@ -64,16 +70,16 @@ def test_agent_config(tmp_path, secrets):
         "host": "db1", "replica": "B", "__http_address__": "10.9.0.11:10912"}}
 
 
-def test_central_config(tmp_path, secrets):
+@servers_matrix
+def test_central_config(tmp_path, secrets, servers):
     inventory = tmp_path / "inventory.yml"
     central = roles.Central(tmp_path / "central", str(inventory), secrets, listen="10.9.0.1")
     central.render()
     roles.write_inventory(str(inventory), roles.Agent(tmp_path / "a", "db1", ["10.9.0.1:9093"], secrets,
                                                       listen="10.9.0.11").inventory_entries())
-    subprocess.run([tool("promtool"), "check", "config", str(tmp_path / "central" / "watcher-A.yml")], check=True,
+    subprocess.run([tool("promtool", servers), "check", "config", str(tmp_path / "central" / "watcher-A.yml")], check=True,
                    capture_output=True, timeout=60)
-    amtool = shutil.which("amtool") or shutil.which("prometheus-alertmanager-amtool") or tool("amtool")
-    subprocess.run([amtool, "check-config", str(tmp_path / "central" / "alertmanager.yml")], check=True,
+    subprocess.run([tool("amtool", servers), "check-config", str(tmp_path / "central" / "alertmanager.yml")], check=True,
                    capture_output=True, timeout=60)
     cmds = central.commands()
     assert {"receiver", "alertmanager-1", "alertmanager-2", "watcher-A", "query"} == set(cmds)

@@ -43,13 +43,42 @@ PROGRAMS = {
     "blockstack": ((os.path.join(VENV_BIN, "blockstack-exporter"),), "venv"),
     "ebpf": ((EBPF_EXPORTER,), "ebpf-build"),
     "receiver": ((os.path.join(VENV_BIN, "python"),), "venv"),
-    "alertmanager": (("prometheus-alertmanager", "alertmanager"), "deps"),
-    "prometheus": (("prometheus",), "deps"),
+}
+
+# The Prometheus-family servers and their tools, in two tested sets (README "Tested versions"):
+#   debian    Debian 12's packages: Prometheus 2.42, Alertmanager 0.25
+#   upstream  Prometheus 3.16.0 and Alertmanager 0.31.1, built from the Go module proxy into
+#             .build/bin by `make upstream-servers` (the versions are pinned in the Makefile too)
+# `servers=` of Stack and program() picks one; else $BLOCKSTACK_SERVERS, else DEFAULT_SERVERS.
+PROMETHEUS3_VERSION = "3.16.0"
+ALERTMANAGER_UPSTREAM_VERSION = "0.31.1"
+DEFAULT_SERVERS = "debian"
+SERVERS = {
+    "debian": {
+        "prometheus": (("prometheus",), "deps"),
+        "promtool": (("promtool",), "deps"),
+        "alertmanager": (("prometheus-alertmanager", "alertmanager"), "deps"),
+        "amtool": (("amtool",), "deps"),
+    },
+    "upstream": {
+        tool: ((os.path.join(BUILD, "bin", f"{tool}-{version}"),), "upstream-servers")
+        for tool, version in (("prometheus", PROMETHEUS3_VERSION), ("promtool", PROMETHEUS3_VERSION),
+                              ("alertmanager", ALERTMANAGER_UPSTREAM_VERSION),
+                              ("amtool", ALERTMANAGER_UPSTREAM_VERSION))
+    },
 }
 
 
-def program(component):
-    names, target = PROGRAMS[component]
+def servers_name(servers=None):
+    name = servers or os.environ.get("BLOCKSTACK_SERVERS") or DEFAULT_SERVERS
+    if name not in SERVERS:
+        raise ValueError(f"servers {name!r}: expected one of {', '.join(SERVERS)}")
+    return name
+
+
+def program(component, servers=None):
+    """The executable of a component (or of promtool/amtool) for the chosen set of servers."""
+    names, target = PROGRAMS.get(component) or SERVERS[servers_name(servers)][component]
     return which(*names, target=target)
 
 
@@ -70,7 +99,8 @@ class Stack:
     """Configuration and commands for one stack in `workdir`, every port on 127.0.0.1."""
 
     def __init__(self, workdir, host=None, components=COMPONENTS, scrape_interval="5s",
-                 evaluation_interval="5s", ports=None, ebpf_configs=None, data_dir=None):
+                 evaluation_interval="5s", ports=None, ebpf_configs=None, data_dir=None, servers=None):
+        self.servers = servers_name(servers)  # debian or upstream: see SERVERS
         self.workdir = os.path.abspath(workdir)
         self.data_dir = os.path.abspath(data_dir or workdir)  # TSDB and Alertmanager state
         self.host = host or socket.gethostname()
@@ -89,7 +119,7 @@ class Stack:
                 problems += [] if grafana.find() else [grafana.HINT + " (run make grafana)"]
                 continue
             try:
-                program(component)
+                program(component, self.servers)
             except FileNotFoundError as e:
                 problems.append(str(e))
         if "ebpf" in self.components and not glob.glob(os.path.join(EBPF_CONFIG_DIR, "*.bpf.o")):
@@ -180,12 +210,12 @@ class Stack:
                                  f"--listen=127.0.0.1:{p['receiver']}", f"--file={self.pages_file}"],
                                 {}, self.url("receiver", "/healthz"))
         if "alertmanager" in self.components:
-            cmds["alertmanager"] = ([program("alertmanager"), f"--config.file={w}/alertmanager.yml",
+            cmds["alertmanager"] = ([program("alertmanager", self.servers), f"--config.file={w}/alertmanager.yml",
                                      f"--storage.path={self.data_dir}/alertmanager", f"--web.listen-address=127.0.0.1:{p['alertmanager']}",
                                      "--cluster.listen-address="],
                                     {}, self.url("alertmanager", "/-/ready"))
         if "prometheus" in self.components:
-            cmds["prometheus"] = ([program("prometheus"), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",
+            cmds["prometheus"] = ([program("prometheus", self.servers), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",
                                    "--storage.tsdb.retention.time=15d", f"--web.listen-address=127.0.0.1:{p['prometheus']}",
                                    "--web.enable-lifecycle"],
                                   {}, self.url("prometheus", "/-/ready"))

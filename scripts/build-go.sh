@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Builds Go binaries of one module version from the Go module proxy (Thanos, Prometheus 3,
+# Alertmanager; ebpf_exporter has its own script because it links a static libbpf with cgo).
+#
+#   scripts/build-go.sh BUILD_DIR MODULE@VERSION [--tags T,...] [--version V] NAME=PACKAGE...
+#
+#   scripts/build-go.sh .build github.com/thanos-io/thanos@v0.42.5 --tags netgo,slicelabels thanos=cmd/thanos
+#   scripts/build-go.sh .build github.com/prometheus/prometheus@v0.316.0 --version 3.16.0 \
+#     --tags netgo,remove_all_sd prometheus-3.16.0=cmd/prometheus promtool-3.16.0=cmd/promtool
+#
+# Why not `go install MODULE/cmd/x@VERSION`: it refuses modules whose go.mod has replace or
+# exclude directives (Thanos has forks of prometheus etc.), and this proxy refuses the version
+# list some `go install` paths ask for. So: a throwaway main module that requires exactly
+# MODULE@VERSION and repeats upstream's replace directives (copied from the module's own go.mod,
+# fetched from the proxy), with upstream's go.sum, and `go build` of each PACKAGE (relative to
+# MODULE) into BUILD_DIR/bin/NAME.
+#
+#   --tags     build tags (upstream's release tags from .promu.yml, adapted; see the Makefile)
+#   --version  what `NAME --version` reports (prometheus/common/version.Version, which every
+#              binary here uses); default VERSION without the v. Prometheus 3.X.Y is module
+#              version v0.3XX.Y, hence --version for it.
+#
+# Results, all under BUILD_DIR: bin/NAME for each NAME=PACKAGE; src/BASENAME-build/ (scratch: the
+# wrapper module). Idempotent: a NAME is skipped when bin/NAME reports --version and `go version -m`
+# shows MODULE@VERSION built with these tags; the script exits at once when all are.
+# Go's module and build caches stay where Go puts them by default (GOMODCACHE, GOCACHE). The
+# toolchain is GO_TOOLCHAIN (default go1.26.10, the one Thanos v0.42 needs; the proxy serves it).
+set -euo pipefail
+
+usage() { echo "usage: $0 BUILD_DIR MODULE@VERSION [--tags T] [--version V] NAME=PACKAGE..." >&2; exit 2; }
+[ $# -ge 3 ] || usage
+mkdir -p "$1"
+BUILD=$(cd "$1" && pwd)
+MOD=${2%@*}
+MOD_VERSION=${2##*@}
+[ "$MOD" != "$2" ] || usage
+shift 2
+TAGS=netgo
+VERSION=${MOD_VERSION#v}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --tags) TAGS=$2; shift 2 ;;
+    --version) VERSION=$2; shift 2 ;;
+    *=*) break ;;
+    *) usage ;;
+  esac
+done
+[ $# -ge 1 ] || usage
+GO_TOOLCHAIN=${GO_TOOLCHAIN:-go1.26.10}
+export PATH="$PATH:/usr/local/go/bin"
+
+# `NAME --version` prints "NAME, version 3.16.0 (branch: ...)": set below with -ldflags.
+# `go version -m` confirms the module version and tags actually compiled in.
+has_version() {
+  local bin=$1
+  [ -x "$bin" ] || return 1
+  "$bin" --version 2>&1 | grep -qF "version $VERSION " || return 1
+  ! command -v go >/dev/null ||
+    { GOTOOLCHAIN=local go version -m "$bin" | grep -qE "^\s+(mod|dep)\s+$MOD\s+$MOD_VERSION(\s|$)" &&
+      GOTOOLCHAIN=local go version -m "$bin" | grep -qE "^\s+build\s+-tags=$TAGS$"; }
+}
+
+todo=()
+for spec in "$@"; do
+  has_version "$BUILD/bin/${spec%%=*}" || todo+=("$spec")
+done
+[ ${#todo[@]} -gt 0 ] || exit 0
+
+command -v go >/dev/null || { echo "$0: go not found (install Go >= 1.21 at /usr/local/go)" >&2; exit 1; }
+export GOTOOLCHAIN="$GO_TOOLCHAIN"
+start=$(date +%s)
+
+NAME=$(basename "$MOD")
+MOD_DIR="$BUILD/src/$NAME-build"
+mkdir -p "$MOD_DIR" "$BUILD/bin"
+echo ">> fetching $MOD@$MOD_VERSION from the module proxy"
+# `go mod download -json` prints the path of the cached go.mod (GoMod) and source (Dir).
+printf 'module blockstack/%s-build\n\ngo 1.21\n' "$NAME" >"$MOD_DIR/go.mod"
+rm -f "$MOD_DIR/go.sum"
+INFO=$(cd "$MOD_DIR" && go mod download -json "$MOD@$MOD_VERSION")
+UP_GOMOD=$(printf '%s' "$INFO" | sed -n 's/^\s*"GoMod": "\(.*\)",\?$/\1/p')
+UP_DIR=$(printf '%s' "$INFO" | sed -n 's/^\s*"Dir": "\(.*\)",\?$/\1/p')
+[ -f "$UP_GOMOD" ] && [ -d "$UP_DIR" ] || { echo "$0: could not download $MOD@$MOD_VERSION" >&2; exit 1; }
+UP_GO=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$UP_GOMOD" | head -n1)
+
+# The wrapper: upstream's `go` line, the one requirement, and every replace directive verbatim
+# (both the single-line `replace a => b v` and the `replace ( ... )` block forms).
+{
+  printf 'module blockstack/%s-build\n\ngo %s\n\nrequire %s %s\n\n' "$NAME" "$UP_GO" "$MOD" "$MOD_VERSION"
+  awk '
+    /^replace[ \t]*\($/ { inblock = 1; print; next }
+    inblock { print; if ($0 ~ /^\)/) { inblock = 0; print "" }; next }
+    /^replace[ \t]/ { print }
+  ' "$UP_GOMOD"
+} >"$MOD_DIR/go.mod"
+install -m 0644 "$UP_DIR/go.sum" "$MOD_DIR/go.sum"
+
+V=github.com/prometheus/common/version
+for spec in "${todo[@]}"; do
+  out=${spec%%=*}
+  pkg=$MOD/${spec#*=}
+  bin="$BUILD/bin/$out"
+  echo ">> go build $pkg@$MOD_VERSION (tags $TAGS) with $GOTOOLCHAIN -> bin/$out"
+  (cd "$MOD_DIR" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -tags "$TAGS" \
+    -ldflags "-s -w -X $V.Version=$VERSION -X $V.Branch=HEAD -X $V.BuildUser=blockstack-merges" \
+    -o "$bin.tmp" "$pkg")
+  mv "$bin.tmp" "$bin"
+  has_version "$bin" || { echo "$0: built $bin but it does not report $VERSION / $MOD@$MOD_VERSION" >&2; exit 1; }
+done
+echo ">> $MOD@$MOD_VERSION: ${todo[*]%%=*} built in $(($(date +%s) - start)) s"
