@@ -49,10 +49,11 @@ def missing_requirements():
 
 
 @contextlib.contextmanager
-def collapse(workdir, phases=PHASES, log=print):
+def collapse(workdir, phases=PHASES, log=print, servers=None):
     """Yields a namespace, during the collapse: stack (the lab Stack: .url("grafana"), .query() ...),
     grafana_password, upper and lower (kernel names), mountpoint, start, paged (Unix seconds) and
-    phases {name: (start, end)} (collapsed: (start, None))."""
+    phases {name: (start, end)} (collapsed: (start, None)). servers: which Prometheus and
+    Alertmanager (blockstack_lab.stack.SERVERS; default $BLOCKSTACK_SERVERS, else Debian's)."""
     why = missing_requirements()
     if why:
         raise RuntimeError(why)
@@ -67,7 +68,7 @@ def collapse(workdir, phases=PHASES, log=print):
         log(f">> lab: {upper} (ext4 on {upper_mnt}) on a file on ext4 on {lower}")
 
         stack = Stack(workdir, components=COMPONENTS, scrape_interval=SCRAPE_INTERVAL,
-                      evaluation_interval=SCRAPE_INTERVAL)
+                      evaluation_interval=SCRAPE_INTERVAL, servers=servers)
         es.enter_context(stack.running(timeout=120))
         stack.wait_targets_up(timeout=60)
         time.sleep(4)  # two scrapes of the idle stack

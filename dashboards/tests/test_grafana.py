@@ -1,7 +1,10 @@
 """The dashboard in a real Grafana (12.4.0, from ../shared/grafana; `make grafana`) during a lab
 collapse, through Grafana's HTTP API and in a real browser (Debian's chromium).
 
-One lab collapse (dashboards/lab_run.py) and one browser visit are shared by the module's tests:
+One lab collapse (dashboards/lab_run.py) and one browser visit are shared by the module's tests,
+once per set of Prometheus-family servers (blockstack_lab.stack.SERVERS: Debian's Prometheus 2.42
+and Alertmanager 0.25, and the pinned Prometheus 3 and current Alertmanager); every panel query's
+answer must have the same shape on both (label names, lab devices, histogram bounds as numbers):
 ext4 on loopU (direct-io) on a file on ext4 on loopL; healthy reads, fsync writes, then
 nomerges=2 and max_sectors_kb=4 on loopL until BlockStackMergeCollapse pages, held while the
 tests run. The browser logs in, opens the dashboard (from the start of the lab run to now), picks
@@ -25,6 +28,7 @@ import pytest
 import blockstack_dashboard
 import lab_run
 from blockstack_lab import grafana as grafana_runtime
+from blockstack_lab.stack import SERVERS
 from grafana_browser import Browser
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,12 +49,13 @@ EXPECTED_EMPTY = {
 }
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(SERVERS))
+def lab(request, tmp_path_factory):
     why = lab_run.missing_requirements()
     if why:  # a core test: fail loudly rather than skip (make test installs and builds all of it)
         pytest.fail(f"lab run impossible here: {why}")
-    with lab_run.collapse(str(tmp_path_factory.mktemp("grafana-lab"))) as run:
+    with lab_run.collapse(str(tmp_path_factory.mktemp(f"grafana-lab-{request.param}")), servers=request.param) as run:
+        assert run.stack.servers == request.param
         yield run
 
 
@@ -72,7 +77,7 @@ def visit(lab):
             assert b.variable_value("Stack (top device)") == lab.upper
             states = b.load_every_panel()
         except BaseException:
-            screenshot(b, "grafana-dashboard-FAILED.png")
+            screenshot(b, f"grafana-dashboard-{lab.stack.servers}-FAILED.png")
             raise
         loaded = max(s["loaded_at"] for s in states.values())
         print(f"\nbrowser: {len(states)} panels loaded {loaded - opened:.1f} s after choosing the stack")
@@ -98,6 +103,20 @@ def values(result):
             if field.get("type") == "number":
                 out += [v for v in column if isinstance(v, (int, float)) and math.isfinite(v)]
     return out
+
+
+# {(panel title, repeated device's role, refId): {servers: shape}}: filled by the API test on each set of servers.
+SHAPES = {}
+
+
+def shape(result, lab):
+    """What must not depend on the Prometheus version: label names, lab devices by role, and
+    histogram bounds as numbers (Prometheus 3 stores le="512" as le="512.0")."""
+    roles = {lab.upper: "upper", lab.lower: "lower"}
+    labels = [field.get("labels") or {} for frame in result.get("frames", []) for field in frame["schema"]["fields"]]
+    return (frozenset(name for ls in labels for name in ls),
+            frozenset(roles[ls["device"]] for ls in labels if ls.get("device") in roles),
+            frozenset(float(ls["le"]) for ls in labels if "le" in ls))
 
 
 def expected_titles(dashboard, devices):
@@ -163,6 +182,11 @@ def test_every_panel_query_and_the_annotation_through_grafanas_api(lab, visit):
                 assert not values(result) or not os.path.exists("/sys/module/dm_snapshot"), title
             else:
                 assert values(result), f"{title} {target['refId']}: no data for\n{expr}"
+                if title != "Firing alerts":  # which alerts fired first may differ by an evaluation
+                    role = {lab.upper: "upper", lab.lower: "lower"}.get(device, device)
+                    shapes = SHAPES.setdefault((panel["title"], role, target["refId"]), {})
+                    shapes[lab.stack.servers] = shape(result, lab)
+                    assert len(set(shapes.values())) == 1, f"{title}: the answer differs between servers: {shapes}"
             checked += 1
     print(f"\napi: {checked} panel queries answered with data or expected empty ({len(EXPECTED_EMPTY)} panels)")
 
@@ -211,9 +235,9 @@ def test_every_panel_in_the_browser(lab, visit):
         foreign = b.foreign_requests()
         assert not foreign, f"the page asked hosts other than 127.0.0.1: {foreign}"
         assert visit.seconds < 120
-        screenshot(b, "grafana-dashboard.png")
+        screenshot(b, f"grafana-dashboard-{lab.stack.servers}.png")
     except BaseException:
-        screenshot(b, "grafana-dashboard-FAILED.png")
+        screenshot(b, f"grafana-dashboard-{lab.stack.servers}-FAILED.png")
         raise
 
 
