@@ -9,8 +9,8 @@
 set -euo pipefail
 
 CANDIDATES=(
-  "block_latency"
-  "block_sizes"
+  # Bio and request sizes, latency, merges, missed merges, splits: one program per tracepoint.
+  "block_io"
   # fentry/fexit times add_transaction_credits exactly; the tracepoint variant brackets
   # start_this_handle and works on kernels that refuse fentry/fexit. Same metric from both.
   "jbd2_credit_wait_fexit jbd2_credit_wait"

@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
-"""Overhead of the BPF programs: fio 4 KiB random-read IOPS on a loop device with every config
-this kernel loads attached (ebpf_exporter running) vs none, in interleaved runs.
+"""Cost of the BPF programs on a loop device: their own run time per I/O next to upstream
+ebpf_exporter's examples/biolatency, and fio 4 KiB random-read IOPS with all of ours vs none.
 
     make bench-ebpf        (or: .venv/bin/python ebpf-configs/bench/bench_overhead.py [--rounds N])
 
-A benchmark, not a test: it prints figures and asserts nothing. Needs root, fio, `make ebpf-build`.
-Goal: IOPS ratio with/without >= 0.98.
+A benchmark, not a test: it prints figures and asserts nothing. Needs root, fio, `make ebpf-build`
+(and builds upstream's biolatency with `make -C ebpf-configs upstream`).
 
-Two loop devices, because the overhead is a fixed CPU cost per I/O and its share depends on
-what an I/O costs otherwise:
-  page-cache  loop over a file in the page cache: an I/O is a few microseconds of CPU and
-              nothing else, the worst case (few real devices complete 4 KiB reads this cheaply);
-  direct-io   loop with --direct-io=on over a file on the root filesystem's disk: each I/O
-              reaches a real device, like the disks this stack watches.
-Runs alternate with/without (order flipped each round) so drift and neighbours' load spread over
-both sides; the figure is the median of the per-round ratios (ratio of medians beside it).
-Last, one run with kernel.bpf_stats_enabled=1 reports the programs' own run time per I/O,
-a figure that does not depend on the machine's noise.
+1. BPF run time per I/O (kernel.bpf_stats_enabled=1, restored after): in the same run, on one
+   direct-io loop device, interleaved: no programs, upstream's examples/biolatency (its .bpf.c and
+   .yaml from the ebpf_exporter v2.5.1 module in Go's module cache), every config of ours this
+   kernel loads. Figures: the programs' total run time / fio's I/Os, runs per I/O, and per
+   program ns per run. Goal: ours <= 0.5x upstream biolatency per I/O.
+2. IOPS with/without ours (goal >= 0.98), on two loop devices, because the overhead is a fixed
+   CPU cost per I/O and its share depends on what an I/O costs otherwise:
+     page-cache  loop over a file in the page cache: an I/O is a few microseconds of CPU and
+                 nothing else, the worst case (few real devices complete 4 KiB reads this cheaply);
+     direct-io   loop with --direct-io=on over a file on the root filesystem's disk: each I/O
+                 reaches a real device, like the disks this stack watches.
+   Runs alternate with/without (order flipped each round) so drift and neighbours' load spread
+   over both sides; the figure is the median of the per-round ratios (ratio of medians beside it).
 """
 import argparse
 import contextlib
@@ -34,11 +37,11 @@ BUILD = os.environ.get("BUILD", os.path.join(ROOT, ".build"))
 EXPORTER = os.path.join(BUILD, "bin", "ebpf_exporter")
 CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
 SELECT = os.path.join(ROOT, "ebpf-configs", "select-configs.sh")
+UPSTREAM_DIR = os.path.join(BUILD, "ebpf-upstream")  # make -C ebpf-configs upstream
 BPF_STATS = "/proc/sys/kernel/bpf_stats_enabled"
 
-# The programs every read of the workload runs once (block_rq_issue is in two configs; with
-# scheduler `none` most requests skip block_rq_insert).
-PER_READ_PROGRAMS = {"block_bio_queue", "block_rq_issue", "block_rq_complete"}
+# Programs on the block tracepoints a read passes through (someone else's would skew the figures).
+BLOCK_PROGRAMS = {"block_bio_queue", "block_rq_insert", "block_rq_issue", "block_rq_complete"}
 
 # 4 KiB random direct reads, one job, queue depth 16 (blockstack_lab.fio.RANDOM_4K_READ).
 WORKLOAD = fio.RANDOM_4K_READ
@@ -49,9 +52,9 @@ def run_fio(dev, runtime):
 
 
 @contextlib.contextmanager
-def exporter(names):
+def exporter(names, config_dir=CONFIG_DIR):
     port = procs.free_port()
-    argv = [EXPORTER, f"--config.dir={CONFIG_DIR}", f"--config.names={names}",
+    argv = [EXPORTER, f"--config.dir={config_dir}", f"--config.names={names}",
             f"--web.listen-address=127.0.0.1:{port}"]
     url = f"http://127.0.0.1:{port}/metrics"
     with procs.running(argv, env={"OTEL_TRACES_EXPORTER": "none"}, health_url=url, timeout=60):
@@ -103,7 +106,7 @@ def foreign_programs():
     progs = json.loads(subprocess.run(["bpftool", "-j", "prog", "show"], check=True, capture_output=True,
                                       text=True, timeout=60).stdout)
     return [f'{p["id"]}:{p.get("name")}' for p in progs
-            if p.get("type") in ("tracing", "raw_tracepoint") and p.get("name") in PER_READ_PROGRAMS]
+            if p.get("type") in ("tracing", "raw_tracepoint") and p.get("name") in BLOCK_PROGRAMS]
 
 
 def program_ids(url):
@@ -116,56 +119,156 @@ def program_ids(url):
     return ids
 
 
-def bpf_cost(names, runtime, size):
-    """BPF run time per I/O, from the kernel's own accounting (kernel.bpf_stats_enabled)."""
+def prog_stats(ids):
+    """{program id: (run_cnt, run_time_ns)} of the given program ids."""
+    progs = json.loads(subprocess.run(["bpftool", "-j", "prog", "show"], check=True, capture_output=True,
+                                      text=True, timeout=60).stdout)
+    return {p["id"]: (p.get("run_cnt", 0), p.get("run_time_ns", 0)) for p in progs if p["id"] in ids}
+
+
+@contextlib.contextmanager
+def bpf_stats_enabled():
+    """kernel.bpf_stats_enabled=1 for the block, restored to its previous value after."""
     with open(BPF_STATS) as f:
         old = f.read().strip()
+    with open(BPF_STATS, "w") as f:
+        f.write("1")
     try:
-        with loop.attached(size) as dev, exporter(names) as url:
-            with open(BPF_STATS, "w") as f:
-                f.write("1")
-            iops = run_fio(dev, runtime)
-            progs = {p["id"]: p for p in json.loads(subprocess.run(
-                ["bpftool", "-j", "prog", "show"], check=True, capture_output=True, text=True, timeout=60).stdout)}
-            per_io = 0.0
-            for pid, name in sorted(program_ids(url).items()):
-                p = progs.get(pid, {})
-                cnt, ns = p.get("run_cnt", 0), p.get("run_time_ns", 0)
-                if not cnt:
-                    continue
-                # Counts include every device's I/O on the machine, so the cost of one read is
-                # the sum of time per run of the programs a read passes through, not total / I/Os.
-                hot = name.split(":")[1] in PER_READ_PROGRAMS
-                per_io += ns / cnt if hot else 0
-                print(f"  {name:45s} {cnt:10d} runs {ns / cnt:7.1f} ns/run{'  (once per read)' if hot else ''}")
-            print(f"BPF run time per 4 KiB read: {per_io:.0f} ns (fio at {iops:.0f} IOPS; includes "
-                  f"bpf_stats' own timing, two clock reads per run)")
+        yield
     finally:
         with open(BPF_STATS, "w") as f:
             f.write(old)
 
 
+def scheduler(disk):
+    with open(f"/sys/block/{disk}/queue/scheduler") as f:
+        text = f.read()
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else text.strip()
+
+
+def disk_beneath(dev):
+    """The whole disk holding the loop device's backing file (vda for a file on /dev/vda1)."""
+    st = os.stat(loop.attached_devices()[dev])
+    name = os.path.basename(os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"))
+    if os.path.exists(f"/sys/class/block/{name}/partition"):
+        name = os.path.basename(os.path.dirname(os.path.realpath(f"/sys/class/block/{name}")))
+    return name
+
+
+def hooks_per_io(dev, mode):
+    """Tracepoint hits per fio 4 KiB random read on the device stack: one bio (block_bio_queue), one
+    request issued and completed on the loop device and, for a direct-io loop, on the disk holding
+    its backing file (the loop driver sends each request on as one bio); block_rq_insert where
+    the device has an I/O scheduler (with `none` requests go straight to the driver). No merges
+    or splits in this workload (checked against /proc/diskstats after each run)."""
+    disks = [loop.name(dev)] + ([disk_beneath(dev)] if mode == "direct-io" else [])
+    return disks, {"block_bio_queue": len(disks), "block_rq_issue": len(disks), "block_rq_complete": len(disks),
+                   "block_rq_insert": sum(scheduler(d) != "none" for d in disks)}
+
+
+def diskstats_requests():
+    """{device: (requests completed, merges)} for every whole disk (Documentation/admin-guide/iostats.rst)."""
+    out = {}
+    with open("/proc/diskstats") as f:
+        for line in f:
+            fields = line.split()
+            if os.path.exists(f"/sys/block/{fields[2]}"):
+                v = [int(x) for x in fields[3:]]
+                out[fields[2]] = (v[0] + v[4] + (v[11] if len(v) > 11 else 0), v[1] + v[5])
+    return out
+
+
+def cost_run(dev, side, runtime):
+    """One fio run with `side`'s programs attached (none: no exporter). Returns fio's I/Os, IOPS,
+    {(config, program): (runs, ns)} counted by the kernel over the run, and diskstats deltas."""
+    config_dir, names = side
+    with (exporter(names, config_dir) if names else contextlib.nullcontext()) as url:
+        ids = program_ids(url) if url else {}
+        before, disks_before = prog_stats(ids), diskstats_requests()
+        report = fio.run([f"--filename={dev}", *WORKLOAD], runtime=runtime, name="bench-ebpf")
+        after, disks_after = prog_stats(ids), diskstats_requests()
+    ios = sum(job["read"]["total_ios"] for job in report["jobs"])
+    delta = {ids[i]: (after[i][0] - before[i][0], after[i][1] - before[i][1]) for i in after if i in before}
+    # a device detached and attached again in between starts from 0: no negative counts
+    disks = {d: (max(disks_after[d][0] - disks_before[d][0], 0), max(disks_after[d][1] - disks_before[d][1], 0))
+             for d in disks_after if d in disks_before}
+    return ios, fio.iops(report), delta, disks
+
+
+def bpf_cost(names, rounds, runtime, size, mode):
+    """BPF run time per I/O, from the kernel's own accounting (kernel.bpf_stats_enabled), for no
+    programs, upstream's examples/biolatency and all of ours, in interleaved runs on one device.
+
+    The kernel counts each program's runs and run time over the whole machine, other people's I/O
+    included (this VM is shared), so a program's time per run is measured (median over rounds) and
+    multiplied by how often one read of the workload fires its tracepoint (hooks_per_io): the cost
+    of one read, independent of what else runs. The raw figure (all runs / fio's I/Os) is printed
+    beside it with the share of the machine's requests that were ours."""
+    sides = {"none": (None, None), "upstream biolatency": (UPSTREAM_DIR, "biolatency"), "ours": (CONFIG_DIR, names)}
+    results = {side: [] for side in sides}
+    with device(mode, size) as dev, bpf_stats_enabled():
+        stack, hooks = hooks_per_io(dev, mode)
+        run_fio(dev, 1)
+        for i in range(rounds):
+            for side in list(sides)[i % 3:] + list(sides)[:i % 3]:
+                ios, iops, delta, disks = cost_run(dev, sides[side], runtime)
+                results[side].append((ios, iops, delta))
+                ours = disks[stack[0]][0] * len(stack)
+                raw = sum(d[1] for d in delta.values()) / ios
+                print(f"  {mode} round {i + 1}/{rounds} {side:>19}: {iops:8.0f} IOPS, raw {raw:6.0f} ns/IO "
+                      f"({sum(d[0] for d in delta.values()) / ios:5.2f} runs/IO; our requests "
+                      f"{ours / max(sum(r for r, _ in disks.values()), 1):.0%} of the machine's; merges on "
+                      f"{stack[0]}: {disks[stack[0]][1]})", flush=True)
+    print(f"{mode} loop ({' over '.join(stack)}, schedulers {', '.join(scheduler(d) for d in stack)}): "
+          f"tracepoint hits per read {hooks}")
+    print(f"BPF cost per fio 4 KiB random read, median of {rounds} interleaved runs of {runtime} s "
+          f"({time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.1f}):")
+    per_io = {}
+    for side, runs_ in results.items():
+        iops = statistics.median(r[1] for r in runs_)
+        progs = sorted({p for r in runs_ for p in r[2]})
+        ns_run = {p: statistics.median(r[2][p][1] / r[2][p][0] for r in runs_ if r[2].get(p, (0, 0))[0])
+                  for p in progs if any(r[2].get(p, (0, 0))[0] for r in runs_)}
+        per_io[side] = sum(ns * hooks.get(p.split(":")[1], 0) for p, ns in ns_run.items())
+        n_runs = sum(hooks.get(p.split(":")[1], 0) for p in progs)
+        print(f"  {side:19s} {iops:8.0f} IOPS  {per_io[side]:6.0f} ns/IO  {n_runs} program runs/IO")
+        for p, ns in sorted(ns_run.items()):
+            n = hooks.get(p.split(":")[1], 0)
+            print(f"      {p:45s} {ns:6.0f} ns/run x {n}" + ("" if n else "  (not on this workload's path)"))
+    ratio = per_io["ours"] / per_io["upstream biolatency"]
+    print(f"BPF run time per I/O ({mode}): none 0 ns, upstream biolatency {per_io['upstream biolatency']:.0f} ns, "
+          f"ours {per_io['ours']:.0f} ns: ours / upstream {ratio:.2f}x (goal <= 0.5x); includes bpf_stats' own "
+          "timing, two clock reads per run", flush=True)
+    return ratio
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=8, help="pairs of runs per device (default 8)")
+    parser.add_argument("--rounds", type=int, default=8, help="pairs of IOPS runs per device (default 8)")
+    parser.add_argument("--cost-rounds", type=int, default=5, help="rounds of the BPF run time comparison (default 5)")
     parser.add_argument("--runtime", type=int, default=2, help="seconds per fio run (default 2)")
     parser.add_argument("--size-mib", type=int, default=256, help="loop device size (default 256)")
-    parser.add_argument("--mode", choices=["page-cache", "direct-io", "both"], default="both")
+    parser.add_argument("--mode", choices=["page-cache", "direct-io", "both"], default="both",
+                        help="loop devices of the IOPS comparison")
+    parser.add_argument("--cost-only", action="store_true", help="only the BPF run time comparison")
     args = parser.parse_args()
     size = args.size_mib << 20
 
+    subprocess.run(["make", "-s", "-C", os.path.join(ROOT, "ebpf-configs"), f"BUILD={BUILD}", "upstream"],
+                   check=True, timeout=300)
     names = subprocess.run([SELECT, EXPORTER, CONFIG_DIR], check=True, capture_output=True, text=True,
                            timeout=300).stdout.strip()
-    print(f"configs attached in 'with' runs: {names}", flush=True)
+    print(f"our configs: {names}; upstream: {UPSTREAM_DIR}/biolatency", flush=True)
     foreign = foreign_programs()
     if foreign:
-        print(f"WARNING: programs already on the block tracepoints ({', '.join(foreign)}): they run in both "
-              "sides, so the ratio understates the overhead; stop other ebpf_exporters for a clean figure", flush=True)
-    modes = ["page-cache", "direct-io"] if args.mode == "both" else [args.mode]
+        print(f"WARNING: programs already on the block tracepoints ({', '.join(foreign)}): they run in every "
+              "side, so the IOPS ratio understates the overhead; stop other ebpf_exporters for a clean figure",
+              flush=True)
     started = time.monotonic()
-    for mode in modes:
-        compare(mode, names, args.rounds, args.runtime, size)
-    bpf_cost(names, args.runtime, size)
+    bpf_cost(names, args.cost_rounds, args.runtime, size, "direct-io")
+    if not args.cost_only:
+        for mode in ["page-cache", "direct-io"] if args.mode == "both" else [args.mode]:
+            compare(mode, names, args.rounds, args.runtime, size)
     print(f"({time.monotonic() - started:.0f} s)")
     return 0
 

@@ -96,6 +96,68 @@ def test_random_reads_have_almost_no_missed_merges(exporter, device):
     assert missed <= 0.01 * rq_count, (missed, rq_count)
 
 
+# 4 KiB sequential direct I/O, one request per io_submit (no iodepth_batch_*): each request is
+# issued to the driver before the application submits the next bio (blk_finish_plug() at the end
+# of every submit_bio()), so there is never anything to merge with, however adjacent they are.
+UNBATCHED = ["--bs=4k", "--direct=1", "--ioengine=libaio", "--iodepth=16"]
+# The same, 16 at a time: the 16 bios of one io_submit wait together in one plug.
+BATCHED = [*UNBATCHED, "--iodepth_batch_submit=16", "--iodepth_batch_complete_min=16"]
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_unbatched_sequential_io_has_no_missed_merges(exporter, device, op):
+    """The workload that paged on adjacency: small sequential direct I/O submitted one request at
+    a time on a healthy device (nomerges=0). Every request is adjacent to the previous one, yet
+    none could have been merged: the exact counter must stay at zero."""
+    with loop.sysfs_setting(device, "queue/nomerges", "0"):
+        d, disk, _ = measure(exporter, device, [f"--rw={op}", *UNBATCHED])
+    rq_count, rq_bytes = d.hist("ebpf_exporter_block_rq_size_bytes", operation=op)
+    missed = d.value("ebpf_exporter_block_rq_missed_merges_total", operation=op)
+    merges = d.value("ebpf_exporter_block_bio_merges_total", operation=op)
+    print(f"unbatched {op}s, nomerges=0: {rq_count:.0f} requests of {rq_bytes / max(rq_count, 1):.0f} bytes, "
+          f"missed merges {missed:.0f}, bio merges {merges:.0f}")
+    assert_close(rq_count, disk[op + "s"], "requests")
+    assert rq_count > 1000 and rq_bytes / rq_count == 4096, (rq_count, rq_bytes)
+    assert missed <= 0.001 * rq_count, (missed, rq_count)
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_batched_sequential_io_without_merging_counts_every_missed_merge(exporter, device, op):
+    """nomerges=2 under batched sequential 4 KiB direct I/O (the incident's signature): 16 adjacent
+    requests wait together in each plug and none is merged, so all but the first of each batch
+    is a missed merge (15/16; more when a plug holds more)."""
+    with loop.sysfs_setting(device, "queue/nomerges", "2"):
+        d, disk, _ = measure(exporter, device, [f"--rw={op}", *BATCHED])
+    rq_count, rq_bytes = d.hist("ebpf_exporter_block_rq_size_bytes", operation=op)
+    missed = d.value("ebpf_exporter_block_rq_missed_merges_total", operation=op)
+    print(f"batched {op}s, nomerges=2: {rq_count:.0f} requests, missed merges {missed:.0f} "
+          f"({missed / max(rq_count, 1):.3f} of requests), diskstats {op}s {disk[op + 's']}")
+    assert_close(rq_count, disk[op + "s"], "requests")
+    assert rq_count > 1000 and rq_bytes / rq_count == 4096, (rq_count, rq_bytes)
+    assert 0.9 * 15 / 16 * rq_count <= missed <= rq_count, (missed, rq_count)
+    assert d.value("ebpf_exporter_block_bio_splits_total", operation=op) == 0
+
+
+def test_splits_are_counted_apart_from_missed_merges(exporter, device):
+    """64 KiB direct reads with max_sectors_kb=4: each bio is cut into 16 requests of 4 KiB,
+    15 pieces split off (block_split). The pieces wait together and are adjacent, but could not
+    have been merged (they would exceed max_sectors_kb): splits, not missed merges."""
+    with loop.sysfs_setting(device, "queue/max_sectors_kb", "4"):
+        d, disk, _ = measure(exporter, device, ["--rw=read", "--bs=64k", "--direct=1", "--ioengine=libaio",
+                                                "--iodepth=4"])
+    rq_count, rq_bytes = d.hist("ebpf_exporter_block_rq_size_bytes", operation="read")
+    bio_count, _ = d.hist("ebpf_exporter_block_bio_size_bytes", operation="read")
+    splits = d.value("ebpf_exporter_block_bio_splits_total", operation="read")
+    missed = d.value("ebpf_exporter_block_rq_missed_merges_total", operation="read")
+    print(f"64 KiB reads at max_sectors_kb=4: {bio_count:.0f} bios, {rq_count:.0f} requests of "
+          f"{rq_bytes / max(rq_count, 1):.0f} bytes, splits {splits:.0f}, missed merges {missed:.0f}")
+    assert_close(rq_count, disk["reads"], "requests")
+    assert bio_count > 100 and rq_bytes / rq_count == 4096, (bio_count, rq_count, rq_bytes)
+    # one per extra request: requests = bios + splits, i.e. 15 per 64 KiB bio
+    assert splits == rq_count - bio_count == 15 * bio_count, (splits, rq_count, bio_count)
+    assert missed == 0, missed
+
+
 def iostat_rareq_sz(device, interval):
     """rareq-sz (KiB) over one `iostat -x` interval (sysstat; -y skips the since-boot report)."""
     out = subprocess.run(["iostat", "-x", "-d", "-y", "-o", "JSON", device, str(interval), "1"],
@@ -139,7 +201,7 @@ def test_latency_histograms_populate_with_device_label(exporter, device):
     service_count, service_sum = d.hist("ebpf_exporter_block_rq_latency_seconds", operation="read", stage="service")
     queue_count, queue_sum = d.hist("ebpf_exporter_block_rq_latency_seconds", operation="read", stage="queue")
     # A sample is dropped only when two requests in flight share a slot of the table (see
-    # block_latency.bpf.c), well under 5 % at this queue depth.
+    # block_io.bpf.c), well under 5 % at this queue depth.
     print(f"latency: service {service_count:.0f} samples, mean {service_sum / service_count * 1e6:.1f} us; "
           f"queue {queue_count:.0f}, mean {queue_sum / max(queue_count, 1) * 1e6:.1f} us; reads {disk['reads']}")
     assert service_count >= (1 - TOLERANCE) * disk["reads"], (service_count, disk["reads"])
