@@ -262,14 +262,17 @@ def run_case(r, case):
         if case.intermittent:
             on, off, cycles = case.intermittent
 
+            fixed = []
+
             def watch():
                 for c in range(cycles):
                     with fault(lab, case):
                         r.watch(on, roles, onset)
+                    fixed.append(time.time())
                     r.say(f"+{time.time() - onset:.0f}s healthy again for {off} s (cycle {c + 1} of {cycles})")
                     r.watch(off, roles, onset)
-                return time.time()
             check = judge(r, case, onset, devices, watch)
+            check.fixed_at = fixed[-1]  # the last flip back
         else:
             with fault(lab, case):
                 check = judge(r, case, onset, devices, lambda: wait_pages(r, case, onset))
@@ -380,8 +383,10 @@ def resolves(r, checks, timeout=200):
             if c.resolved_seconds is not None:
                 continue
             devices = set(c.page_seconds)
-            done = {n.device: n.received_at for n in r.view.notifications(c.fixed_at)
-                    if n.status == "resolved" and n.device in devices}
+            done = {}  # the first resolve of each device after the fix (later cases page it again)
+            for n in r.view.notifications(c.fixed_at):
+                if n.status == "resolved" and n.device in devices:
+                    done.setdefault(n.device, n.received_at)
             if set(done) >= devices:
                 c.resolved_seconds = max(done.values()) - c.fixed_at
         return all(c.resolved_seconds is not None for c in pending)
