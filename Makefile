@@ -64,7 +64,7 @@ update-fixtures: venv
 bench-exporter: venv
 	@$(VPY) exporters/bench/bench_scrape.py
 
-## bench-ebpf: fio 4 KiB random-read IOPS with all BPF configs attached vs none
+## bench-ebpf: BPF ns per I/O vs upstream's examples/biolatency, and fio 4 KiB random-read IOPS with all BPF configs attached vs none
 bench-ebpf: venv ebpf-build
 	@$(VPY) ebpf-configs/bench/bench_overhead.py
 

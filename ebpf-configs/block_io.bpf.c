@@ -100,8 +100,8 @@ struct merge_key {
 };
 
 struct inflight {
-    u32 id; // request_id() of the request issued, 0 if free
-    u32 pad;
+    u32 id;     // request_id() of the request issued, 0 if free
+    u32 dev;    // its device, so that completion need not walk rq->q->disk again
     u64 issued; // bpf_ktime_get_ns() at block_rq_issue
 };
 
@@ -313,13 +313,16 @@ int BPF_PROG(block_rq_issue, struct request *rq)
     key.op = op_class(rq->cmd_flags);
     histogram_observe(&block_rq_size_bytes, key, rq->__data_len, SIZE_BUCKET_MIN, SIZE_BUCKET_MAX);
 
+    // The queue stage on devices with an I/O scheduler, where requests wait to be dispatched; on
+    // the others (scheduler none) requests go from the submitter's plug to the driver at once.
     created = rq_created_ns(rq);
-    if (created && created <= now)
+    if (created && created <= now && rq->q->elevator)
         observe_latency(key.dev, key.op, LATENCY_QUEUE, now - created);
 
     slot = inflight_slot(id);
     if (slot) {
         slot->id = id;
+        slot->dev = key.dev;
         slot->issued = now;
     }
 
@@ -344,13 +347,10 @@ int BPF_PROG(block_rq_complete, struct request *rq, blk_status_t error, unsigned
 {
     u32 id = request_id(rq);
     struct inflight *slot = inflight_slot(id);
-    u32 dev;
 
     if (!slot || slot->id != id || nr_bytes < rq->__data_len)
         return 0;
-    dev = request_dev(rq);
-    if (dev)
-        observe_latency(dev, op_class(rq->cmd_flags), LATENCY_SERVICE, bpf_ktime_get_ns() - slot->issued);
+    observe_latency(slot->dev, op_class(rq->cmd_flags), LATENCY_SERVICE, bpf_ktime_get_ns() - slot->issued);
     return 0;
 }
 

@@ -109,7 +109,7 @@ def test_unbatched_sequential_io_has_no_missed_merges(exporter, device, op):
     """The workload that paged on adjacency: small sequential direct I/O submitted one request at
     a time on a healthy device (nomerges=0). Every request is adjacent to the previous one, yet
     none could have been merged: the exact counter must stay at zero."""
-    with loop.sysfs_setting(device, "queue/nomerges", "0"):
+    with loop.sysfs_setting(device, "queue/nomerges", "0"), loop.sysfs_setting(device, "queue/scheduler", "none"):
         d, disk, _ = measure(exporter, device, [f"--rw={op}", *UNBATCHED])
     rq_count, rq_bytes = d.hist("ebpf_exporter_block_rq_size_bytes", operation=op)
     missed = d.value("ebpf_exporter_block_rq_missed_merges_total", operation=op)
@@ -119,6 +119,9 @@ def test_unbatched_sequential_io_has_no_missed_merges(exporter, device, op):
     assert_close(rq_count, disk[op + "s"], "requests")
     assert rq_count > 1000 and rq_bytes / rq_count == 4096, (rq_count, rq_bytes)
     assert missed <= 0.001 * rq_count, (missed, rq_count)
+    # scheduler none: requests go from the plug to the driver, no queue stage (only service)
+    assert d.value("ebpf_exporter_block_rq_latency_seconds_count", operation=op, stage="queue") == 0
+    assert d.value("ebpf_exporter_block_rq_latency_seconds_count", operation=op, stage="service") > 0.9 * rq_count
 
 
 @pytest.mark.parametrize("op", ["read", "write"])
