@@ -190,7 +190,7 @@ LAB_ARGS      ?= all
 lab: deps venv ebpf-build
 	@LAB_STATE_DIR=$(LAB_STATE_DIR) $(VPY) -m blockstack_lab $(LAB_ARGS)
 
-## bench-detection: every lab scenario against a fresh `make up`, the detection table (~15 min)
+## bench-detection: the healthy and the sick corpus against a fresh `make up`: detection table, precision, recall (~25 min)
 bench-detection: deps venv ebpf-build
 	@$(VPY) lab/bench/bench_detection.py
 

@@ -163,7 +163,8 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
             # forgets which pages it sent, so it could not send their resolves: that is what the
             # fleet's Alertmanager cluster is for.)
             os.kill(pids(state_dir)["receiver"], signal.SIGKILL)
-            procs.wait_until("the resolve", lambda: notifications(state_dir, name, "resolved"), 90)
+            # the collapse page is held 90 s after its evidence clears (keep_firing_for): ~140 s
+            procs.wait_until("the resolve", lambda: notifications(state_dir, name, "resolved"), 200)
             print(f"page {to_page:.0f} s after the flip, resolved {time.monotonic() - resolved_from:.0f} s after the flip back")
         finally:
             os.killpg(load.pid, signal.SIGTERM)

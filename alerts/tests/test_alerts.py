@@ -184,7 +184,18 @@ def test_every_critical_alert_pages_and_the_rest_do_not():
     assert pytest.approx(5) == int(page_route["group_wait"].rstrip("s"))
     severities = {rule["alert"]: rule["labels"]["severity"] for _, rule in rules("alert")}
     assert {a for a, s in severities.items() if s == "critical"} == {
-        "BlockStackMergeCollapse", "BlockStackMissedMerges", "BlockStackSnapshotInvalid"}
+        "BlockStackMergeCollapse", "BlockStackSnapshotInvalid"}
+
+
+def test_collapse_page_identity_has_no_settings():
+    """A setting changed during a page must not end one alert and start another: the collapse
+    page's labels are host, device, operation and stack only (settings are in annotations)."""
+    rule = next(r for _, r in rules("alert") if r["alert"] == "BlockStackMergeCollapse")
+    assert set(rule["labels"]) == {"severity"}
+    by = re.search(r"count by \(([^)]*)\)", rule["expr"]).group(1)
+    assert [x.strip() for x in by.split(",")] == ["host", "device", "operation"]
+    assert "group_left (stack)" in rule["expr"]
+    assert rule.get("keep_firing_for"), "an intermittent collapse must page once"
 
 
 def test_inhibition_names_existing_alerts():

@@ -3,6 +3,7 @@
     python -m blockstack_lab list
     python -m blockstack_lab run SCENARIO [SCENARIO ...] [--state DIR] [--keep-stack]
     python -m blockstack_lab all [--state DIR] [--keep-stack]
+    python -m blockstack_lab run healthy sick          (the detection corpora; or single cases)
     python -m blockstack_lab run random-4k --no-stack        (no stack: iostat's view only)
     python -m blockstack_lab sweep      (undo a lab whose process was SIGKILLed)
 
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from . import procs, scenarios
+from . import corpus, procs, scenarios
 from .stack import COMPONENTS, REPO
 
 DEFAULT_STATE = os.path.join(REPO, ".state-lab")
@@ -101,7 +102,7 @@ def run(names, state, no_stack=False, keep=False, timing=None, say=say):
         view = None if no_stack else es.enter_context(lab_stack(state, keep))
         lab = es.enter_context(scenarios.Lab(say=say))
         runner = scenarios.Runner(lab, view, timing, say=say)
-        checks = scenarios.run(runner, names)
+        checks = corpus.run(runner, names)
     return checks
 
 
@@ -114,7 +115,7 @@ def main(argv=None):
     for name, helptext in (("run", "run the named scenarios"), ("all", "run every scenario")):
         sp = sub.add_parser(name, help=helptext)
         if name == "run":
-            sp.add_argument("scenario", nargs="+", choices=list(scenarios.SCENARIOS))
+            sp.add_argument("scenario", nargs="+", choices=corpus.known())
         sp.add_argument("--state", default=os.environ.get("LAB_STATE_DIR", DEFAULT_STATE),
                         help="state directory of the lab's stack (default $LAB_STATE_DIR or %(default)s)")
         sp.add_argument("--no-stack", action="store_true", help="no stack: run the workloads, narrate iostat figures")
@@ -125,8 +126,8 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     if args.command == "list":
-        for name in scenarios.SCENARIOS:
-            print(f"{name}\n    {scenarios.describe(name)}")
+        for name in corpus.known():
+            print(f"{name}\n    {corpus.describe(name)}")
         return 0
 
     if args.command == "sweep":
@@ -137,9 +138,9 @@ def main(argv=None):
     scenarios.install_signal_handlers()
     timing = scenarios.Timing()
     if args.warmup is not None:
-        timing.warmup = args.warmup
+        timing.warmup = timing.corpus_warmup = args.warmup
     if args.quiet is not None:
-        timing.quiet = timing.journal_quiet = args.quiet
+        timing.quiet = timing.journal_quiet = timing.corpus_quiet = args.quiet
     names = list(scenarios.SCENARIOS) if args.command == "all" else args.scenario
     try:
         checks = run(names, args.state, args.no_stack, args.keep_stack, timing)
@@ -151,6 +152,8 @@ def main(argv=None):
         return 130
     print()
     print(scenarios.table(checks))
+    if any(c.scenario in corpus.CASES for c in checks):
+        print(corpus.format_summary(corpus.summary(checks)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump([c.__dict__ for c in checks], f, indent=1)
