@@ -42,7 +42,7 @@ CONFIG = {
     "node_job": "node",
     # Alert names whose firing draws an annotation on the lineup panels (a regex): the two critical
     # merge pages of alerts/alerts.rules.yml (layered and eBPF signatures). Change it with them.
-    "collapse_alerts": "BlockStackMergeCollapse.*|BlockStackMissedMerges",
+    "collapse_alerts": "BlockStackMergeCollapse.*",
     # Requests of at most this many 512-byte sectors look "collapsed" (8 = one 4 KiB page):
     # the dashed line on the lineup. Same value as collapse_max_sectors in alerts/config.yml.
     "collapse_max_sectors": 16,
@@ -343,8 +343,8 @@ def distribution_panels():
                 "(rate(ebpf_exporter_block_rq_latency_seconds_bucket{{{sel}, stage=\"{stage}\"}}[$__rate_interval])))")
     pcts = ts(
         "Latency p50 / p99 per layer",
-        "Per device and operation: p50 and p99 of service time (issue to complete) and p99 of queue time (insert to "
-        "issue). Healthy: p99 within a few ms on SSD/NVMe (NVMe incident, healthy max 5.9 ms). Sick: p99 climbs with "
+        "Per device and operation: p50 and p99 of service time (issue to complete) and p99 of queue time (request made to "
+        "issue; devices with an I/O scheduler only). Healthy: p99 within a few ms on SSD/NVMe (NVMe incident, healthy max 5.9 ms). Sick: p99 climbs with "
         "the queue full of small requests (24.8 ms in the snapshot case; await 10 ms at avgqu-sz 30).",
         [q(pct_expr.format(q=0.5, sel=EB, stage="service"), legend="p50 service {{device}} {{operation}}", ref="A"),
          q(pct_expr.format(q=0.99, sel=EB, stage="service"), legend="p99 service {{device}} {{operation}}", ref="B"),

@@ -35,7 +35,7 @@ SCRAPE_INTERVAL = "2s"
 COMPONENTS = ("node", "blockstack", "ebpf", "prometheus", "grafana")
 LOWER_SIZE = 512 << 20
 UPPER_SIZE = 192 << 20
-PAGE = 'ALERTS{alertname=~"BlockStackMergeCollapse.*|BlockStackMissedMerges", alertstate="firing", device="%s"}'
+PAGE = 'ALERTS{alertname=~"BlockStackMergeCollapse.*", alertstate="firing", device="%s"}'
 SETTLE = 22  # after the page, until the recording rules' 20 s windows hold collapsed samples only
 
 

@@ -14,7 +14,7 @@ from blockstack_lab import fio, grafana, loop, procs
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")
-PAGE_ALERTS = {"BlockStackMergeCollapse", "BlockStackMissedMerges"}
+PAGE_ALERTS = {"BlockStackMergeCollapse"}
 
 
 def make(target, state, ports, timeout=600, variables=()):

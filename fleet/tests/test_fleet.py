@@ -33,7 +33,7 @@ from blockstack_lab import fio, loop, procs  # noqa: E402
 from fleet import netns, roles  # noqa: E402
 from fleet.lab import fleet_lab, wait_until  # noqa: E402
 
-PAGE_ALERTS = {"BlockStackMergeCollapse", "BlockStackMissedMerges"}
+PAGE_ALERTS = {"BlockStackMergeCollapse"}
 PAGE_TIMEOUT = 120      # rate window 20 s + for 15 s + group_wait 5 s, on a loaded 2-core machine
 DUPLICATE_WINDOW = 25   # a second Alertmanager peer would send after --cluster.peer-timeout (15 s)
 LINEUP = "host_device_lower_operation:node_disk_completed:lower_rate"
