@@ -13,8 +13,11 @@ where to look. A second `up` with nothing changed touches nothing. `down` stops 
 keeps the data; `clean` also removes the state directory.
 
 Everything listens on 127.0.0.1. `--listen 0.0.0.0` exposes Prometheus and Alertmanager (and
-Grafana) only with basic auth: a generated password, kept 0600 in the state directory, hashed
-into a Prometheus-family `--web.config.file`. Exporters always stay on loopback.
+Grafana) only with basic auth over TLS: a generated password (user admin) kept 0600 in
+STATE/secrets, hashed into a Prometheus-family `--web.config.file`, and a certificate from a CA
+made there (fleet/pki.py); Prometheus, Grafana and stackctl itself use both. `--auth` turns the
+same on for the loopback listeners (README "Security"). Exposure comes from these flags only,
+never from the environment. Exporters always stay on loopback.
 
 Roles (docs/fleet.md; fleet/roles.py renders them): `--role agent` runs the exporters, one
 Prometheus per `--replica` evaluating alerts/*.rules.yml and a Thanos sidecar each on `--listen`
@@ -29,6 +32,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -94,12 +98,16 @@ ROLE_PORTS = {"agent": fleet_roles.AGENT_PORTS, "central": {**fleet_roles.CENTRA
 
 
 class Deployment:
-    def __init__(self, state, ports=None, listen="127.0.0.1", role="standalone", fleet=None):
+    def __init__(self, state, ports=None, listen="127.0.0.1", role="standalone", fleet=None, auth=False):
         """role: standalone (the single-host stack), agent or central (fleet/roles.py); fleet: the
         role's options (host, replicas, alertmanagers, secrets, inventory, cluster_peers)."""
         self.state = state
         self.listen = listen
         self.role = role
+        # standalone: basic auth + TLS on Prometheus, Alertmanager and Grafana (user admin); None on loopback
+        self.web = None
+        if role == "standalone" and (auth or not fleet_roles.loopback(listen)):
+            self.web = fleet_roles.Secrets(os.path.join(state, "secrets"), user="admin")
         saved = self._load_ports()
         self.ports = {**(ROLE_PORTS.get(role) or DEFAULT_PORTS), **saved, **(ports or {})}
         self.grafana = grafana_binary() if role != "agent" else None
@@ -109,6 +117,8 @@ class Deployment:
             self.stack = Stack(os.path.join(state, "config"), components=components,
                                ports={c: self.ports[c] for c in components},
                                ebpf_configs=self._ebpf_configs(), data_dir=os.path.join(state, "data"))
+            if self.web:
+                self.stack.web_client = self.web.client_http(tls=True)
             self.datasource_url = self.stack.url("prometheus")
         else:
             self.fleet = self._fleet_role(fleet or {})
@@ -181,7 +191,7 @@ class Deployment:
                 cmds["grafana"] = self._grafana_command()
             return cmds
         cmds = self.stack.commands()
-        if self.listen != "127.0.0.1":
+        if self.web:
             web_config = os.path.join(self.stack.workdir, "web-config.yml")
             for name in ("prometheus", "alertmanager"):
                 argv = cmds[name][0]
@@ -193,38 +203,39 @@ class Deployment:
 
     def _grafana_command(self):
         binary, home = self.grafana
-        return grafana_runtime.command(binary, home, os.path.join(self.stack.workdir, "grafana.ini"), self.ports["grafana"])
+        return grafana_runtime.command(binary, home, os.path.join(self.stack.workdir, "grafana.ini"), self.ports["grafana"],
+                                       scheme="https" if self.web else "http")
 
     def render(self):
         """Write every configuration file; True if supervisord's own configuration changed."""
         os.makedirs(os.path.join(self.state, "logs"), exist_ok=True)
         os.makedirs(os.path.join(self.state, "data"), exist_ok=True)
+        if self.web:  # before the stack: prometheus.yml names the password file and the CA
+            self._render_web_auth()
         (self.fleet or self.stack).render()
         write_if_changed(os.path.join(self.state, "ports.json"), json.dumps(self.ports, indent=1, sort_keys=True) + "\n")
-        if self.listen != "127.0.0.1" and self.fleet is None:
-            self._render_basic_auth()
         if self.grafana:
             self._render_grafana()
         return write_if_changed(self.conf, self.supervisord_conf(), private=True)
 
-    def _render_basic_auth(self):
-        import bcrypt
-        password = secret(self.state, "admin-password")
-        hashed_path = os.path.join(self.state, "secrets", "admin-password.bcrypt")
-        if not os.path.exists(hashed_path):
-            write_private(hashed_path, bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode())
-        with open(hashed_path) as f:
-            hashed = f.read().strip()
-        write_if_changed(os.path.join(self.stack.workdir, "web-config.yml"),
-                         f"# basic auth for every non-loopback listener; user admin, password in {self.state}/secrets/admin-password\n"
-                         f"basic_auth_users:\n  admin: {hashed}\n", private=True)
+    def _render_web_auth(self):
+        """STATE/secrets: the admin password, its bcrypt (fleet_roles.BCRYPT_COST), a CA and the
+        listeners' certificate (for 127.0.0.1, localhost, this host's name and --listen); the
+        exporter-toolkit web config of Prometheus and Alertmanager (the fleet's renderer)."""
+        names = ["127.0.0.1", "localhost", socket.gethostname()] + ([self.listen] if self.listen not in ("0.0.0.0", "::") else [])
+        self.web.ensure(server_names={"server": list(dict.fromkeys(names))})
+        os.makedirs(self.stack.workdir, exist_ok=True)
+        self.web.web_config(os.path.join(self.stack.workdir, "web-config.yml"), cert_name="server")
 
     def _render_grafana(self):
         """grafana.ini and provisioning in the config directory, Grafana's database in STATE/grafana."""
         secret(self.state, "grafana-admin-password")
+        auth = {}
+        if self.web:
+            auth = {"tls": self.web.cert("server"), "datasource_auth": (self.web.user, self.web.password_file, self.web.ca)}
         grafana_runtime.render(self.stack.workdir, self.ports["grafana"], os.path.join(self.state, "grafana", "data"),
                                self.datasource_url, os.path.join(self.state, "secrets", "grafana-admin-password"),
-                               listen=self.listen)
+                               listen=self.listen, **auth)
 
     def supervisord_conf(self):
         s, logs = self.state, os.path.join(self.state, "logs")
@@ -285,7 +296,9 @@ class Deployment:
         elif self.role == "central":
             urls = [f"http://127.0.0.1:{self.fleet.ports[f'watcher-{r}']}/-/reload" for r in self.fleet.watchers]
         else:
-            urls = [self.stack.url("prometheus", "/-/reload")]
+            # SIGHUP through supervisord: no --web.enable-lifecycle (a local user could POST /-/quit)
+            self.ctl("signal", "HUP", "prometheus")
+            return
         for url in urls:
             with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10):
                 pass
@@ -303,7 +316,7 @@ class Deployment:
         for name, (_, _, url) in self.programs().items():
             while True:
                 # probe: a 2xx, or 401 from a listener with basic auth on (it is up)
-                if fleet_roles.probe(url):
+                if fleet_roles.probe(url, ca=self.web.ca if self.web else None):
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{name} did not answer {url}; see {self.state}/logs/{name}.log")
@@ -325,20 +338,21 @@ class Deployment:
                 print(f"  TLS + basic auth: user fleet, password in {self.fleet.secrets.password_file}")
             return
         print(f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}, servers: {servers_name()}")
-        print(f"  Prometheus     http://{host}:{self.ports['prometheus']}/   (alerts: /alerts)")
-        print(f"  Alertmanager   http://{host}:{self.ports['alertmanager']}/")
+        scheme = "https" if self.web else "http"
+        print(f"  Prometheus     {scheme}://{host}:{self.ports['prometheus']}/   (alerts: /alerts)")
+        print(f"  Alertmanager   {scheme}://{host}:{self.ports['alertmanager']}/")
         print(f"  pages file     {self.stack.pages_file}")
         for name, label in (("node", "node_exporter"), ("blockstack", "blockstack-exporter"), ("ebpf", "ebpf_exporter"),
                             ("receiver", "page receiver")):
             print(f"  {label:<14} http://127.0.0.1:{self.ports[name]}/metrics" if name != "receiver"
                   else f"  {label:<14} http://127.0.0.1:{self.ports[name]}/")
         if self.grafana:
-            print(f"  Grafana        http://{host}:{self.ports['grafana']}/d/blockstack-merges  "
+            print(f"  Grafana        {scheme}://{host}:{self.ports['grafana']}/d/blockstack-merges  "
                   f"(admin, password in {self.state}/secrets/grafana-admin-password)")
         else:
             print(GRAFANA_HINT)
-        if self.listen != "127.0.0.1":
-            print(f"  basic auth: admin / password in {self.state}/secrets/admin-password")
+        if self.web:
+            print(f"  TLS + basic auth: admin / password in {self.web.password_file}, CA {self.web.ca}")
 
     def down(self):
         pid = self.supervisord_pid()
@@ -367,13 +381,15 @@ def main(argv=None):
     p.add_argument("name", nargs="?", help="component, for logs")
     p.add_argument("--state", help="state directory (default $STATE_DIR or .state in the repository)")
     p.add_argument("--port", action="append", default=[], metavar="NAME=PORT", help=f"override a port ({', '.join(DEFAULT_PORTS)})")
-    p.add_argument("--listen", default=os.environ.get("LISTEN", "127.0.0.1"),
-                   help="address for Prometheus, Alertmanager and Grafana; anything but 127.0.0.1 turns on basic auth")
+    p.add_argument("--listen", default="127.0.0.1",
+                   help="address for Prometheus, Alertmanager and Grafana; anything but loopback turns on TLS + basic auth")
+    p.add_argument("--auth", action="store_true",
+                   help="TLS + basic auth on Prometheus, Alertmanager and Grafana also on loopback (README \"Security\")")
     p.add_argument("--servers", choices=list(SERVERS), default=os.environ.get("BLOCKSTACK_SERVERS") or DEFAULT_SERVERS,
                    help="Prometheus and Alertmanager: debian (Debian's packages, Prometheus 2) or upstream "
                         "(Prometheus 3, built by make upstream-servers); default $BLOCKSTACK_SERVERS or %(default)s")
     fleet = p.add_argument_group("fleet roles (docs/fleet.md)")
-    fleet.add_argument("--role", choices=["standalone", "agent", "central"], default=os.environ.get("ROLE", "standalone"))
+    fleet.add_argument("--role", choices=["standalone", "agent", "central"], default="standalone")
     fleet.add_argument("--host", help="agent: this host's name (the `host` label; default the hostname); fleet-cert: whose")
     fleet.add_argument("--address", help="fleet-cert: the address the host's sidecar listens on")
     fleet.add_argument("--replica", action="append", default=[], help="agent: a Prometheus replica name (A, B); repeat for two")
@@ -422,7 +438,7 @@ def main(argv=None):
         with open(role_file) as f:
             saved = json.load(f)
         args.role, args.listen, fleet_opts = saved["role"], saved["listen"], saved["fleet"]
-    d = Deployment(state, ports, args.listen, role=args.role, fleet=fleet_opts)
+    d = Deployment(state, ports, args.listen, role=args.role, fleet=fleet_opts, auth=args.auth)
     if args.command == "up":
         d.up()
     elif args.command == "render":
