@@ -98,7 +98,7 @@ ROLE_PORTS = {"agent": fleet_roles.AGENT_PORTS, "central": {**fleet_roles.CENTRA
 
 
 class Deployment:
-    def __init__(self, state, ports=None, listen="127.0.0.1", role="standalone", fleet=None, auth=False):
+    def __init__(self, state, ports=None, listen="127.0.0.1", role="standalone", fleet=None, auth=False, tls=None):
         """role: standalone (the single-host stack), agent or central (fleet/roles.py); fleet: the
         role's options (host, replicas, alertmanagers, secrets, inventory, cluster_peers)."""
         self.state = state
@@ -108,6 +108,10 @@ class Deployment:
         self.web = None
         if role == "standalone" and (auth or not fleet_roles.loopback(listen)):
             self.web = fleet_roles.Secrets(os.path.join(state, "secrets"), user="admin")
+        # the operator's (cert, key, ca) instead of the generated ones, copied into STATE/secrets
+        self.tls = tls
+        self.cert_name = "operator" if tls else "server"
+        self.ca = (os.path.join(state, "secrets", "operator-ca.crt") if tls else self.web.ca) if self.web else None
         saved = self._load_ports()
         self.ports = {**(ROLE_PORTS.get(role) or DEFAULT_PORTS), **saved, **(ports or {})}
         self.grafana = grafana_binary() if role != "agent" else None
@@ -119,6 +123,7 @@ class Deployment:
                                ebpf_configs=self._ebpf_configs(), data_dir=os.path.join(state, "data"))
             if self.web:
                 self.stack.web_client = self.web.client_http(tls=True)
+                self.stack.web_client["tls_config"]["ca_file"] = self.ca
             self.datasource_url = self.stack.url("prometheus")
         else:
             self.fleet = self._fleet_role(fleet or {})
@@ -215,24 +220,43 @@ class Deployment:
         (self.fleet or self.stack).render()
         write_if_changed(os.path.join(self.state, "ports.json"), json.dumps(self.ports, indent=1, sort_keys=True) + "\n")
         if self.grafana:
+            before = self._grafana_files()
             self._render_grafana()
+            # Grafana reads grafana.ini and its provisioning only at start (e.g. --auth's https)
+            self.grafana_changed = self._grafana_files() != before
         return write_if_changed(self.conf, self.supervisord_conf(), private=True)
 
     def _render_web_auth(self):
         """STATE/secrets: the admin password, its bcrypt (fleet_roles.BCRYPT_COST), a CA and the
         listeners' certificate (for 127.0.0.1, localhost, this host's name and --listen); the
         exporter-toolkit web config of Prometheus and Alertmanager (the fleet's renderer)."""
-        names = ["127.0.0.1", "localhost", socket.gethostname()] + ([self.listen] if self.listen not in ("0.0.0.0", "::") else [])
-        self.web.ensure(server_names={"server": list(dict.fromkeys(names))})
+        if self.tls:  # the operator's: it must name 127.0.0.1, where the stack's own clients connect
+            self.web.password()
+            crt, key = self.web.cert(self.cert_name)
+            for src, dst in zip(self.tls, (crt, key, self.ca)):
+                with open(src) as f:
+                    write_if_changed(dst, f.read(), private=True)
+        else:
+            names = ["127.0.0.1", "localhost", socket.gethostname()] + ([self.listen] if self.listen not in ("0.0.0.0", "::") else [])
+            self.web.ensure(server_names={"server": list(dict.fromkeys(names))})
         os.makedirs(self.stack.workdir, exist_ok=True)
-        self.web.web_config(os.path.join(self.stack.workdir, "web-config.yml"), cert_name="server")
+        self.web.web_config(os.path.join(self.stack.workdir, "web-config.yml"), cert_name=self.cert_name)
+
+    def _grafana_files(self):
+        texts = []
+        for root, _, files in os.walk(self.stack.workdir):
+            for f in sorted(files):
+                if f == "grafana.ini" or "grafana-provisioning" in root:
+                    with open(os.path.join(root, f)) as fh:
+                        texts.append((root, f, fh.read()))
+        return sorted(texts)
 
     def _render_grafana(self):
         """grafana.ini and provisioning in the config directory, Grafana's database in STATE/grafana."""
         secret(self.state, "grafana-admin-password")
         auth = {}
         if self.web:
-            auth = {"tls": self.web.cert("server"), "datasource_auth": (self.web.user, self.web.password_file, self.web.ca)}
+            auth = {"tls": self.web.cert(self.cert_name), "datasource_auth": (self.web.user, self.web.password_file, self.ca)}
         grafana_runtime.render(self.stack.workdir, self.ports["grafana"], os.path.join(self.state, "grafana", "data"),
                                self.datasource_url, os.path.join(self.state, "secrets", "grafana-admin-password"),
                                listen=self.listen, **auth)
@@ -276,6 +300,7 @@ class Deployment:
 
     def up(self, timeout=120):
         start = time.monotonic()
+        running = self.supervisord_pid() is not None
         conf_changed = self.render()
         if self.supervisord_pid() is None:
             subprocess.run([os.path.join(VENV_BIN, "supervisord"), "-c", self.conf], check=True, timeout=60)
@@ -283,6 +308,8 @@ class Deployment:
         elif conf_changed:
             self.ctl("reread")
             self.ctl("update")  # restarts only the programs whose command changed
+        if running and getattr(self, "grafana_changed", False):
+            self.ctl("restart", "grafana")
         else:
             self.ctl("start", "all", check=False)  # anything stopped by hand comes back; else a no-op
         self.wait_healthy(timeout)
@@ -316,7 +343,7 @@ class Deployment:
         for name, (_, _, url) in self.programs().items():
             while True:
                 # probe: a 2xx, or 401 from a listener with basic auth on (it is up)
-                if fleet_roles.probe(url, ca=self.web.ca if self.web else None):
+                if fleet_roles.probe(url, ca=self.ca if self.web else None):
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{name} did not answer {url}; see {self.state}/logs/{name}.log")
@@ -352,7 +379,7 @@ class Deployment:
         else:
             print(GRAFANA_HINT)
         if self.web:
-            print(f"  TLS + basic auth: admin / password in {self.web.password_file}, CA {self.web.ca}")
+            print(f"  TLS + basic auth: admin / password in {self.web.password_file}, CA {self.ca}")
 
     def down(self):
         pid = self.supervisord_pid()
@@ -385,6 +412,10 @@ def main(argv=None):
                    help="address for Prometheus, Alertmanager and Grafana; anything but loopback turns on TLS + basic auth")
     p.add_argument("--auth", action="store_true",
                    help="TLS + basic auth on Prometheus, Alertmanager and Grafana also on loopback (README \"Security\")")
+    p.add_argument("--tls-cert", help="with --listen/--auth: your server certificate (PEM; it must name 127.0.0.1) "
+                                      "instead of one from a CA generated in STATE/secrets")
+    p.add_argument("--tls-key", help="its private key")
+    p.add_argument("--tls-ca", help="the CA certificate that signed it (default: the certificate itself)")
     p.add_argument("--servers", choices=list(SERVERS), default=os.environ.get("BLOCKSTACK_SERVERS") or DEFAULT_SERVERS,
                    help="Prometheus and Alertmanager: debian (Debian's packages, Prometheus 2) or upstream "
                         "(Prometheus 3, built by make upstream-servers); default $BLOCKSTACK_SERVERS or %(default)s")
@@ -438,7 +469,12 @@ def main(argv=None):
         with open(role_file) as f:
             saved = json.load(f)
         args.role, args.listen, fleet_opts = saved["role"], saved["listen"], saved["fleet"]
-    d = Deployment(state, ports, args.listen, role=args.role, fleet=fleet_opts, auth=args.auth)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        p.error("--tls-cert and --tls-key go together")
+    tls = (args.tls_cert, args.tls_key, args.tls_ca or args.tls_cert) if args.tls_cert else None
+    if tls and fleet_roles.loopback(args.listen) and not args.auth:
+        p.error("--tls-cert is for --listen ADDR or --auth (nothing serves TLS on the loopback default)")
+    d = Deployment(state, ports, args.listen, role=args.role, fleet=fleet_opts, auth=args.auth, tls=tls)
     if args.command == "up":
         d.up()
     elif args.command == "render":

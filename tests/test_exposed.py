@@ -7,6 +7,7 @@ import os
 import signal
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -17,6 +18,8 @@ import pytest
 from blockstack_lab import fio, grafana, loop, procs
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, REPO)  # fleet/pki.py: an operator's CA
+from fleet import pki  # noqa: E402
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")
 PAGE_ALERTS = {"BlockStackMergeCollapse", "BlockStackMissedMerges"}
 
@@ -153,4 +156,16 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     # Prometheus -> Alertmanager: nothing dropped (before the fix: every notification 401)
     errors = api("/api/v1/query?query=sum(prometheus_notifications_errors_total)")["result"]
     assert errors and float(errors[0]["value"][1]) == 0, errors
+
+    # the operator's certificate (from another CA) instead of the generated one
+    theirs = os.path.join(state_dir, "operator-pki")
+    their_ca = pki.make_ca(theirs, name="operator-ca")
+    crt, key = pki.make_cert(theirs, "web", ["127.0.0.1"])
+    make("up", state_dir, ports, f"--auth --tls-cert {crt} --tls-key {key} --tls-ca {their_ca}")
+    for name, (url, user, secret) in checks.items():
+        assert answer(url, user, secret, ca=their_ca)[0] == 200, name
+        assert answer(url, user, secret, ca=ca)[0] == "SSLCertVerificationError", name
+    ca = their_ca
+    procs.wait_until("every target up with the operator's certificate", lambda: all(
+        t["health"] == "up" for t in api("/api/v1/targets")["activeTargets"]), 60)
     make("down", state_dir, ports)
