@@ -43,7 +43,7 @@ sys.path.insert(0, REPO)  # fleet/ (the fleet roles)
 
 from blockstack_lab import grafana as grafana_runtime  # noqa: E402
 from blockstack_lab.stack import COMPONENTS, DEFAULT_SERVERS, SERVERS, Stack, servers_name  # noqa: E402
-from fleet import roles as fleet_roles  # noqa: E402
+from fleet import pki, roles as fleet_roles  # noqa: E402
 
 DEFAULT_PORTS = {"prometheus": 9090, "alertmanager": 9093, "node": 9100, "blockstack": 9363,
                  "ebpf": 9435, "receiver": 9466, "grafana": 3000}
@@ -124,6 +124,8 @@ class Deployment:
             if self.web:
                 self.stack.web_client = self.web.client_http(tls=True)
                 self.stack.web_client["tls_config"]["ca_file"] = self.ca
+                if self.listen not in ("0.0.0.0", "::"):  # one address: the stack's own clients go there too
+                    self.stack.web_address = self.listen
             self.datasource_url = self.stack.url("prometheus")
         else:
             self.fleet = self._fleet_role(fleet or {})
@@ -209,7 +211,8 @@ class Deployment:
     def _grafana_command(self):
         binary, home = self.grafana
         return grafana_runtime.command(binary, home, os.path.join(self.stack.workdir, "grafana.ini"), self.ports["grafana"],
-                                       scheme="https" if self.web else "http")
+                                       scheme="https" if self.web else "http",
+                                       host=self.stack.address("grafana") if self.fleet is None else "127.0.0.1")
 
     def render(self):
         """Write every configuration file; True if supervisord's own configuration changed."""
@@ -230,7 +233,7 @@ class Deployment:
         """STATE/secrets: the admin password, its bcrypt (fleet_roles.BCRYPT_COST), a CA and the
         listeners' certificate (for 127.0.0.1, localhost, this host's name and --listen); the
         exporter-toolkit web config of Prometheus and Alertmanager (the fleet's renderer)."""
-        if self.tls:  # the operator's: it must name 127.0.0.1, where the stack's own clients connect
+        if self.tls:  # the operator's: it must name --listen ADDR (127.0.0.1 for 0.0.0.0/--auth): the stack's clients go there
             self.web.password()
             crt, key = self.web.cert(self.cert_name)
             for src, dst in zip(self.tls, (crt, key, self.ca)):
@@ -238,6 +241,10 @@ class Deployment:
                     write_if_changed(dst, f.read(), private=True)
         else:
             names = ["127.0.0.1", "localhost", socket.gethostname()] + ([self.listen] if self.listen not in ("0.0.0.0", "::") else [])
+            crt, key = self.web.cert("server")
+            if self.listen not in ("0.0.0.0", "::") and os.path.exists(crt) and \
+                    not {f"IP Address:{self.listen}", f"DNS:{self.listen}"} & pki.cert_names(crt):  # for another --listen
+                os.unlink(crt)
             self.web.ensure(server_names={"server": list(dict.fromkeys(names))})
         os.makedirs(self.stack.workdir, exist_ok=True)
         self.web.web_config(os.path.join(self.stack.workdir, "web-config.yml"), cert_name=self.cert_name)
@@ -412,7 +419,7 @@ def main(argv=None):
                    help="address for Prometheus, Alertmanager and Grafana; anything but loopback turns on TLS + basic auth")
     p.add_argument("--auth", action="store_true",
                    help="TLS + basic auth on Prometheus, Alertmanager and Grafana also on loopback (README \"Security\")")
-    p.add_argument("--tls-cert", help="with --listen/--auth: your server certificate (PEM; it must name 127.0.0.1) "
+    p.add_argument("--tls-cert", help="with --listen/--auth: your server certificate (PEM; naming the --listen address, 127.0.0.1 for 0.0.0.0) "
                                       "instead of one from a CA generated in STATE/secrets")
     p.add_argument("--tls-key", help="its private key")
     p.add_argument("--tls-ca", help="the CA certificate that signed it (default: the certificate itself)")

@@ -62,3 +62,10 @@ def make_cert(directory, name, hosts=(), client=False):
             if os.path.exists(p):
                 os.unlink(p)
     return crt, key
+
+
+def cert_names(crt):
+    """The subjectAltName entries of a certificate ("IP Address:127.0.0.1", "DNS:localhost", ...)."""
+    out = subprocess.run(["openssl", "x509", "-in", crt, "-noout", "-ext", "subjectAltName"],
+                         check=True, capture_output=True, text=True, timeout=60).stdout
+    return {n.strip() for line in out.splitlines()[1:] for n in line.split(",") if n.strip()}

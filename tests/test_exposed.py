@@ -160,12 +160,15 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     # the operator's certificate (from another CA) instead of the generated one
     theirs = os.path.join(state_dir, "operator-pki")
     their_ca = pki.make_ca(theirs, name="operator-ca")
-    crt, key = pki.make_cert(theirs, "web", ["127.0.0.1"])
-    make("up", state_dir, ports, f"--auth --tls-cert {crt} --tls-key {key} --tls-ca {their_ca}")
+    # on one address (a loopback alias here: --listen ADDR's code path), where the stack's own clients go too
+    crt, key = pki.make_cert(theirs, "web", ["127.0.0.2"])
+    make("up", state_dir, ports, f"--listen 127.0.0.2 --tls-cert {crt} --tls-key {key} --tls-ca {their_ca}")
     for name, (url, user, secret) in checks.items():
+        url = url.replace("127.0.0.1", "127.0.0.2")
         assert answer(url, user, secret, ca=their_ca)[0] == 200, name
+        assert answer(url, ca=their_ca)[0] == 401, name
         assert answer(url, user, secret, ca=ca)[0] == "SSLCertVerificationError", name
-    ca = their_ca
+    ca, prom = their_ca, prom.replace("127.0.0.1", "127.0.0.2")
     procs.wait_until("every target up with the operator's certificate", lambda: all(
         t["health"] == "up" for t in api("/api/v1/targets")["activeTargets"]), 60)
     make("down", state_dir, ports)

@@ -213,12 +213,12 @@ def _write_if_changed(path, text):
     os.chmod(path, 0o600)
 
 
-def command(binary, home, ini_path, port, scheme="http"):
+def command(binary, home, ini_path, port, scheme="http", host="127.0.0.1"):
     """(argv, env, health_url) for the supervisor or procs.running."""
     argv = [binary] + (["server"] if os.path.basename(binary) == "grafana" else [])
     argv += [f"--homepath={home}", f"--config={ini_path}"]
     env = {} if os.path.isdir("/usr/share/zoneinfo") else {"ZONEINFO": os.path.join(home, "tools", "zoneinfo.zip")}
-    return argv, env, f"{scheme}://127.0.0.1:{port}/api/health"
+    return argv, env, f"{scheme}://{host}:{port}/api/health"
 
 
 def api(url, path, password_, body=None, method=None, timeout=60):

@@ -113,6 +113,7 @@ class Stack:
         # deploy/stackctl.py's exposed mode: the basic_auth (+ scheme/tls_config) block Prometheus
         # uses for the listeners that have auth on (its own and Alertmanager's): fleet/roles.py client_http
         self.web_client = None
+        self.web_address = "127.0.0.1"  # where those listen (stackctl.py --listen ADDR); the rest stays on loopback
 
     def missing(self):
         """What this stack needs and cannot find here, each naming the make target that provides it."""
@@ -131,7 +132,10 @@ class Stack:
 
     def url(self, component, path=""):
         secure = self.web_client and self.web_client.get("scheme") == "https" and component in self.AUTH_COMPONENTS
-        return f"{'https' if secure else 'http'}://127.0.0.1:{self.ports[component]}{path}"
+        return f"{'https' if secure else 'http'}://{self.address(component)}:{self.ports[component]}{path}"
+
+    def address(self, component):
+        return self.web_address if component in self.AUTH_COMPONENTS else "127.0.0.1"
 
     AUTH_COMPONENTS = ("prometheus", "alertmanager", "grafana")  # the listeners web_client applies to
 
@@ -150,7 +154,7 @@ class Stack:
                 scrape_configs.append({
                     "job_name": job,
                     "scrape_interval": self.scrape_interval,
-                    "static_configs": [{"targets": [f"127.0.0.1:{self.ports[component]}"],
+                    "static_configs": [{"targets": [f"{self.address(component)}:{self.ports[component]}"],
                                         "labels": {"host": self.host}}],
                     **(self.web_client if self.web_client and component in self.AUTH_COMPONENTS else {}),
                 })
@@ -161,7 +165,7 @@ class Stack:
         }
         if "alertmanager" in self.components:
             config["alerting"] = {"alertmanagers": [{"static_configs": [
-                {"targets": [f"127.0.0.1:{self.ports['alertmanager']}"]}], **(self.web_client or {})}]}
+                {"targets": [f"{self.address('alertmanager')}:{self.ports['alertmanager']}"]}], **(self.web_client or {})}]}
         return config
 
     def alertmanager_config(self):
