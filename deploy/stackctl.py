@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Run the Block Stack Merges stack on this host under supervisord.
 
-    stackctl.py up [--state DIR] [--port NAME=PORT ...] [--listen ADDR] [--servers debian|upstream]
+    stackctl.py up [--state DIR] [--port NAME=PORT ...] [--listen ADDR] [--auth] [--tls-cert F --tls-key F [--tls-ca F]]
+                   [--servers debian|upstream]
     stackctl.py down | status | logs [NAME] | clean | render      (all take --state)
     stackctl.py up --role agent --host NAME --listen ADDR --alertmanager ADDR:PORT ... [--replica A ...]
     stackctl.py up --role central --listen ADDR [--inventory FILE] [--cluster-peer ADDR:PORT ...]
