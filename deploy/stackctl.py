@@ -107,6 +107,7 @@ class Deployment:
         self.role = role
         # standalone: basic auth + TLS on Prometheus, Alertmanager and Grafana (user admin); None on loopback
         self.web = None
+        self.grafana_changed = False  # render(): Grafana's ini or provisioning changed (restart it)
         if role == "standalone" and (auth or not fleet_roles.loopback(listen)):
             self.web = fleet_roles.Secrets(os.path.join(state, "secrets"), user="admin")
         # the operator's (cert, key, ca) instead of the generated ones, copied into STATE/secrets
@@ -316,10 +317,10 @@ class Deployment:
         elif conf_changed:
             self.ctl("reread")
             self.ctl("update")  # restarts only the programs whose command changed
-        if running and getattr(self, "grafana_changed", False):
-            self.ctl("restart", "grafana")
         else:
             self.ctl("start", "all", check=False)  # anything stopped by hand comes back; else a no-op
+        if running and self.grafana_changed:
+            self.ctl("restart", "grafana")
         self.wait_healthy(timeout)
         self._reload_prometheus()  # rule and target edits apply without a restart; a no-op otherwise
         self.print_urls(time.monotonic() - start)
