@@ -2,8 +2,9 @@
 
 Thanos's gRPC (Query -> sidecar StoreAPI) has no basic auth; it gets mutual TLS instead: each
 sidecar presents a server certificate for its address and accepts only clients whose certificate
-the fleet CA signed (Thanos Query's client certificate). `make up-agent`, `make up-central`, `make up --listen/--auth` and the fleet test use
-these helpers; on real hosts use your own CA the same way (docs/fleet.md).
+the fleet CA signed (Thanos Query's client certificate). `make up-agent`, `make up-central`,
+`make up --listen/--auth` (deploy/stackctl.py) and the fleet test use these helpers; on real
+hosts use your own CA the same way (docs/fleet.md).
 """
 import ipaddress
 import os
