@@ -86,6 +86,7 @@ STACKCTL  := $(VPY) deploy/stackctl.py --state $(STATE_DIR)
 
 ## up: install what is missing, render config into STATE_DIR, start everything under supervisord
 ##   SERVERS=debian (default: Debian's Prometheus 2 and Alertmanager) or SERVERS=upstream (Prometheus 3, built)
+##   exposure only through UP_ARGS: --listen ADDR (TLS + basic auth), --auth (the same on loopback), --tls-cert/--tls-key/--tls-ca
 SERVERS ?= debian
 SERVERS_BUILT := $(if $(filter upstream,$(SERVERS)),upstream-servers)
 up: deps venv ebpf-build grafana $(SERVERS_BUILT)

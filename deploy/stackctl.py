@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Run the Block Stack Merges stack on this host under supervisord.
 
-    stackctl.py up [--state DIR] [--port NAME=PORT ...] [--listen ADDR] [--servers debian|upstream]
+    stackctl.py up [--state DIR] [--port NAME=PORT ...] [--listen ADDR] [--auth] [--tls-cert F --tls-key F [--tls-ca F]]
+                   [--servers debian|upstream]
     stackctl.py down | status | logs [NAME] | clean | render      (all take --state)
     stackctl.py up --role agent --host NAME --listen ADDR --alertmanager ADDR:PORT ... [--replica A ...]
     stackctl.py up --role central --listen ADDR [--inventory FILE] [--cluster-peer ADDR:PORT ...]
@@ -13,8 +14,11 @@ where to look. A second `up` with nothing changed touches nothing. `down` stops 
 keeps the data; `clean` also removes the state directory.
 
 Everything listens on 127.0.0.1. `--listen 0.0.0.0` exposes Prometheus and Alertmanager (and
-Grafana) only with basic auth: a generated password, kept 0600 in the state directory, hashed
-into a Prometheus-family `--web.config.file`. Exporters always stay on loopback.
+Grafana) only with basic auth over TLS: a generated password (user admin) kept 0600 in
+STATE/secrets, hashed into a Prometheus-family `--web.config.file`, and a certificate from a CA
+made there (fleet/pki.py); Prometheus, Grafana and stackctl itself use both. `--auth` turns the
+same on for the loopback listeners (README "Security"). Exposure comes from these flags only,
+never from the environment. Exporters always stay on loopback.
 
 Roles (docs/fleet.md; fleet/roles.py renders them): `--role agent` runs the exporters, one
 Prometheus per `--replica` evaluating alerts/*.rules.yml and a Thanos sidecar each on `--listen`
@@ -29,6 +33,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,7 +44,7 @@ sys.path.insert(0, REPO)  # fleet/ (the fleet roles)
 
 from blockstack_lab import grafana as grafana_runtime  # noqa: E402
 from blockstack_lab.stack import COMPONENTS, DEFAULT_SERVERS, SERVERS, Stack, servers_name  # noqa: E402
-from fleet import roles as fleet_roles  # noqa: E402
+from fleet import pki, roles as fleet_roles  # noqa: E402
 
 DEFAULT_PORTS = {"prometheus": 9090, "alertmanager": 9093, "node": 9100, "blockstack": 9363,
                  "ebpf": 9435, "receiver": 9466, "grafana": 3000}
@@ -94,12 +99,21 @@ ROLE_PORTS = {"agent": fleet_roles.AGENT_PORTS, "central": {**fleet_roles.CENTRA
 
 
 class Deployment:
-    def __init__(self, state, ports=None, listen="127.0.0.1", role="standalone", fleet=None):
+    def __init__(self, state, ports=None, listen="127.0.0.1", role="standalone", fleet=None, auth=False, tls=None):
         """role: standalone (the single-host stack), agent or central (fleet/roles.py); fleet: the
         role's options (host, replicas, alertmanagers, secrets, inventory, cluster_peers)."""
         self.state = state
         self.listen = listen
         self.role = role
+        # standalone: basic auth + TLS on Prometheus, Alertmanager and Grafana (user admin); None on loopback
+        self.web = None
+        self.grafana_changed = False  # render(): Grafana's ini or provisioning changed (restart it)
+        if role == "standalone" and (auth or not fleet_roles.loopback(listen)):
+            self.web = fleet_roles.Secrets(os.path.join(state, "secrets"), user="admin")
+        # the operator's (cert, key, ca) instead of the generated ones, copied into STATE/secrets
+        self.tls = tls
+        self.cert_name = "operator" if tls else "server"
+        self.ca = (os.path.join(state, "secrets", "operator-ca.crt") if tls else self.web.ca) if self.web else None
         saved = self._load_ports()
         self.ports = {**(ROLE_PORTS.get(role) or DEFAULT_PORTS), **saved, **(ports or {})}
         self.grafana = grafana_binary() if role != "agent" else None
@@ -109,6 +123,11 @@ class Deployment:
             self.stack = Stack(os.path.join(state, "config"), components=components,
                                ports={c: self.ports[c] for c in components},
                                ebpf_configs=self._ebpf_configs(), data_dir=os.path.join(state, "data"))
+            if self.web:
+                self.stack.web_client = self.web.client_http(tls=True)
+                self.stack.web_client["tls_config"]["ca_file"] = self.ca
+                if self.listen not in ("0.0.0.0", "::"):  # one address: the stack's own clients go there too
+                    self.stack.web_address = self.listen
             self.datasource_url = self.stack.url("prometheus")
         else:
             self.fleet = self._fleet_role(fleet or {})
@@ -181,7 +200,7 @@ class Deployment:
                 cmds["grafana"] = self._grafana_command()
             return cmds
         cmds = self.stack.commands()
-        if self.listen != "127.0.0.1":
+        if self.web:
             web_config = os.path.join(self.stack.workdir, "web-config.yml")
             for name in ("prometheus", "alertmanager"):
                 argv = cmds[name][0]
@@ -193,38 +212,63 @@ class Deployment:
 
     def _grafana_command(self):
         binary, home = self.grafana
-        return grafana_runtime.command(binary, home, os.path.join(self.stack.workdir, "grafana.ini"), self.ports["grafana"])
+        return grafana_runtime.command(binary, home, os.path.join(self.stack.workdir, "grafana.ini"), self.ports["grafana"],
+                                       scheme="https" if self.web else "http",
+                                       host=self.stack.address("grafana") if self.fleet is None else "127.0.0.1")
 
     def render(self):
         """Write every configuration file; True if supervisord's own configuration changed."""
         os.makedirs(os.path.join(self.state, "logs"), exist_ok=True)
         os.makedirs(os.path.join(self.state, "data"), exist_ok=True)
+        if self.web:  # before the stack: prometheus.yml names the password file and the CA
+            self._render_web_auth()
         (self.fleet or self.stack).render()
         write_if_changed(os.path.join(self.state, "ports.json"), json.dumps(self.ports, indent=1, sort_keys=True) + "\n")
-        if self.listen != "127.0.0.1" and self.fleet is None:
-            self._render_basic_auth()
         if self.grafana:
+            before = self._grafana_files()
             self._render_grafana()
+            # Grafana reads grafana.ini and its provisioning only at start (e.g. --auth's https)
+            self.grafana_changed = self._grafana_files() != before
         return write_if_changed(self.conf, self.supervisord_conf(), private=True)
 
-    def _render_basic_auth(self):
-        import bcrypt
-        password = secret(self.state, "admin-password")
-        hashed_path = os.path.join(self.state, "secrets", "admin-password.bcrypt")
-        if not os.path.exists(hashed_path):
-            write_private(hashed_path, bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode())
-        with open(hashed_path) as f:
-            hashed = f.read().strip()
-        write_if_changed(os.path.join(self.stack.workdir, "web-config.yml"),
-                         f"# basic auth for every non-loopback listener; user admin, password in {self.state}/secrets/admin-password\n"
-                         f"basic_auth_users:\n  admin: {hashed}\n", private=True)
+    def _render_web_auth(self):
+        """STATE/secrets: the admin password, its bcrypt (fleet_roles.BCRYPT_COST), a CA and the
+        listeners' certificate (for 127.0.0.1, localhost, this host's name and --listen); the
+        exporter-toolkit web config of Prometheus and Alertmanager (the fleet's renderer)."""
+        if self.tls:  # the operator's: it must name --listen ADDR (127.0.0.1 for 0.0.0.0/--auth): the stack's clients go there
+            self.web.password()
+            crt, key = self.web.cert(self.cert_name)
+            for src, dst in zip(self.tls, (crt, key, self.ca)):
+                with open(src) as f:
+                    write_if_changed(dst, f.read(), private=True)
+        else:
+            names = ["127.0.0.1", "localhost", socket.gethostname()] + ([self.listen] if self.listen not in ("0.0.0.0", "::") else [])
+            crt, key = self.web.cert("server")
+            if self.listen not in ("0.0.0.0", "::") and os.path.exists(crt) and \
+                    not {f"IP Address:{self.listen}", f"DNS:{self.listen}"} & pki.cert_names(crt):  # for another --listen
+                os.unlink(crt)
+            self.web.ensure(server_names={"server": list(dict.fromkeys(names))})
+        os.makedirs(self.stack.workdir, exist_ok=True)
+        self.web.web_config(os.path.join(self.stack.workdir, "web-config.yml"), cert_name=self.cert_name)
+
+    def _grafana_files(self):
+        texts = []
+        for root, _, files in os.walk(self.stack.workdir):
+            for f in sorted(files):
+                if f == "grafana.ini" or "grafana-provisioning" in root:
+                    with open(os.path.join(root, f)) as fh:
+                        texts.append((root, f, fh.read()))
+        return sorted(texts)
 
     def _render_grafana(self):
         """grafana.ini and provisioning in the config directory, Grafana's database in STATE/grafana."""
         secret(self.state, "grafana-admin-password")
+        auth = {}
+        if self.web:
+            auth = {"tls": self.web.cert(self.cert_name), "datasource_auth": (self.web.user, self.web.password_file, self.ca)}
         grafana_runtime.render(self.stack.workdir, self.ports["grafana"], os.path.join(self.state, "grafana", "data"),
                                self.datasource_url, os.path.join(self.state, "secrets", "grafana-admin-password"),
-                               listen=self.listen)
+                               listen=self.listen, **auth)
 
     def supervisord_conf(self):
         s, logs = self.state, os.path.join(self.state, "logs")
@@ -265,6 +309,7 @@ class Deployment:
 
     def up(self, timeout=120):
         start = time.monotonic()
+        running = self.supervisord_pid() is not None
         conf_changed = self.render()
         if self.supervisord_pid() is None:
             subprocess.run([os.path.join(VENV_BIN, "supervisord"), "-c", self.conf], check=True, timeout=60)
@@ -274,6 +319,8 @@ class Deployment:
             self.ctl("update")  # restarts only the programs whose command changed
         else:
             self.ctl("start", "all", check=False)  # anything stopped by hand comes back; else a no-op
+        if running and self.grafana_changed:
+            self.ctl("restart", "grafana")
         self.wait_healthy(timeout)
         self._reload_prometheus()  # rule and target edits apply without a restart; a no-op otherwise
         self.print_urls(time.monotonic() - start)
@@ -285,7 +332,9 @@ class Deployment:
         elif self.role == "central":
             urls = [f"http://127.0.0.1:{self.fleet.ports[f'watcher-{r}']}/-/reload" for r in self.fleet.watchers]
         else:
-            urls = [self.stack.url("prometheus", "/-/reload")]
+            # SIGHUP through supervisord: no --web.enable-lifecycle (a local user could POST /-/quit)
+            self.ctl("signal", "HUP", "prometheus")
+            return
         for url in urls:
             with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10):
                 pass
@@ -303,7 +352,7 @@ class Deployment:
         for name, (_, _, url) in self.programs().items():
             while True:
                 # probe: a 2xx, or 401 from a listener with basic auth on (it is up)
-                if fleet_roles.probe(url):
+                if fleet_roles.probe(url, ca=self.ca if self.web else None):
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{name} did not answer {url}; see {self.state}/logs/{name}.log")
@@ -325,20 +374,21 @@ class Deployment:
                 print(f"  TLS + basic auth: user fleet, password in {self.fleet.secrets.password_file}")
             return
         print(f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}, servers: {servers_name()}")
-        print(f"  Prometheus     http://{host}:{self.ports['prometheus']}/   (alerts: /alerts)")
-        print(f"  Alertmanager   http://{host}:{self.ports['alertmanager']}/")
+        scheme = "https" if self.web else "http"
+        print(f"  Prometheus     {scheme}://{host}:{self.ports['prometheus']}/   (alerts: /alerts)")
+        print(f"  Alertmanager   {scheme}://{host}:{self.ports['alertmanager']}/")
         print(f"  pages file     {self.stack.pages_file}")
         for name, label in (("node", "node_exporter"), ("blockstack", "blockstack-exporter"), ("ebpf", "ebpf_exporter"),
                             ("receiver", "page receiver")):
             print(f"  {label:<14} http://127.0.0.1:{self.ports[name]}/metrics" if name != "receiver"
                   else f"  {label:<14} http://127.0.0.1:{self.ports[name]}/")
         if self.grafana:
-            print(f"  Grafana        http://{host}:{self.ports['grafana']}/d/blockstack-merges  "
+            print(f"  Grafana        {scheme}://{host}:{self.ports['grafana']}/d/blockstack-merges  "
                   f"(admin, password in {self.state}/secrets/grafana-admin-password)")
         else:
             print(GRAFANA_HINT)
-        if self.listen != "127.0.0.1":
-            print(f"  basic auth: admin / password in {self.state}/secrets/admin-password")
+        if self.web:
+            print(f"  TLS + basic auth: admin / password in {self.web.password_file}, CA {self.ca}")
 
     def down(self):
         pid = self.supervisord_pid()
@@ -367,13 +417,19 @@ def main(argv=None):
     p.add_argument("name", nargs="?", help="component, for logs")
     p.add_argument("--state", help="state directory (default $STATE_DIR or .state in the repository)")
     p.add_argument("--port", action="append", default=[], metavar="NAME=PORT", help=f"override a port ({', '.join(DEFAULT_PORTS)})")
-    p.add_argument("--listen", default=os.environ.get("LISTEN", "127.0.0.1"),
-                   help="address for Prometheus, Alertmanager and Grafana; anything but 127.0.0.1 turns on basic auth")
+    p.add_argument("--listen", default="127.0.0.1",
+                   help="address for Prometheus, Alertmanager and Grafana; anything but loopback turns on TLS + basic auth")
+    p.add_argument("--auth", action="store_true",
+                   help="TLS + basic auth on Prometheus, Alertmanager and Grafana also on loopback (README \"Security\")")
+    p.add_argument("--tls-cert", help="with --listen/--auth: your server certificate (PEM; naming the --listen address, 127.0.0.1 for 0.0.0.0) "
+                                      "instead of one from a CA generated in STATE/secrets")
+    p.add_argument("--tls-key", help="its private key")
+    p.add_argument("--tls-ca", help="the CA certificate that signed it (default: the certificate itself)")
     p.add_argument("--servers", choices=list(SERVERS), default=os.environ.get("BLOCKSTACK_SERVERS") or DEFAULT_SERVERS,
                    help="Prometheus and Alertmanager: debian (Debian's packages, Prometheus 2) or upstream "
                         "(Prometheus 3, built by make upstream-servers); default $BLOCKSTACK_SERVERS or %(default)s")
     fleet = p.add_argument_group("fleet roles (docs/fleet.md)")
-    fleet.add_argument("--role", choices=["standalone", "agent", "central"], default=os.environ.get("ROLE", "standalone"))
+    fleet.add_argument("--role", choices=["standalone", "agent", "central"], default="standalone")
     fleet.add_argument("--host", help="agent: this host's name (the `host` label; default the hostname); fleet-cert: whose")
     fleet.add_argument("--address", help="fleet-cert: the address the host's sidecar listens on")
     fleet.add_argument("--replica", action="append", default=[], help="agent: a Prometheus replica name (A, B); repeat for two")
@@ -422,7 +478,12 @@ def main(argv=None):
         with open(role_file) as f:
             saved = json.load(f)
         args.role, args.listen, fleet_opts = saved["role"], saved["listen"], saved["fleet"]
-    d = Deployment(state, ports, args.listen, role=args.role, fleet=fleet_opts)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        p.error("--tls-cert and --tls-key go together")
+    tls = (args.tls_cert, args.tls_key, args.tls_ca or args.tls_cert) if args.tls_cert else None
+    if tls and fleet_roles.loopback(args.listen) and not args.auth:
+        p.error("--tls-cert is for --listen ADDR or --auth (nothing serves TLS on the loopback default)")
+    d = Deployment(state, ports, args.listen, role=args.role, fleet=fleet_opts, auth=args.auth, tls=tls)
     if args.command == "up":
         d.up()
     elif args.command == "render":

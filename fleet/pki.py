@@ -2,8 +2,9 @@
 
 Thanos's gRPC (Query -> sidecar StoreAPI) has no basic auth; it gets mutual TLS instead: each
 sidecar presents a server certificate for its address and accepts only clients whose certificate
-the fleet CA signed (Thanos Query's client certificate). `make up ROLE=...` and the fleet test use
-these helpers; on real hosts use your own CA the same way (docs/fleet.md).
+the fleet CA signed (Thanos Query's client certificate). `make up-agent`, `make up-central`,
+`make up --listen/--auth` (deploy/stackctl.py) and the fleet test use these helpers; on real
+hosts use your own CA the same way (docs/fleet.md).
 """
 import ipaddress
 import os
@@ -62,3 +63,10 @@ def make_cert(directory, name, hosts=(), client=False):
             if os.path.exists(p):
                 os.unlink(p)
     return crt, key
+
+
+def cert_names(crt):
+    """The subjectAltName entries of a certificate ("IP Address:127.0.0.1", "DNS:localhost", ...)."""
+    out = subprocess.run(["openssl", "x509", "-in", crt, "-noout", "-ext", "subjectAltName"],
+                         check=True, capture_output=True, text=True, timeout=60).stdout
+    return {n.strip() for line in out.splitlines()[1:] for n in line.split(",") if n.strip()}

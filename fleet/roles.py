@@ -39,6 +39,11 @@ from blockstack_lab.stack import REPO, Stack, program, rule_files
 THANOS = os.path.join(REPO, ".build", "bin", "thanos")
 FLEET_RULES = os.path.join(REPO, "fleet", "fleet.rules.yml")
 FLEET_USER = "fleet"
+# bcrypt cost of every generated web password (fleet and `make up --listen/--auth`). Slow hashing
+# protects guessable passwords from offline cracking; ours are generated 144-bit secrets, so it buys
+# nothing, while every wrong password costs the server one hash: cost 12 was ~0.24 s of CPU per
+# unauthenticated request (a CPU burn anyone who reaches the port can start), cost 6 is ~4 ms.
+BCRYPT_COST = 6
 
 # Default ports. An agent's are per host (the sidecar ports are the ones the inventory names);
 # the central side's are on the central machine.
@@ -67,12 +72,13 @@ class Secrets:
     certificates made from it (fleet/pki.py). The central side creates them; each agent gets
     ca.crt, its own cert/key and fleet-password (docs/fleet.md)."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, user=FLEET_USER):
         self.dir = os.path.abspath(directory)
+        self.user = user  # `make up --listen/--auth` (deploy/stackctl.py) uses user admin
 
     @property
     def password_file(self):
-        return os.path.join(self.dir, "fleet-password")
+        return os.path.join(self.dir, f"{self.user}-password")
 
     @property
     def ca(self):
@@ -92,9 +98,9 @@ class Secrets:
     def hashed(self):
         """bcrypt of the password, made once (bcrypt is slow on purpose; the servers cache it)."""
         import bcrypt
-        path = os.path.join(self.dir, "fleet-password.bcrypt")
-        if not os.path.exists(path):
-            _write_private(path, bcrypt.hashpw(self.password().encode(), bcrypt.gensalt(rounds=10)).decode())
+        path = os.path.join(self.dir, f"{self.user}-password.bcrypt")
+        if not os.path.exists(path) or f"${BCRYPT_COST:02d}$" not in open(path).read(30):  # made at another cost
+            _write_private(path, bcrypt.hashpw(self.password().encode(), bcrypt.gensalt(rounds=BCRYPT_COST)).decode())
         with open(path) as f:
             return f.read().strip()
 
@@ -112,17 +118,24 @@ class Secrets:
     def web_config(self, path, cert_name=None):
         """A Prometheus-family web config (exporter-toolkit: Prometheus, Alertmanager, Thanos
         --http.config): basic auth for user `fleet`, TLS with cert_name's certificate if given."""
-        config = {"basic_auth_users": {FLEET_USER: self.hashed()}}
+        config = {"basic_auth_users": {self.user: self.hashed()}}
         if cert_name:
             crt, key = self.cert(cert_name)
             config["tls_server_config"] = {"cert_file": crt, "key_file": key, "min_version": "TLS12"}
-        _write_private(path, "# rendered by fleet/roles.py: basic auth (user fleet) and TLS for "
-                             "listeners beyond loopback\n" + yaml.safe_dump(config, sort_keys=False))
+        text = (f"# rendered by fleet/roles.py: basic auth (user {self.user}) and TLS for "
+                "listeners beyond loopback\n" + yaml.safe_dump(config, sort_keys=False))
+        try:
+            with open(path) as f:
+                if f.read() == text:
+                    return path
+        except FileNotFoundError:
+            pass
+        _write_private(path, text)
         return path
 
     def client_http(self, tls=True):
         """The `basic_auth` (+ `tls_config`) block of a Prometheus scrape or alerting config."""
-        block = {"basic_auth": {"username": FLEET_USER, "password_file": self.password_file}}
+        block = {"basic_auth": {"username": self.user, "password_file": self.password_file}}
         if tls:
             block["scheme"] = "https"
             block["tls_config"] = {"ca_file": self.ca}

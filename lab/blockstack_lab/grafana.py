@@ -97,7 +97,7 @@ def password(path):
         return f.read().strip()
 
 
-def ini(port, data_dir, provisioning, password_file, listen="127.0.0.1"):
+def ini(port, data_dir, provisioning, password_file, listen="127.0.0.1", tls=None):
     """grafana.ini: our paths and port, a generated admin password, no anonymous access, and every
     feature that calls out to the internet turned off (a monitoring host may have no internet)."""
     return f"""# rendered by lab/blockstack_lab/grafana.py: edit the source, not this file
@@ -110,7 +110,7 @@ provisioning = {provisioning}
 [server]
 http_addr = {listen}
 http_port = {port}
-
+{"" if not tls else f"protocol = https{chr(10)}cert_file = {tls[0]}{chr(10)}cert_key = {tls[1]}{chr(10)}"}
 [security]
 admin_user = admin
 admin_password = $__file{{{password_file}}}
@@ -154,9 +154,12 @@ mode = console
 """
 
 
-def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0.0.1", scrape_interval=None):
+def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0.0.1", scrape_interval=None,
+           tls=None, datasource_auth=None):
     """Write workdir/grafana.ini and workdir/grafana-provisioning/ (deploy/grafana/provisioning as
-    shipped, pointed at datasource_url and at dashboards/); return the ini's path."""
+    shipped, pointed at datasource_url and at dashboards/); return the ini's path.
+    tls: (cert, key) to serve https; datasource_auth: (user, password_file, ca_file or None), the
+    basic auth (and the CA) of a datasource with auth on (deploy/stackctl.py's exposed mode)."""
     os.makedirs(os.path.join(data_dir, "plugins"), exist_ok=True)
     password(password_file)
     prov = os.path.join(workdir, "grafana-provisioning")
@@ -171,10 +174,30 @@ def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0
             text = text.replace("/var/lib/grafana/dashboards/blockstack", DASHBOARDS)
             if scrape_interval:
                 text = text.replace("timeInterval: 5s", f"timeInterval: {scrape_interval}")
+            if kind == "datasources" and datasource_auth:
+                text = _with_auth(text, *datasource_auth)
             _write_if_changed(os.path.join(prov, kind, name), text)
     path = os.path.join(workdir, "grafana.ini")
-    _write_if_changed(path, ini(port, data_dir, prov, password_file, listen))
+    _write_if_changed(path, ini(port, data_dir, prov, password_file, listen, tls))
     return path
+
+
+def _with_auth(text, user, password_file, ca_file):
+    """The datasource provisioning text with basic auth (secureJsonData: Grafana stores it
+    encrypted) and, for https, the CA that signed the datasource's certificate."""
+    import yaml
+    config = yaml.safe_load(text)
+    with open(password_file) as f:
+        secure = {"basicAuthPassword": f.read().strip()}
+    for ds in config["datasources"]:
+        ds.update(basicAuth=True, basicAuthUser=user)
+        if ca_file:
+            ds.setdefault("jsonData", {})["tlsAuthWithCACert"] = True
+            with open(ca_file) as f:
+                secure["tlsCACert"] = f.read()
+        ds["secureJsonData"] = dict(secure)
+    return ("# rendered by lab/blockstack_lab/grafana.py from deploy/grafana/provisioning, with the exposed "
+            "mode's credentials (0600)\n" + yaml.safe_dump(config, sort_keys=False))
 
 
 def _write_if_changed(path, text):
@@ -184,16 +207,18 @@ def _write_if_changed(path, text):
                 return
     except FileNotFoundError:
         pass
-    with open(path, "w") as f:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the datasource may hold a password
+    with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(path, 0o600)
 
 
-def command(binary, home, ini_path, port):
+def command(binary, home, ini_path, port, scheme="http", host="127.0.0.1"):
     """(argv, env, health_url) for the supervisor or procs.running."""
     argv = [binary] + (["server"] if os.path.basename(binary) == "grafana" else [])
     argv += [f"--homepath={home}", f"--config={ini_path}"]
     env = {} if os.path.isdir("/usr/share/zoneinfo") else {"ZONEINFO": os.path.join(home, "tools", "zoneinfo.zip")}
-    return argv, env, f"http://127.0.0.1:{port}/api/health"
+    return argv, env, f"{scheme}://{host}:{port}/api/health"
 
 
 def api(url, path, password_, body=None, method=None, timeout=60):

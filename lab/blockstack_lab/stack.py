@@ -110,6 +110,10 @@ class Stack:
         for c in self.components:
             self.ports.setdefault(c, procs.free_port())
         self._ebpf_configs = ebpf_configs
+        # deploy/stackctl.py's exposed mode: the basic_auth (+ scheme/tls_config) block Prometheus
+        # uses for the listeners that have auth on (its own and Alertmanager's): fleet/roles.py client_http
+        self.web_client = None
+        self.web_address = "127.0.0.1"  # where those listen (stackctl.py --listen ADDR); the rest stays on loopback
 
     def missing(self):
         """What this stack needs and cannot find here, each naming the make target that provides it."""
@@ -127,7 +131,13 @@ class Stack:
         return problems
 
     def url(self, component, path=""):
-        return f"http://127.0.0.1:{self.ports[component]}{path}"
+        secure = self.web_client and self.web_client.get("scheme") == "https" and component in self.AUTH_COMPONENTS
+        return f"{'https' if secure else 'http'}://{self.address(component)}:{self.ports[component]}{path}"
+
+    def address(self, component):
+        return self.web_address if component in self.AUTH_COMPONENTS else "127.0.0.1"
+
+    AUTH_COMPONENTS = ("prometheus", "alertmanager", "grafana")  # the listeners web_client applies to
 
     @property
     def pages_file(self):
@@ -144,8 +154,9 @@ class Stack:
                 scrape_configs.append({
                     "job_name": job,
                     "scrape_interval": self.scrape_interval,
-                    "static_configs": [{"targets": [f"127.0.0.1:{self.ports[component]}"],
+                    "static_configs": [{"targets": [f"{self.address(component)}:{self.ports[component]}"],
                                         "labels": {"host": self.host}}],
+                    **(self.web_client if self.web_client and component in self.AUTH_COMPONENTS else {}),
                 })
         config = {
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.evaluation_interval},
@@ -154,7 +165,7 @@ class Stack:
         }
         if "alertmanager" in self.components:
             config["alerting"] = {"alertmanagers": [{"static_configs": [
-                {"targets": [f"127.0.0.1:{self.ports['alertmanager']}"]}]}]}
+                {"targets": [f"{self.address('alertmanager')}:{self.ports['alertmanager']}"]}], **(self.web_client or {})}]}
         return config
 
     def alertmanager_config(self):
@@ -216,8 +227,8 @@ class Stack:
                                     {}, self.url("alertmanager", "/-/ready"))
         if "prometheus" in self.components:
             cmds["prometheus"] = ([program("prometheus", self.servers), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",
-                                   "--storage.tsdb.retention.time=15d", f"--web.listen-address=127.0.0.1:{p['prometheus']}",
-                                   "--web.enable-lifecycle"],
+                                   "--storage.tsdb.retention.time=15d", f"--web.listen-address=127.0.0.1:{p['prometheus']}"],
+                                  # no --web.enable-lifecycle: any local user could POST /-/quit; reload is SIGHUP
                                   {}, self.url("prometheus", "/-/ready"))
         if "grafana" in self.components:  # optional: started only when listed (it needs Prometheus)
             binary, home = grafana.find() or (None, None)

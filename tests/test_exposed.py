@@ -1,0 +1,174 @@
+"""`make up --auth`: the exposed mode's TLS + basic auth (here on 127.0.0.1: the same code path as
+`--listen ADDR`, never a non-loopback address in a test) delivers a page, every listener refuses a
+request without credentials, and Prometheus has no lifecycle API left."""
+import base64
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from blockstack_lab import fio, grafana, loop, procs
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, REPO)  # fleet/pki.py: an operator's CA
+from fleet import pki  # noqa: E402
+COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")
+PAGE_ALERTS = {"BlockStackMergeCollapse", "BlockStackMissedMerges"}
+
+
+def make(target, state, ports, extra=""):
+    args = " ".join(f"--port {name}={port}" for name, port in ports.items()) + " " + extra
+    r = subprocess.run(["make", "-s", target, f"STATE_DIR={state}", f"UP_ARGS={args}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"make {target} failed:\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def answer(url, user=None, password=None, ca=None, method="GET", body=None):
+    """The HTTP status, or the name of the TLS/connection error, of one request."""
+    ctx = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if user:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=20, context=ctx) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except urllib.error.URLError as e:
+        return type(e.reason).__name__, str(e.reason)
+
+
+@pytest.fixture
+def state():
+    d = tempfile.mkdtemp(prefix="blockstack-exposed-")
+    ports = {name: procs.free_port() for name in COMPONENTS}
+    try:
+        yield d, ports
+    finally:
+        subprocess.run(["make", "-s", "clean", f"STATE_DIR={d}"], cwd=REPO, capture_output=True, timeout=120)
+        for pid in subprocess.run(["pgrep", "-f", d], capture_output=True, text=True).stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
+    state_dir, ports = state
+    out = make("up", state_dir, ports, "--auth")
+    secrets = os.path.join(state_dir, "secrets")
+    ca, password_file = os.path.join(secrets, "ca.crt"), os.path.join(secrets, "admin-password")
+    with open(password_file) as f:
+        password = f.read().strip()
+    for f in (password_file, os.path.join(secrets, "server.key"), os.path.join(secrets, "ca.key")):
+        assert oct(os.stat(f).st_mode & 0o777) == "0o600", f
+    with open(os.path.join(secrets, "admin-password.bcrypt")) as f:
+        assert f.read().startswith("$2b$06$")  # fleet_roles.BCRYPT_COST
+    assert f"https://127.0.0.1:{ports['prometheus']}" in out
+    prom, am, graf = (f"https://127.0.0.1:{ports[c]}" for c in ("prometheus", "alertmanager", "grafana"))
+    grafana_password = grafana.password(os.path.join(secrets, "grafana-admin-password"))
+
+    # every listener: plain HTTP refused, TLS not trusted without our CA, 401 without or with a
+    # wrong password, 200 with the generated one
+    checks = {"prometheus": (prom + "/api/v1/query?query=up", "admin", password),
+              "alertmanager": (am + "/api/v2/silences", "admin", password),
+              "grafana": (graf + "/api/datasources", "admin", grafana_password)}
+    report = {}
+    for name, (url, user, secret) in checks.items():
+        seen = {"plain http": answer(url.replace("https:", "http:"))[0],
+                "https, system CAs": answer(url)[0],
+                "no credentials": answer(url, ca=ca)[0],
+                "wrong password": answer(url, user, "wrong", ca=ca)[0],
+                "credentials": answer(url, user, secret, ca=ca)[0]}
+        report[name] = seen
+        assert seen["plain http"] == 400 or isinstance(seen["plain http"], str), (name, seen)  # "HTTP to an HTTPS server"
+        assert seen["https, system CAs"] == "SSLCertVerificationError", (name, seen)
+        assert seen["no credentials"] == 401 and seen["wrong password"] == 401, (name, seen)
+        assert seen["credentials"] == 200, (name, seen)
+    print("\nlisteners:", json.dumps(report))
+    # a local user can neither mute pages nor stop Prometheus without the password
+    silence = {"matchers": [{"name": "alertname", "value": ".+", "isRegex": True}], "startsAt": "2020-01-01T00:00:00Z",
+               "endsAt": "2099-01-01T00:00:00Z", "createdBy": "x", "comment": "x"}
+    assert answer(am + "/api/v2/silences", ca=ca, method="POST", body=silence)[0] == 401
+    assert answer(prom + "/-/quit", ca=ca, method="POST")[0] == 401
+    assert answer(prom + "/-/quit", "admin", password, ca=ca, method="POST")[0] == 403  # no lifecycle API at all
+
+    def api(path):
+        status, body = answer(prom + path, "admin", password, ca=ca)
+        assert status == 200, (path, status, body)
+        return json.loads(body)["data"]
+
+    # self-scrapes over TLS with the password: every target up
+    procs.wait_until("every target up", lambda: len(api("/api/v1/targets")["activeTargets"]) == 5 and all(
+        t["health"] == "up" for t in api("/api/v1/targets")["activeTargets"]), 60)
+    # Grafana's provisioned datasource reaches Prometheus (basic auth + our CA)
+    status, health = answer(graf + "/api/datasources/uid/blockstack-prometheus/health", "admin", grafana_password, ca=ca)
+    assert status == 200 and json.loads(health)["status"] == "OK", health
+
+    # `make up` again: its reload (SIGHUP through supervisord) applies
+    def last_reload():
+        result = api("/api/v1/query?query=prometheus_config_last_reload_success_timestamp_seconds")["result"]
+        return float(result[0]["value"][1]) if result else 0
+    before = last_reload()
+    time.sleep(1.1)
+    make("up", state_dir, ports, "--auth")
+    procs.wait_until("the reload", lambda: last_reload() > before, 30)
+
+    pages = os.path.join(state_dir, "config", "pages.jsonl")
+
+    def firing(device):
+        if not os.path.exists(pages):
+            return []
+        with open(pages) as f:
+            return [a for line in f for a in json.loads(line)["notification"].get("alerts", [])
+                    if a["labels"].get("alertname") in PAGE_ALERTS and a["labels"].get("device") == device
+                    and a["status"] == "firing"]
+
+    with loop.attached(256 << 20, directory="/dev/shm") as dev, loop.ext4(dev) as mnt:
+        name = loop.name(dev)
+        data = os.path.join(mnt, "data")
+        subprocess.run(["fio", "--name=layout", f"--filename={data}", "--size=128m", "--rw=write", "--bs=1m",
+                        "--direct=1", "--output=/dev/null"], check=True, timeout=120)
+        load = subprocess.Popen(["fio", "--name=seq", f"--filename={data}", "--size=128m", *fio.SEQ_BATCHED_READ,
+                                 "--time_based", "--runtime=300", "--output=/dev/null"], start_new_session=True)
+        try:
+            procs.wait_until("request sizes recorded", lambda: api(
+                "/api/v1/query?query=" + urllib.request.quote(
+                    f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'))["result"], 60)
+            assert not firing(name), "paged for healthy sequential I/O"
+            with loop.sysfs_setting(dev, "queue/nomerges", "2"):
+                flipped = time.monotonic()
+                page = procs.wait_until("the page", lambda: firing(name), 90)
+                print(f"page {time.monotonic() - flipped:.0f} s after the flip, through TLS + basic auth")
+            assert page[0]["labels"]["severity"] == "critical"
+        finally:
+            os.killpg(load.pid, signal.SIGTERM)
+            load.wait(30)
+    # Prometheus -> Alertmanager: nothing dropped (before the fix: every notification 401)
+    errors = api("/api/v1/query?query=sum(prometheus_notifications_errors_total)")["result"]
+    assert errors and float(errors[0]["value"][1]) == 0, errors
+
+    # the operator's certificate (from another CA) instead of the generated one
+    theirs = os.path.join(state_dir, "operator-pki")
+    their_ca = pki.make_ca(theirs, name="operator-ca")
+    # on one address (a loopback alias here: --listen ADDR's code path), where the stack's own clients go too
+    crt, key = pki.make_cert(theirs, "web", ["127.0.0.2"])
+    make("up", state_dir, ports, f"--listen 127.0.0.2 --tls-cert {crt} --tls-key {key} --tls-ca {their_ca}")
+    for name, (url, user, secret) in checks.items():
+        url = url.replace("127.0.0.1", "127.0.0.2")
+        assert answer(url, user, secret, ca=their_ca)[0] == 200, name
+        assert answer(url, ca=their_ca)[0] == 401, name
+        assert answer(url, user, secret, ca=ca)[0] == "SSLCertVerificationError", name
+    ca, prom = their_ca, prom.replace("127.0.0.1", "127.0.0.2")
+    procs.wait_until("every target up with the operator's certificate", lambda: all(
+        t["health"] == "up" for t in api("/api/v1/targets")["activeTargets"]), 60)
+    make("down", state_dir, ports)
