@@ -5,15 +5,13 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
 
-import pytest
 
 from blockstack_lab import fio, grafana, loop, procs
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")
+COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")  # conftest.state's ports
 PAGE_ALERTS = {"BlockStackMergeCollapse"}
 
 
@@ -60,19 +58,6 @@ def notifications(state, device, status):
                 if labels.get("alertname") in PAGE_ALERTS and labels.get("device") == device and alert.get("status") == status:
                     found.append(alert)
     return found
-
-
-@pytest.fixture
-def state():
-    d = tempfile.mkdtemp(prefix="blockstack-up-")
-    ports = {name: procs.free_port() for name in COMPONENTS}
-    try:
-        yield d, ports
-    finally:
-        subprocess.run(["make", "-s", "clean", f"STATE_DIR={d}"], cwd=REPO, capture_output=True, timeout=120)
-        leftovers = subprocess.run(["pgrep", "-f", d], capture_output=True, text=True).stdout.split()
-        for pid in leftovers:
-            os.kill(int(pid), signal.SIGKILL)
 
 
 def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
