@@ -72,7 +72,7 @@ bench-exporter: venv
 ## fuzz-exporter: >= 10,000 damaged-input scrapes of the real exporter and HTTP abuse (~15 min; BENCHMARKS.md "Robustness")
 .PHONY: fuzz-exporter
 fuzz-exporter: venv
-	@$(VPY) exporters/bench/fuzz_exporter.py $(FUZZ_ARGS)
+	@$(VPY) exporters/tests/fuzz_exporter.py $(FUZZ_ARGS)
 
 ## bench-ebpf: BPF ns per I/O vs upstream's examples/biolatency, and fio 4 KiB random-read IOPS with all BPF configs attached vs none
 bench-ebpf: venv ebpf-build

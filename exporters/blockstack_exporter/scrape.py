@@ -3,8 +3,12 @@
 Each collector is an object with a `name` and a `collect(scrape)` generator of metric families.
 Problems with one device or one file are reported with `scrape.error(...)`: they count in
 blockstack_collector_errors_total{collector,reason} and are logged, and the collector carries
-on. A condition that persists is logged once, again when its message changes, and once more
-when it is gone; at most MAX_LOG_LINES lines a scrape. An exception that escapes a collector
+on. A condition that persists (the same subject, e.g. a device and what was read) is logged
+once, again when its reason changes, and once more when it is gone; at most MAX_LOG_LINES
+lines a scrape. It is counted on every scrape that meets it, so that rate() of the counter says
+the problem is still there (a count of first occurrences would go flat, looking mended). What
+the exporter observes about a device (an invalid snapshot, a failed thin pool) is no error: it
+is published as state. An exception that escapes a collector
 marks only that collector failed (blockstack_scrape_collector_success 0); the rest of the scrape
 is served.
 
@@ -229,7 +233,7 @@ class BlockstackCollector(Collector):
         self.errors = {}  # (collector, reason) -> count; a series appears with its first count
         self.attributes = AttributeReader()
         self.lock = threading.Lock()  # scrapes take turns: shared descriptors and counters
-        self._logged = {}  # (collector, subject) -> message logged, for conditions seen last scrape
+        self._logged = {}  # (collector, subject) -> (reason, message) of conditions seen last scrape
         self._seen = {}
         self._log_budget = 0
         self._unlogged = 0
@@ -240,10 +244,12 @@ class BlockstackCollector(Collector):
         self.errors[key] = self.errors.get(key, 0) + count
         condition = (collector, printable(str(subject), 120))
         message = printable(message)
-        self._seen[condition] = message
-        if self._logged.get(condition) != message:
-            self._logged[condition] = message
+        # logged when new or of another reason; a message that only counts or times differently
+        # is the same condition (a pending read "started 40 s ago", "3 samples dropped")
+        before = self._seen.get(condition) or self._logged.get(condition)
+        if before is None or before[0] != reason:
             self._log(logging.WARNING, "collector %s: %s", collector, message)
+        self._seen[condition] = reason, message
 
     def _log(self, level, fmt, *args):
         if self._log_budget > 0:
@@ -258,7 +264,7 @@ class BlockstackCollector(Collector):
             self._seen, self._log_budget, self._unlogged = {}, MAX_LOG_LINES, 0
             families = list(self._collect())
             self.attributes.sweep()
-            for (collector, subject), message in self._logged.items():
+            for (collector, subject), (_, message) in self._logged.items():
                 if (collector, subject) not in self._seen:
                     self._log(logging.INFO, "collector %s: no longer: %s", collector, message)
             self._logged = self._seen
@@ -303,8 +309,8 @@ class BlockstackCollector(Collector):
             "blockstack_collector_errors",
             "Problems met while reading kernel interfaces, by collector and reason: unreadable, "
             "vanished, parse (a bad value), too_large, timeout, deadline, command (dmsetup failed), "
-            "state (a snapshot or thin pool that failed), label_value, value_range, series_limit "
-            "(samples dropped), failed (the whole collector). Each is logged once while it lasts.",
+            "label_value, value_range, series_limit (samples dropped), failed (the whole collector). "
+            "Counted on every scrape that meets it; logged once while it lasts.",
             labels=["collector", "reason"])
         for (name, reason), n in self.errors.items():
             errors.add_metric([name, reason], n)

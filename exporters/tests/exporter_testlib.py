@@ -1,58 +1,65 @@
 """Helpers shared by the exporter's tests (imported by name: conftest modules of several
 test directories would shadow each other)."""
 import os
+import shutil
 import sys
+import time
+import urllib.error
+import urllib.request
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from blockstack_exporter.collectors import ALL
-from blockstack_exporter.scrape import BlockstackCollector, Paths
+from blockstack_exporter.main import build_registry, parse_args
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures")
 HOST_LOOP = os.path.join(FIXTURES, "host-loop")
 EXPORTER = os.path.join(os.path.dirname(sys.executable), "blockstack-exporter")
+FAKE_DMSETUP = os.path.join(HERE, "fake_dmsetup.py")
 
 
-def tree_paths(root):
-    return Paths(sysfs=os.path.join(root, "sys"), procfs=os.path.join(root, "proc"), dev=os.path.join(root, "dev"))
+def tree_flags(tree):
+    return [f"--path.sysfs={tree}/sys", f"--path.procfs={tree}/proc", f"--path.dev={tree}/dev",
+            f"--collector.dm.dmsetup={FAKE_DMSETUP}"]
 
 
-def registry_for(root, collectors=None):
-    """A fresh registry with the given collectors (all by default) over a fixture tree."""
-    names = collectors or list(ALL)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(BlockstackCollector([ALL[n]() for n in names], tree_paths(root)))
-    return registry
+def registry_for(tree, *flags):
+    """The exporter's own registry (main.build_registry) over a fixture tree, with more of its
+    command-line flags (e.g. "--no-collector.dm")."""
+    return build_registry(parse_args([*tree_flags(tree), *flags]))
 
 
 class Scraped:
-    """One collection of a registry, queried like get_sample_value (which would collect again
-    and so count errors again)."""
+    """One exposition parsed with prometheus_client's parser, queried like get_sample_value.
+    Built from the text an exporter served or from a registry (collected once: each
+    collection counts errors again)."""
 
-    def __init__(self, registry):
-        self.samples = {}
-        for family in registry.collect():
-            for s in family.samples:
-                self.samples[(s.name, frozenset(s.labels.items()))] = s.value
+    def __init__(self, source):
+        self.text = source if isinstance(source, str) else generate_latest(source).decode()
+        self.families = list(text_string_to_metric_families(self.text))
+        self.samples = {(s.name, frozenset(s.labels.items())): s.value for f in self.families for s in f.samples}
 
     def get(self, metric, /, **labels):
-        return self.samples.get((metric, frozenset(labels.items())))
+        return self.samples.get((metric, frozenset((k, str(v)) for k, v in labels.items())))
 
-    def errors(self, collector, reason=None):
-        """blockstack_collector_errors_total of a collector, over every reason or for one."""
+    def series(self, metric):
+        """[labels] of every series of a metric."""
+        return [dict(labels) for name, labels in self.samples if name == metric]
+
+    def success(self, collector):
+        return self.get("blockstack_scrape_collector_success", collector=collector)
+
+    def errors(self, collector=None, reason=None):
+        """blockstack_collector_errors_total, over every collector and reason or for one."""
         return sum(v for (name, labels), v in self.samples.items()
-                   if name == "blockstack_collector_errors_total" and ("collector", collector) in labels
+                   if name == "blockstack_collector_errors_total"
+                   and (collector is None or ("collector", collector) in labels)
                    and (reason is None or ("reason", reason) in labels))
-
-
-def scrape_tree(root, collectors=None):
-    return Scraped(registry_for(root, collectors))
 
 
 # --- a tree with every kind of file the exporter reads, dm devices and dmsetup included ------------
 
-FAKE_DMSETUP = os.path.join(HERE, "fake_dmsetup.py")
 # dm-N: (dev, dm name, devices beneath); majors 252 (the fixture's zram0 holds 253:0)
 DM_DEVICES = {"dm-0": ("252:0", "vg-lv-real", ["loop0"]), "dm-1": ("252:1", "vg-snap-cow", ["loop0"]),
               "dm-2": ("252:2", "vg-lv", ["dm-0"]), "dm-3": ("252:3", "vg-snap", ["dm-0", "dm-1"])}
@@ -65,7 +72,6 @@ DMSETUP_STATUS = ("vg-lv-real: 0 2048 linear \nvg-snap-cow: 0 1024 linear \n"
 def full_tree(base):
     """host-loop plus four dm devices (an LVM snapshot stack on loop0) and the dmsetup outputs
     fake_dmsetup.py prints for them. Returns (tree, dmsetup fixture directory)."""
-    import shutil
     tree = os.path.join(base, "tree")
     shutil.copytree(HOST_LOOP, tree, symlinks=True)
     for name, (devno, dm_name, slaves) in DM_DEVICES.items():
@@ -90,15 +96,11 @@ def full_tree(base):
 
 
 def exporter_argv(tree, port, *extra):
-    return [EXPORTER, f"--web.listen-address=127.0.0.1:{port}", f"--path.sysfs={tree}/sys",
-            f"--path.procfs={tree}/proc", f"--path.dev={tree}/dev", f"--collector.dm.dmsetup={FAKE_DMSETUP}", *extra]
+    return [EXPORTER, f"--web.listen-address=127.0.0.1:{port}", *tree_flags(tree), *extra]
 
 
 def http(url, method="GET", headers=None, timeout=30):
     """(status, body text, seconds) of one request, whatever the status."""
-    import time
-    import urllib.error
-    import urllib.request
     request = urllib.request.Request(url, method=method, headers=headers or {})
     start = time.monotonic()
     try:
@@ -106,13 +108,3 @@ def http(url, method="GET", headers=None, timeout=30):
             return r.status, r.read().decode("utf-8", "replace"), time.monotonic() - start
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode("utf-8", "replace"), time.monotonic() - start
-
-
-def errors_in(body, collector=None, reason=None):
-    """Sum of blockstack_collector_errors_total in an exposition, optionally of one collector/reason."""
-    import re
-    total = 0.0
-    for m in re.finditer(r'^blockstack_collector_errors_total\{collector="(\w+)",reason="(\w+)"\} (\S+)$', body, re.M):
-        if (collector is None or m[1] == collector) and (reason is None or m[2] == reason):
-            total += float(m[3])
-    return total

@@ -1,6 +1,6 @@
 """End-to-end fuzzing of the real exporter: damage the files and commands it reads, scrape it
 over HTTP, check the answer, undo the damage. Used by test_fuzz.py (short, in make test) and
-exporters/bench/fuzz_exporter.py (>= 10,000 iterations, make fuzz-exporter).
+fuzz_exporter.py (>= 10,000 iterations, make fuzz-exporter).
 
 Every file the exporter reads in exporter_testlib.full_tree (sysfs attributes and links, device
 names, mountinfo, ext4 options, jbd2 info, superblocks) and both dmsetup commands are targets.
@@ -10,17 +10,20 @@ name: renamed to bytes that are not UTF-8; for a command: random output, huge ou
 hanging. Checks per scrape: HTTP 200, a parseable exposition (promtool check metrics where
 asked), the time, the exporter's RSS, and that a damage which drops a value (or makes a read
 fail) raised blockstack_collector_errors_total.
+
+Damaged requests (test_hardening.py, and fuzz_exporter.py's HTTP abuse): ABORTED, HALF_SENT and
+SLOW, sent by damaged_request().
 """
 import os
 import random
 import re
 import shutil
+import socket
 import subprocess
 import time
+import urllib.parse
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from exporter_testlib import DM_DEVICES, errors_in, exporter_argv, full_tree, http
+from exporter_testlib import DM_DEVICES, Scraped, exporter_argv, full_tree, http
 
 # (path relative to the tree, kind): numeric attributes re-read every scrape drop a value when
 # damaged; other files are read too, but a damage there need not drop anything (a device
@@ -229,10 +232,11 @@ class Fuzzer:
             problems.append(f"HTTP {status}")
         else:
             try:
-                list(text_string_to_metric_families(body))
+                errors = Scraped(body).errors()
             except Exception as e:
                 self.stats["parse_failures"] += 1
                 problems.append(f"unparseable exposition: {e!r}")
+                errors = None
             if promtool:
                 self.stats["promtool_runs"] += 1
                 r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, text=True,
@@ -240,26 +244,29 @@ class Fuzzer:
                 if r.returncode != 0:
                     self.stats["promtool_failures"] += 1
                     problems.append("promtool: " + (r.stdout + r.stderr)[:300])
-            errors = errors_in(body)
-            counted = errors - self.errors_total - self.baseline
-            self.errors_total = errors
-            # a renamed directory whose file inside was deleted publishes nothing: nothing to drop
-            deleted = [t[0] for t, d in chosen if d == "deleted"]
-            expected = [(t, d) for t, d in chosen
-                        if not (t[1] == "name" and any(p.startswith(t[0] + "/") for p in deleted))]
-            if any(must_count(t[0], t[1], d) for t, d in expected) and counted < 1:
-                self.stats["uncounted"] += 1
-                problems.append(f"nothing counted (errors_total +{counted:g} over the baseline)")
+            if errors is not None:
+                self._check_counted(chosen, errors, problems)
         self.stats["log_lines"] += self._log_lines() - log_before
         if problems:
             self.stats["failures"].append((chosen, problems))
         return problems
 
+    def _check_counted(self, chosen, errors, problems):
+        counted = errors - self.errors_total - self.baseline
+        self.errors_total = errors
+        # a renamed directory whose file inside was deleted publishes nothing: nothing to drop
+        deleted = [t[0] for t, d in chosen if d == "deleted"]
+        expected = [(t, d) for t, d in chosen
+                    if not (t[1] == "name" and any(p.startswith(t[0] + "/") for p in deleted))]
+        if any(must_count(t[0], t[1], d) for t, d in expected) and counted < 1:
+            self.stats["uncounted"] += 1
+            problems.append(f"nothing counted (errors_total +{counted:g} over the baseline)")
+
     def calibrate(self, url):
         """errors_total counted by one scrape of the undamaged tree (the fixture has one: vda's
         superblock is not in it)."""
-        before = errors_in(http(url + "/metrics")[1])
-        self.errors_total = errors_in(http(url + "/metrics")[1])
+        before = Scraped(http(url + "/metrics")[1]).errors()
+        self.errors_total = Scraped(http(url + "/metrics")[1]).errors()
         self.baseline = self.errors_total - before
 
     def _log_lines(self):
@@ -280,3 +287,32 @@ def timed(fn):
     start = time.monotonic()
     fn()
     return time.monotonic() - start
+
+
+# Requests that never become a scrape
+ABORTED = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"  # closed before any answer
+HALF_SENT = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"  # headers never finished, then closed
+SLOW = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: "  # a header never finished, kept open
+
+
+def damaged_request(url, data, keep_open=False):
+    """A connection to the exporter at `url` that sends `data` and closes, or is returned open."""
+    where = urllib.parse.urlsplit(url)
+    s = socket.create_connection((where.hostname, where.port), timeout=5)
+    s.sendall(data)
+    if keep_open:
+        return s
+    s.close()
+
+
+def closed_by_exporter(connections, timeout):
+    """How many of the connections kept open the exporter has closed; closes them all."""
+    closed = 0
+    for s in connections:
+        s.settimeout(timeout)
+        try:
+            closed += s.recv(1) == b""
+        except OSError:
+            closed += 1
+        s.close()
+    return closed

@@ -3,23 +3,16 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
-from prometheus_client import CollectorRegistry
-
-from blockstack_exporter.collectors import ALL
-from blockstack_exporter.scrape import BlockstackCollector
-from exporter_testlib import EXPORTER, HOST_LOOP, Scraped, scrape_tree, tree_paths
+from exporter_testlib import EXPORTER, HOST_LOOP, Scraped, registry_for
 from blockstack_lab import procs
 
 LOOP0_QUEUE = "sys/devices/virtual/block/loop0/queue"
 
 
-def errors(scraped, collector):
-    return scraped.errors(collector)
-
-
-def success(scraped, collector):
-    return scraped.get("blockstack_scrape_collector_success", collector=collector)
+def scrape_tree(tree):
+    return Scraped(registry_for(tree))
 
 
 def write(tree, rel, text):
@@ -35,8 +28,8 @@ def test_garbage_number_drops_one_sample_and_counts_an_error(host_tree, caplog):
     assert s.get("blockstack_queue_nomerges", device="loop0") is None
     assert s.get("blockstack_queue_max_sectors_bytes", device="loop0") == 4096
     assert s.get("blockstack_queue_nomerges", device="loop1") == 0
-    assert errors(s, "queue") == 1
-    assert s.get("blockstack_scrape_collector_success", collector="queue") == 1
+    assert s.errors("queue") == 1
+    assert s.success("queue") == 1
     assert "loop0: nomerges: value: expected a non-negative integer, got 'two'" in caplog.text
 
 
@@ -44,21 +37,20 @@ def test_odd_scheduler_and_negative_value(host_tree):
     write(host_tree, f"{LOOP0_QUEUE}/scheduler", "none [mq-deadline\n")
     write(host_tree, f"{LOOP0_QUEUE}/read_ahead_kb", "-4\n")
     s = scrape_tree(host_tree)
-    assert errors(s, "queue") == 2
+    assert s.errors("queue") == 2
     assert s.get("blockstack_queue_read_ahead_bytes", device="loop0") is None
     assert s.get("blockstack_queue_nomerges", device="loop0") == 2
 
 
 def test_device_vanishing_between_listing_and_reading(host_tree):
     # The class/block link stays (listed) but the device directory is gone (removed meanwhile).
-    import shutil
     shutil.rmtree(os.path.join(host_tree, "sys/devices/virtual/block/loop1"))
     s = scrape_tree(host_tree)
-    assert errors(s, "queue") >= 1
+    assert s.errors("queue") >= 1
     assert s.get("blockstack_queue_nomerges", device="loop1") is None
     assert s.get("blockstack_queue_nomerges", device="loop0") == 2
     for c in ("queue", "stack", "ext4", "jbd2"):
-        assert s.get("blockstack_scrape_collector_success", collector=c) == 1
+        assert s.success(c) == 1
 
 
 def test_missing_procfs_files_fail_only_what_needs_them(host_tree):
@@ -66,26 +58,24 @@ def test_missing_procfs_files_fail_only_what_needs_them(host_tree):
     write(host_tree, "proc/fs/jbd2/loop0-8/info", "this is not jbd2\n")
     s = scrape_tree(host_tree)
     # without mountinfo: one error, no loop edges and no mountpoints, but every collector serves
-    assert errors(s, "stack") == 1
+    assert s.errors("stack") == 1
     assert s.get("blockstack_device_lower_info", device="loop1", lower="loop0") is None
     assert s.get("blockstack_ext4_dioread_nolock", device="loop1", mountpoint="") == 0
-    assert errors(s, "jbd2") == 1
+    assert s.errors("jbd2") == 1
     for c in ("queue", "stack", "ext4", "jbd2"):
-        assert success(s, c) == 1
+        assert s.success(c) == 1
     assert s.get("blockstack_jbd2_transactions_total", device="loop1", journal="loop1-8") is not None
 
 
 def test_empty_tree_is_an_empty_scrape_not_a_crash(tmp_path):
     s = scrape_tree(str(tmp_path))
     for c in ("queue", "stack", "dm", "jbd2"):
-        assert s.get("blockstack_scrape_collector_success", collector=c) == 1
+        assert s.success(c) == 1
 
 
 def test_permission_denied_as_an_unprivileged_exporter(tmp_path):
     """Run the real exporter as nobody (root reads everything, so drop privileges) over a tree
     where one queue file is mode 000: the scrape answers, the error is counted."""
-    import shutil
-    import tempfile
     base = tempfile.mkdtemp(prefix="blockstack-perm-")  # /tmp/pytest-of-root is 0700: not for nobody
     try:
         os.chmod(base, 0o755)
@@ -104,12 +94,10 @@ def _scrape_as_nobody(host_tree, tmp_path):
             f"--path.procfs={host_tree}/proc", f"--path.dev={host_tree}/dev"]
     log = tmp_path / "exporter.log"
     with procs.running(argv, health_url=f"http://127.0.0.1:{port}/metrics", log_path=str(log)):
-        body = procs.http_get(f"http://127.0.0.1:{port}/metrics")
-    assert 'blockstack_queue_nomerges{device="loop1"} 0.0' in body
-    assert 'blockstack_queue_nomerges{device="loop0"}' not in body
-    # one error per scrape (the health check scraped too)
-    count = float(body.split('blockstack_collector_errors_total{collector="queue",reason="unreadable"} ')[1].split()[0])
-    assert count >= 1
+        s = Scraped(procs.http_get(f"http://127.0.0.1:{port}/metrics"))
+    assert s.get("blockstack_queue_nomerges", device="loop1") == 0
+    assert s.get("blockstack_queue_nomerges", device="loop0") is None
+    assert s.errors("queue", "unreadable") >= 1  # one per scrape (the health check scraped too)
     assert "Permission denied" in log.read_text()
 
 
@@ -142,9 +130,7 @@ def test_devices_vanishing_and_appearing_between_scrapes(host_tree):
     sysfs attributes must not make it serve a gone device or miss a new one. (On real sysfs a
     descriptor of a removed device fails with ENODEV, see test_live.py; a fixture's regular
     files keep their content after removal, so here each change is seen by a scrape first.)"""
-    collector = BlockstackCollector([c() for c in ALL.values()], tree_paths(host_tree))
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    registry = registry_for(host_tree)
     loop1 = "sys/devices/virtual/block/loop1"
     links = ("sys/class/block/loop1", "sys/block/loop1", "sys/dev/block/7:1")
     saved = {link: os.readlink(os.path.join(host_tree, link)) for link in links}
@@ -152,6 +138,7 @@ def test_devices_vanishing_and_appearing_between_scrapes(host_tree):
     s = Scraped(registry)
     assert s.get("blockstack_queue_nomerges", device="loop1") == 0
     assert s.get("blockstack_device_holders", device="loop0") == 1
+    assert kept_open(os.path.join(host_tree, loop1, "")) > 0
 
     # loop1 removed: gone from every collector's output, no error, its descriptors closed
     shutil.rmtree(os.path.join(host_tree, loop1))
@@ -162,8 +149,8 @@ def test_devices_vanishing_and_appearing_between_scrapes(host_tree):
     assert s.get("blockstack_device_lower_info", device="loop1", lower="loop0") is None
     assert s.get("blockstack_device_holders", device="loop0") == 0
     assert s.get("blockstack_device_holders", device="loop2") == 1  # the others unchanged
-    assert errors(s, "queue") == 0 and errors(s, "stack") == 0
-    assert not [path for path in collector.attributes.fds if "/loop1/" in path]
+    assert s.errors("queue") == 0 and s.errors("stack") == 0
+    assert kept_open(os.path.join(host_tree, loop1, "")) == 0
 
     # a new loop1 with other settings: read afresh, not from what the old one showed
     shutil.copytree(os.path.join(HOST_LOOP, loop1), os.path.join(host_tree, loop1))
@@ -173,4 +160,15 @@ def test_devices_vanishing_and_appearing_between_scrapes(host_tree):
     s = Scraped(registry)
     assert s.get("blockstack_queue_nomerges", device="loop1") == 1
     assert s.get("blockstack_device_lower_info", device="loop1", lower="loop0") == 1
-    assert errors(s, "queue") == 0 and errors(s, "stack") == 0
+    assert s.errors("queue") == 0 and s.errors("stack") == 0
+
+
+def kept_open(directory):
+    """How many of this process's descriptors are open on files under `directory`."""
+    paths = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own descriptor, closed meanwhile
+            pass
+    return sum(p.startswith(directory) for p in paths)

@@ -1,7 +1,7 @@
 """Collectors on the host-loop fixture: a tree captured on a real machine (kernel 6.18) with
 loop1 on a file on ext4 on loop0 (loop0 nomerges=2, max_sectors_kb=4), ext4 on loop1 mounted
 dioread_lock,nodelalloc,commit=10, a partitioned loop2, and the host's vda and zram0."""
-from exporter_testlib import HOST_LOOP, registry_for
+from exporter_testlib import HOST_LOOP, Scraped, full_tree, registry_for
 
 
 def value(metric, **labels):
@@ -35,8 +35,8 @@ def test_stack_edges_follow_loop_backing_files_and_partitions():
     assert value("blockstack_device_beneath_info", device="loop1", lower="vda", depth="2") == 1
     assert value("blockstack_device_holders", device="loop1") == 0
     assert value("blockstack_device_holders", device="loop0") == 1
-    assert value("blockstack_device_info", device="loop2p1", kind="partition", name="loop2p1", dm_name="",
-                 dm_uuid="", lvm_vg="", lvm_lv="", lvm_layer="", backing_file="") == 1
+    assert value("blockstack_device_info", device="loop2p1", kind="partition", name="loop2p1", uuid="",
+                 vg_name="", lv_name="", lv_layer="", backing_file="") == 1
 
 
 def test_ext4_effective_options():
@@ -62,3 +62,15 @@ def test_jbd2_statistics_in_base_units():
 def test_every_collector_succeeds_on_the_fixture():
     for name in ("queue", "stack", "dm", "ext4", "jbd2"):
         assert value("blockstack_scrape_collector_success", collector=name) == 1
+
+
+def test_dm_identity_labels_are_node_exporters(tmp_path):
+    """name, uuid, vg_name, lv_name and lv_layer hold what udev's DM_NAME, DM_UUID, DM_VG_NAME,
+    DM_LV_NAME and DM_LV_LAYER hold (lvm2 11-dm-lvm.rules), as in node_disk_device_mapper_info:
+    the two join on `device` alone. The layer names LVM's hidden devices only."""
+    tree, _ = full_tree(str(tmp_path))
+    s = Scraped(registry_for(tree, "--no-collector.dm"))
+    for device, name, lv, layer in (("dm-0", "vg-lv-real", "lv", "real"), ("dm-1", "vg-snap-cow", "snap", "cow"),
+                                    ("dm-2", "vg-lv", "lv", ""), ("dm-3", "vg-snap", "snap", "")):
+        assert s.get("blockstack_device_info", device=device, kind="dm", name=name, uuid=f"LVM-{device}fixture",
+                     vg_name="vg", lv_name=lv, lv_layer=layer, backing_file="") == 1

@@ -10,26 +10,21 @@ import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.registry import Collector
 
 from blockstack_exporter.collectors.dm import (
-    DmCollector, parse_line, parse_listing, parse_origin_table, parse_snapshot_status,
-    parse_snapshot_table, parse_thin_pool_status, parse_thin_pool_table)
-from blockstack_exporter.collectors.jbd2 import Jbd2Collector
+    parse_line, parse_listing, parse_origin_table, parse_snapshot_status, parse_snapshot_table,
+    parse_thin_pool_status, parse_thin_pool_table)
 from blockstack_exporter.fs import ParseError
-from blockstack_exporter.main import build_registry, parse_args
-from blockstack_exporter.scrape import BlockstackCollector, Paths
+from exporter_testlib import Scraped, registry_for
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-FAKE = os.path.join(HERE, "fake_dmsetup.py")
-DM_FIXTURES = os.path.join(HERE, "fixtures", "dm")
+DM_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "dm")
+DM_ONLY = ("--collector.disable-defaults", "--collector.dm")
 SECTOR = 512
 
 # One line per block device: `disk NAME MAJ:MIN`, `part NAME MAJ:MIN DISK`, `dm dm-N MAJ:MIN DMNAME`.
 # dm uuids are LVM-style placeholders (the collector does not use them).
 SYSFS = {
-    # lvm-snapshot-nvme-merges.md: nvme1n1 (259,0 in its btrace), seclv + snapshot tmp_backup1.
+    # The LVM-snapshot-on-NVMe incident: nvme1n1 (259,0 in its btrace), seclv + snapshot tmp_backup1.
     "nvme-incident": """
         disk nvme1n1 259:0
         dm   dm-0 253:0 secvol-seclv
@@ -131,57 +126,29 @@ def build_sysfs(root, description):
                 f.write(rest[0] + "\n")
             with open(os.path.join(sysfs, rel, "dm", "uuid"), "w") as f:
                 f.write(f"LVM-fixture{rest[0]}\n")
-    return Paths(sysfs=sysfs, procfs=os.path.join(root, "proc"), dev=os.path.join(root, "dev"))
-
-
-class _Frozen(Collector):
-    def __init__(self, families):
-        self.families = families
-
-    def collect(self):
-        return iter(self.families)
-
-
-class Result:
-    """One scrape, held in a fresh CollectorRegistry so get_sample_value does not scrape again
-    (each collection would run dmsetup and count the errors again)."""
-
-    def __init__(self, registry):
-        self.families = list(registry.collect())
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Frozen(self.families))
-
-    def value(self, metric, /, **labels):
-        return self.registry.get_sample_value(metric, labels)
-
-    def errors(self, collector="dm"):
-        return sum(s.value for s in self.samples("blockstack_collector_errors_total") if s.labels["collector"] == collector)
-
-    def success(self, collector="dm"):
-        return self.value("blockstack_scrape_collector_success", collector=collector)
-
-    def samples(self, metric):
-        return [s for f in self.families for s in f.samples if s.name == metric]
-
-    def text(self):
-        return generate_latest(self.registry).decode()
+    return root
 
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    """Points fake_dmsetup at a scenario; returns a function scenario -> Result of one scrape."""
+    """Points fake_dmsetup at a scenario; returns a function scenario -> one Scraped scrape of
+    the exporter's registry with the dm collector (and the collectors named in `also`)."""
     log = tmp_path / "dmsetup.log"
     monkeypatch.setenv("FAKE_DMSETUP_LOG", str(log))
     for var in ("FAKE_DMSETUP_MODE", "FAKE_DMSETUP_ONLY", "FAKE_DMSETUP_SLEEP"):
         monkeypatch.delenv(var, raising=False)
 
-    def scrape(scenario, sysfs=None, dmsetup=FAKE, timeout=5.0, extra=()):
+    def registry(scenario, sysfs=None, flags=()):
         monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", os.path.join(DM_FIXTURES, scenario))
-        paths = build_sysfs(str(tmp_path / "root"), sysfs or SYSFS[scenario])
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(BlockstackCollector([DmCollector(dmsetup=dmsetup, timeout=timeout), *extra], paths))
-        return Result(registry)
+        return registry_for(build_sysfs(str(tmp_path / "root"), sysfs or SYSFS[scenario]), *DM_ONLY, *flags)
 
+    def scrape(scenario, sysfs=None, dmsetup=None, timeout=5.0, also=()):
+        flags = [f"--collector.dm.timeout={timeout}", *(f"--collector.{c}" for c in also)]
+        if dmsetup:
+            flags.append(f"--collector.dm.dmsetup={dmsetup}")
+        return Scraped(registry(scenario, sysfs, flags))
+
+    scrape.registry = registry
     scrape.calls = lambda: log.read_text().splitlines() if log.exists() else []
     return scrape
 
@@ -190,111 +157,116 @@ def fake(tmp_path, monkeypatch):
 
 def test_nvme_incident_snapshot_of_seclv(fake):
     r = fake("nvme-incident")
-    assert r.success() == 1 and r.errors() == 0
+    assert r.success("dm") == 1 and r.errors("dm") == 0
     for device, name, target in (("dm-0", "secvol-seclv", "snapshot-origin"), ("dm-1", "secvol-seclv-real", "linear"),
                                  ("dm-2", "secvol-tmp_backup1-cow", "linear"), ("dm-3", "secvol-tmp_backup1", "snapshot")):
-        assert r.value("blockstack_dm_target_info", device=device, name=name, target=target) == 1
+        assert r.get("blockstack_dm_target_info", device=device, name=name, target=target) == 1
     snap = dict(device="dm-3", name="secvol-tmp_backup1")
-    assert r.value("blockstack_dm_snapshot_info", **snap, origin="dm-1", cow="dm-2", persistent="P", merge="false") == 1
-    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096  # lvcreate's default, 8 sectors
-    assert r.value("blockstack_dm_snapshot_cow_used_bytes", **snap) == 208 * SECTOR
-    assert r.value("blockstack_dm_snapshot_cow_size_bytes", **snap) == 75497472 * SECTOR  # 36 GiB, 90%FREE
-    assert r.value("blockstack_dm_snapshot_metadata_bytes", **snap) == 16 * SECTOR
-    assert r.value("blockstack_dm_snapshot_state", **snap, state="valid") == 1
+    assert r.get("blockstack_dm_snapshot_info", **snap, origin="dm-1", cow="dm-2", persistent="P", merge="false") == 1
+    assert r.get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096  # lvcreate's default, 8 sectors
+    assert r.get("blockstack_dm_snapshot_cow_used_bytes", **snap) == 208 * SECTOR
+    assert r.get("blockstack_dm_snapshot_cow_size_bytes", **snap) == 75497472 * SECTOR  # 36 GiB, 90%FREE
+    assert r.get("blockstack_dm_snapshot_metadata_bytes", **snap) == 16 * SECTOR
+    assert r.get("blockstack_dm_snapshot_state", **snap, state="valid") == 1
     for other in ("invalid", "overflow", "merge_failed", "merging"):
-        assert r.value("blockstack_dm_snapshot_state", **snap, state=other) == 0
-    assert r.value("blockstack_dm_snapshot_origin_info", device="dm-0", name="secvol-seclv", origin="dm-1") == 1
+        assert r.get("blockstack_dm_snapshot_state", **snap, state=other) == 0
+    assert r.get("blockstack_dm_snapshot_origin_info", device="dm-0", name="secvol-seclv", origin="dm-1") == 1
     # linear and snapshot-origin devices carry no snapshot series
-    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", device="dm-0", name="secvol-seclv") is None
+    assert r.get("blockstack_dm_snapshot_chunk_size_bytes", device="dm-0", name="secvol-seclv") is None
     assert [c.split(" ", 1)[1] for c in fake.calls()] == ["dmsetup table", "dmsetup status --noflush"]
 
 
 def test_snapshot_merge_in_progress(fake):
     r = fake("snapshot-merge")
-    assert r.success() == 1 and r.errors() == 0
+    assert r.success("dm") == 1 and r.errors("dm") == 0
     base = dict(device="dm-10", name="volumeGroup-base")
-    assert r.value("blockstack_dm_target_info", **base, target="snapshot-merge") == 1
-    assert r.value("blockstack_dm_snapshot_info", **base, origin="dm-11", cow="dm-12", persistent="P", merge="true") == 1
-    assert r.value("blockstack_dm_snapshot_origin_info", **base, origin="dm-11") == 1
-    assert r.value("blockstack_dm_snapshot_state", **base, state="merging") == 1
-    assert r.value("blockstack_dm_snapshot_state", **base, state="valid") == 0
-    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", **base) == 16 * SECTOR
-    assert r.value("blockstack_dm_snapshot_cow_used_bytes", **base) == 281688 * SECTOR
-    assert r.value("blockstack_dm_snapshot_cow_size_bytes", **base) == 2097152 * SECTOR
-    assert r.value("blockstack_dm_snapshot_metadata_bytes", **base) == 1104 * SECTOR
+    assert r.get("blockstack_dm_target_info", **base, target="snapshot-merge") == 1
+    assert r.get("blockstack_dm_snapshot_info", **base, origin="dm-11", cow="dm-12", persistent="P", merge="true") == 1
+    assert r.get("blockstack_dm_snapshot_origin_info", **base, origin="dm-11") == 1
+    assert r.get("blockstack_dm_snapshot_state", **base, state="merging") == 1
+    assert r.get("blockstack_dm_snapshot_state", **base, state="valid") == 0
+    assert r.get("blockstack_dm_snapshot_chunk_size_bytes", **base) == 16 * SECTOR
+    assert r.get("blockstack_dm_snapshot_cow_used_bytes", **base) == 281688 * SECTOR
+    assert r.get("blockstack_dm_snapshot_cow_size_bytes", **base) == 2097152 * SECTOR
+    assert r.get("blockstack_dm_snapshot_metadata_bytes", **base) == 1104 * SECTOR
 
 
 def test_invalid_overflow_and_merge_failed_snapshots(fake):
     r = fake("snapshot-states")
-    assert r.success() == 1
-    assert r.errors() == 3  # one per snapshot that is not well; each also logged
+    assert r.success("dm") == 1
+    assert r.errors("dm") == 0  # states the exporter observed, not errors in reading them
     cases = (("dm-3", "vg0-full", "invalid"), ("dm-5", "vg0-kept", "overflow"), ("dm-8", "vg1-home", "merge_failed"))
     for device, name, state in cases:
         for s in ("valid", "invalid", "overflow", "merge_failed", "merging"):
-            assert r.value("blockstack_dm_snapshot_state", device=device, name=name, state=s) == (s == state)
+            assert r.get("blockstack_dm_snapshot_state", device=device, name=name, state=s) == (s == state)
         # the kernel reports no usage for them; the table is still known
-        assert r.value("blockstack_dm_snapshot_cow_used_bytes", device=device, name=name) is None
-        assert r.value("blockstack_dm_snapshot_chunk_size_bytes", device=device, name=name) is not None
-    assert r.value("blockstack_dm_snapshot_info", device="dm-5", name="vg0-kept", origin="dm-1", cow="dm-4",
+        assert r.get("blockstack_dm_snapshot_cow_used_bytes", device=device, name=name) is None
+        assert r.get("blockstack_dm_snapshot_chunk_size_bytes", device=device, name=name) is not None
+    assert r.get("blockstack_dm_snapshot_info", device="dm-5", name="vg0-kept", origin="dm-1", cow="dm-4",
                    persistent="PO", merge="false") == 1
-    assert r.value("blockstack_dm_snapshot_origin_info", device="dm-8", name="vg1-home", origin="dm-6") == 1
+    assert r.get("blockstack_dm_snapshot_origin_info", device="dm-8", name="vg1-home", origin="dm-6") == 1
 
 
 def test_thin_pool_usage_in_bytes(fake):
     r = fake("thin-pool")
-    assert r.success() == 1 and r.errors() == 0
+    assert r.success("dm") == 1 and r.errors("dm") == 0
     pool = dict(device="dm-6", name="x22v0-tp_ssd-tpool")
     block = 3072 * SECTOR  # the table's data block size: 1.5 MiB, the RAID stripe
-    assert r.value("blockstack_dm_thin_pool_data_used_bytes", **pool) == 629535 * block
-    assert r.value("blockstack_dm_thin_pool_data_size_bytes", **pool) == 838960 * block == 2577285120 * SECTOR
-    assert r.value("blockstack_dm_thin_pool_metadata_used_bytes", **pool) == 8886 * 4096
-    assert r.value("blockstack_dm_thin_pool_metadata_size_bytes", **pool) == 552960 * 4096 == 4423680 * SECTOR
+    assert r.get("blockstack_dm_thin_pool_data_used_bytes", **pool) == 629535 * block
+    assert r.get("blockstack_dm_thin_pool_data_size_bytes", **pool) == 838960 * block == 2577285120 * SECTOR
+    assert r.get("blockstack_dm_thin_pool_metadata_used_bytes", **pool) == 8886 * 4096
+    assert r.get("blockstack_dm_thin_pool_metadata_size_bytes", **pool) == 552960 * 4096 == 4423680 * SECTOR
+    assert r.get("blockstack_dm_thin_pool_state", **pool, state="rw") == 1
+    assert r.get("blockstack_dm_thin_pool_state", **pool, state="fail") == 0
     # lvs in the same post: Data% 75.04, Meta% 1.61
     assert round(100 * 629535 / 838960, 2) == 75.04 and round(100 * 8886 / 552960, 2) == 1.61
-    assert r.value("blockstack_dm_target_info", device="dm-4", name="x22v0-tp_ssd_tmeta", target="raid") == 1
-    assert r.value("blockstack_dm_target_info", device="dm-8", name="x22v0-gitlab_root", target="thin") == 1
+    assert r.get("blockstack_dm_target_info", device="dm-4", name="x22v0-tp_ssd_tmeta", target="raid") == 1
+    assert r.get("blockstack_dm_target_info", device="dm-8", name="x22v0-gitlab_root", target="thin") == 1
     # tdata has two linear segments: one target_info series, not two
-    assert len([s for s in r.samples("blockstack_dm_target_info") if s.labels["device"] == "dm-5"]) == 1
-    assert len(r.samples("blockstack_dm_target_info")) == 11
+    assert len([l for l in r.series("blockstack_dm_target_info") if l["device"] == "dm-5"]) == 1
+    assert len(r.series("blockstack_dm_target_info")) == 11
 
 
 def test_unknown_targets_get_target_info_only_and_no_key_material(fake):
     r = fake("unknown-targets")
-    assert r.success() == 1 and r.errors() == 0
-    assert r.value("blockstack_dm_target_info", device="dm-0", name="debian_crypt", target="crypt") == 1
-    assert r.value("blockstack_dm_target_info", device="dm-3", name="frob-test", target="frobnicate") == 1
-    assert len([s for s in r.samples("blockstack_dm_target_info") if s.labels["device"] == "dm-3"]) == 1
-    assert "logon" not in r.text() and "aes-xts" not in r.text()
+    assert r.success("dm") == 1 and r.errors("dm") == 0
+    assert r.get("blockstack_dm_target_info", device="dm-0", name="debian_crypt", target="crypt") == 1
+    assert r.get("blockstack_dm_target_info", device="dm-3", name="frob-test", target="frobnicate") == 1
+    assert len([l for l in r.series("blockstack_dm_target_info") if l["device"] == "dm-3"]) == 1
+    assert "logon" not in r.text and "aes-xts" not in r.text
 
 
 def test_garbage_is_counted_and_the_rest_is_published(fake, caplog):
     r = fake("garbage")
-    assert r.success() == 1
+    assert r.success("dm") == 1
     # 3 bad table lines, 1 bad status line, ghost-dev not in sysfs, dm-7 not in dmsetup, g-snap bad
-    # status, g-bad bad table, g-pool Fail, g-pool2 without status, g-origin's 253:99 unknown
-    assert r.errors() == 11
-    assert r.value("blockstack_dm_target_info", device="dm-8", name="g-ok", target="linear") == 1
-    assert r.value("blockstack_dm_target_info", device="dm-3", name="g-bad", target="snapshot") == 1
-    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", device="dm-2", name="g-snap") == 4096
-    assert r.value("blockstack_dm_snapshot_cow_used_bytes", device="dm-2", name="g-snap") is None
-    assert r.value("blockstack_dm_thin_pool_data_size_bytes", device="dm-4", name="g-pool") is None
-    assert r.value("blockstack_dm_snapshot_origin_info", device="dm-6", name="g-origin", origin="253:99") == 1
-    assert not any(s.labels["device"] == "dm-7" for s in r.samples("blockstack_dm_target_info"))
+    # status, g-bad bad table, g-pool2 without status, g-origin's 253:99 unknown (g-pool's Fail is
+    # its state, not an error)
+    assert r.errors("dm") == 10
+    assert r.get("blockstack_dm_thin_pool_state", device="dm-4", name="g-pool", state="fail") == 1
+    assert r.get("blockstack_dm_thin_pool_state", device="dm-4", name="g-pool", state="rw") == 0
+    assert r.get("blockstack_dm_target_info", device="dm-8", name="g-ok", target="linear") == 1
+    assert r.get("blockstack_dm_target_info", device="dm-3", name="g-bad", target="snapshot") == 1
+    assert r.get("blockstack_dm_snapshot_chunk_size_bytes", device="dm-2", name="g-snap") == 4096
+    assert r.get("blockstack_dm_snapshot_cow_used_bytes", device="dm-2", name="g-snap") is None
+    assert r.get("blockstack_dm_thin_pool_data_size_bytes", device="dm-4", name="g-pool") is None
+    assert r.get("blockstack_dm_snapshot_origin_info", device="dm-6", name="g-origin", origin="253:99") == 1
+    assert not any(l["device"] == "dm-7" for l in r.series("blockstack_dm_target_info"))
     assert "vanished-lv" in caplog.text and "ghost-dev" in caplog.text
 
 
 def test_no_dm_devices_means_no_dmsetup_call(fake, monkeypatch):
     monkeypatch.setenv("FAKE_DMSETUP_MODE", "fail")  # would fail the collector if it ran
     r = fake("nvme-incident", sysfs=SYSFS["no-dm"])
-    assert r.success() == 1 and r.errors() == 0
+    assert r.success("dm") == 1 and r.errors("dm") == 0
     assert fake.calls() == []
 
 
 # --- dmsetup failing ---------------------------------------------------------------------------
 
 def test_dmsetup_missing_binary_fails_only_the_dm_collector(fake, tmp_path):
-    r = fake("nvme-incident", dmsetup=str(tmp_path / "no-such-dmsetup"), extra=[Jbd2Collector()])
-    assert r.success() == 0 and r.errors() == 1
+    r = fake("nvme-incident", dmsetup=str(tmp_path / "no-such-dmsetup"), also=["jbd2"])
+    assert r.success("dm") == 0 and r.errors("dm") == 1
     assert r.success("jbd2") == 1 and r.errors("jbd2") == 0
 
 
@@ -302,8 +274,8 @@ def test_dmsetup_missing_binary_fails_only_the_dm_collector(fake, tmp_path):
                                           ("absent", "exited with 127")])
 def test_dmsetup_exiting_non_zero(fake, monkeypatch, caplog, mode, message):
     monkeypatch.setenv("FAKE_DMSETUP_MODE", mode)
-    r = fake("nvme-incident", extra=[Jbd2Collector()])
-    assert r.success() == 0 and r.errors() == 1
+    r = fake("nvme-incident", also=["jbd2"])
+    assert r.success("dm") == 0 and r.errors("dm") == 1
     assert r.success("jbd2") == 1
     assert message in caplog.text
 
@@ -312,9 +284,9 @@ def test_dmsetup_hanging_is_killed_at_the_timeout(fake, monkeypatch):
     monkeypatch.setenv("FAKE_DMSETUP_MODE", "hang")
     monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
     start = time.monotonic()
-    r = fake("nvme-incident", timeout=0.5, extra=[Jbd2Collector()])
+    r = fake("nvme-incident", timeout=0.5, also=["jbd2"])
     assert time.monotonic() - start < 5
-    assert r.success() == 0 and r.errors() == 1 and r.success("jbd2") == 1
+    assert r.success("dm") == 0 and r.errors("dm") == 1 and r.success("jbd2") == 1
     (pid,) = [int(c.split()[0]) for c in fake.calls()]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed and reaped
@@ -325,26 +297,17 @@ def test_status_hanging_keeps_the_tables(fake, monkeypatch):
     monkeypatch.setenv("FAKE_DMSETUP_ONLY", "status")
     monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
     r = fake("nvme-incident", timeout=0.5)
-    assert r.success() == 1 and r.errors() == 1  # the timeout, reported once
+    assert r.success("dm") == 1 and r.errors("dm") == 1  # the timeout, reported once
     snap = dict(device="dm-3", name="secvol-tmp_backup1")
-    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
-    assert r.value("blockstack_dm_snapshot_cow_used_bytes", **snap) is None
-    assert r.value("blockstack_dm_snapshot_state", **snap, state="valid") is None
+    assert r.get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
+    assert r.get("blockstack_dm_snapshot_cow_used_bytes", **snap) is None
+    assert r.get("blockstack_dm_snapshot_state", **snap, state="valid") is None
 
 
 def test_device_vanished_between_sysfs_and_dmsetup(fake):
     r = fake("nvme-incident", sysfs=SYSFS["nvme-incident"] + "\n dm dm-4 253:4 secvol-gone")
-    assert r.success() == 1 and r.errors() == 1
-    assert r.value("blockstack_dm_snapshot_chunk_size_bytes", device="dm-3", name="secvol-tmp_backup1") == 4096
-
-
-def test_command_line_flag_reaches_the_collector(fake, tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", os.path.join(DM_FIXTURES, "nvme-incident"))
-    paths = build_sysfs(str(tmp_path / "root"), SYSFS["nvme-incident"])
-    args = parse_args(["--collector.disable-defaults", "--collector.dm", "--collector.dm.dmsetup", FAKE, "--collector.dm.timeout", "3",
-                       "--path.sysfs", paths.sysfs, "--path.procfs", paths.procfs])
-    r = Result(build_registry(args))
-    assert r.value("blockstack_dm_snapshot_cow_used_bytes", device="dm-3", name="secvol-tmp_backup1") == 208 * SECTOR
+    assert r.success("dm") == 1 and r.errors("dm") == 1
+    assert r.get("blockstack_dm_snapshot_chunk_size_bytes", device="dm-3", name="secvol-tmp_backup1") == 4096
 
 
 # --- parsers -----------------------------------------------------------------------------------
@@ -432,18 +395,13 @@ def test_snapshot_table_round_trips(store, chunk, origin_minor, cow_minor):
         f"253:{origin_minor}", f"253:{cow_minor}", store, chunk)
 
 
-def test_unchanged_output_is_not_parsed_again_but_still_counted(fake, tmp_path, monkeypatch):
+def test_unchanged_output_is_not_parsed_again_but_still_counted(fake):
     """The same dmsetup output twice: the second scrape reuses the parsed families (reading
     less), yet reports the same errors again and the same series."""
-    monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", os.path.join(DM_FIXTURES, "garbage"))
-    paths = build_sysfs(str(tmp_path / "root"), SYSFS["garbage"])
-    collector = BlockstackCollector([DmCollector(dmsetup=FAKE)], paths)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    first = Result(registry)
-    second = Result(registry)
-    assert first.errors() == 11 and second.errors() == 22
-    dm_series = lambda r: [(s.name, s.labels, s.value) for f in r.families if f.name.startswith("blockstack_dm_")
-                           for s in f.samples]
+    registry = fake.registry("garbage")
+    first = Scraped(registry)
+    second = Scraped(registry)
+    assert first.errors("dm") == 10 and second.errors("dm") == 20
+    dm_series = lambda r: {k: v for k, v in r.samples.items() if k[0].startswith("blockstack_dm_")}
     assert dm_series(first) == dm_series(second) and len(dm_series(first)) > 5
     assert len(fake.calls()) == 4  # both scrapes ran dmsetup table and status

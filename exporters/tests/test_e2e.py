@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 
-from exporter_testlib import EXPORTER, FIXTURES, HERE
+from exporter_testlib import EXPORTER, HERE, HOST_LOOP, exporter_argv, tree_flags
 from blockstack_lab import procs
 
 GOLDEN = os.path.join(HERE, "e2e-output.txt")
@@ -24,20 +24,17 @@ def normalise(body):
     return "\n".join(lines) + "\n"
 
 
-def scrape_fixture(tree, extra=()):
+def scrape_fixture():
     port = procs.free_port()
-    argv = [EXPORTER, f"--web.listen-address=127.0.0.1:{port}", f"--path.sysfs={tree}/sys",
-            f"--path.procfs={tree}/proc", f"--path.dev={tree}/dev", *extra]
     url = f"http://127.0.0.1:{port}/metrics"
-    with procs.running(argv, health_url=url):
+    with procs.running(exporter_argv(HOST_LOOP, port), health_url=url):
         return procs.http_get(url)
 
 
 def test_golden_output(request):
-    tree = os.path.join(FIXTURES, "host-loop")
     # The fixture has one real error: vda's superblock is not in the tree (/dev/vda was not
     # readable where it was captured). The health check's scrape and this one count it: 2.
-    body = normalise(scrape_fixture(tree))
+    body = normalise(scrape_fixture())
     if request.config.getoption("--update-golden"):
         with open(GOLDEN, "w") as f:
             f.write(body)
@@ -48,7 +45,7 @@ def test_golden_output(request):
 
 
 def test_promtool_check_metrics():
-    body = scrape_fixture(os.path.join(FIXTURES, "host-loop"))
+    body = scrape_fixture()
     r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -61,7 +58,5 @@ def listening_addresses(pid):
 
 def test_listens_on_loopback_only_by_default():
     """No --web.listen-address: the default (127.0.0.1:9363), never all interfaces."""
-    tree = os.path.join(FIXTURES, "host-loop")
-    argv = [EXPORTER, f"--path.sysfs={tree}/sys", f"--path.procfs={tree}/proc", f"--path.dev={tree}/dev"]
-    with procs.running(argv, health_url="http://127.0.0.1:9363/metrics") as proc:
+    with procs.running([EXPORTER, *tree_flags(HOST_LOOP)], health_url="http://127.0.0.1:9363/metrics") as proc:
         assert listening_addresses(proc.pid) == {"127.0.0.1:9363"}

@@ -1,19 +1,20 @@
 """Issue 14: bad values cost one sample, hung devices and commands cost their own metrics only,
 and the HTTP side serves only scrapes, one collection for many requests. Each test failed on
 the exporter before the hardening (noted per test)."""
+import errno
 import logging
 import os
-import socket
 import subprocess
 import threading
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 
 from blockstack_exporter.collectors import ALL
-from blockstack_exporter.scrape import SHARES, BlockstackCollector
-from exporter_testlib import (HOST_LOOP, Scraped, errors_in, exporter_argv, full_tree, http, tree_paths)
+from blockstack_exporter.fs import BlockingReads
+from blockstack_exporter.scrape import SHARES, deadline
+from exporter_testlib import HOST_LOOP, Scraped, exporter_argv, full_tree, http, registry_for
+from fuzzing import ABORTED, HALF_SENT, SLOW, closed_by_exporter, damaged_request
 from blockstack_lab import procs
 
 LOOP0 = "sys/devices/virtual/block/loop0"
@@ -24,13 +25,6 @@ def write(tree, rel, data):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)
-
-
-def registry_over(tree, default_timeout=4.5):
-    collector = BlockstackCollector([c() for n, c in ALL.items() if n != "dm"], tree_paths(tree), default_timeout)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    return registry, collector
 
 
 def promtool_ok(text):
@@ -46,11 +40,10 @@ def test_names_that_are_not_utf8_cost_their_samples_only(host_tree):
     write(host_tree, "proc/fs/ext4/" + os.fsdecode(b"x\xfe") + "/options", "rw\n")
     write(host_tree, "proc/fs/jbd2/" + os.fsdecode(b"x\xfe-8") + "/info",
           "1 transactions (1 requested), each up to 8 blocks\n")
-    registry, _ = registry_over(host_tree)
-    text = generate_latest(registry).decode()
-    assert 'blockstack_queue_nomerges{device="loop0"} 2.0' in text
-    assert errors_in(text, reason="label_value") >= 3
-    ok, out = promtool_ok(text)
+    s = Scraped(registry_for(host_tree))
+    assert s.get("blockstack_queue_nomerges", device="loop0") == 2
+    assert s.errors(reason="label_value") >= 3
+    ok, out = promtool_ok(s.text)
     assert ok, out
 
 
@@ -64,15 +57,14 @@ def test_huge_integers_cost_one_sample(host_tree):
     handles = [line for line in info.splitlines() if "handles per transaction" in line][0]
     write(host_tree, "proc/fs/jbd2/loop1-8/info", info.replace(handles, "  " + "9" * 350 + " handles per transaction")
           + "  " + "7" * 4400 + " blocks per transaction\n")
-    registry, _ = registry_over(host_tree)
-    s = Scraped(registry)
+    s = Scraped(registry_for(host_tree))
     assert s.get("blockstack_queue_nr_requests", device="loop0") is None
     assert s.get("blockstack_queue_nomerges", device="loop0") == 2
     assert s.get("blockstack_scrape_collector_success", collector="jbd2") == 1
     assert s.get("blockstack_jbd2_transactions_total", device="loop0", journal="loop0-8") is None
     assert s.get("blockstack_jbd2_transactions_total", device="loop1", journal="loop1-8") is not None
     assert s.errors("queue", "parse") == 1 and s.errors("jbd2", "parse") >= 2
-    ok, out = promtool_ok(generate_latest(registry).decode())
+    ok, out = promtool_ok(s.text)
     assert ok, out
 
 
@@ -83,7 +75,7 @@ def test_symlink_loops_cost_what_is_behind_them(host_tree):
     os.symlink("ext4", ext4)  # a link to itself: ELOOP
     os.unlink(os.path.join(host_tree, f"{LOOP0}/queue/nomerges"))
     os.symlink("nomerges", os.path.join(host_tree, f"{LOOP0}/queue/nomerges"))
-    s = Scraped(registry_over(host_tree)[0])
+    s = Scraped(registry_for(host_tree))
     assert s.get("blockstack_scrape_collector_success", collector="ext4") == 1
     assert s.errors("ext4", "unreadable") == 1
     assert s.get("blockstack_queue_nomerges", device="loop0") is None
@@ -96,7 +88,7 @@ def test_garbage_text_values_are_bounded(host_tree):
     write(host_tree, "proc/fs/ext4/loop0/options", "".join(f"opt{i}=v\n" for i in range(1_000_000)))
     write(host_tree, "proc/fs/ext4/loop1/options", "".join(f"o{i}\n" for i in range(500)))
     write(host_tree, f"{LOOP0}/queue/scheduler", "[" + "x" * 5000 + "]\n")
-    registry, _ = registry_over(host_tree)
+    registry = registry_for(host_tree)
     s = Scraped(registry)
     options = [k for k in s.samples if k[0] == "blockstack_ext4_option_info"]
     assert not [k for k in options if ("device", "loop0") in k[1]]  # larger than any options file: dropped
@@ -106,15 +98,19 @@ def test_garbage_text_values_are_bounded(host_tree):
     assert s.errors("queue", "label_value") == 1
 
 
-def test_a_repeated_condition_is_logged_once_and_counted_every_time(host_tree, caplog):
-    """Old: the same warning on every scrape (the ext4 EPERM every 5 s)."""
-    write(host_tree, f"{LOOP0}/queue/nomerges", "two\n")
-    registry, _ = registry_over(host_tree)
+def test_a_repeated_condition_is_logged_once_and_counted_every_time(host_tree, caplog, monkeypatch):
+    """Old: the same warning on every scrape (the ext4 journal size EPERM every 5 s)."""
+    def denied(self, path, *args):
+        raise PermissionError(errno.EPERM, "Operation not permitted", path)
+    monkeypatch.setattr(BlockingReads, "pread", denied)
+    registry = registry_for(host_tree)
     caplog.set_level(logging.INFO, logger="blockstack_exporter")
-    for _ in range(3):
+    for garbage in ("two", "three", "four"):  # another message, the same condition
+        write(host_tree, f"{LOOP0}/queue/nomerges", garbage + "\n")
         s = Scraped(registry)
-    assert s.errors("queue", "parse") == 3
+    assert s.errors("queue", "parse") == 3 and s.errors("ext4", "unreadable") == 3 * 3  # loop0, loop1, vda
     assert caplog.text.count("loop0: nomerges") == 1
+    assert caplog.text.count("loop1: journal size: [Errno 1] Operation not permitted") == 1
     write(host_tree, f"{LOOP0}/queue/nomerges", "0\n")
     Scraped(registry)
     Scraped(registry)
@@ -129,10 +125,7 @@ def test_dmsetup_garbage_is_bounded(tmp_path, monkeypatch, caplog):
         f.write("g: x\n" * 2_000_000)  # 10 MB of bad lines
     with open(os.path.join(fixtures, "dmsetup_table"), "a") as f:
         f.write("bad line\n" * 50_000)  # 450 kB: read, each bad line counted, one log line
-    from blockstack_exporter.collectors.dm import DmCollector
-    from exporter_testlib import FAKE_DMSETUP
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(BlockstackCollector([DmCollector(dmsetup=FAKE_DMSETUP)], tree_paths(tree)))
+    registry = registry_for(tree, "--collector.disable-defaults", "--collector.dm")
     caplog.set_level(logging.INFO, logger="blockstack_exporter")
     start = time.monotonic()
     s = Scraped(registry)
@@ -149,16 +142,20 @@ def test_a_fifo_in_place_of_a_device_costs_its_journal_size_only(host_tree):
     os.unlink(os.path.join(host_tree, "dev/loop1"))
     fifo = os.path.join(host_tree, "dev/loop1")
     os.mkfifo(fifo)
-    registry, collector = registry_over(host_tree, default_timeout=1.0)
+    registry = registry_for(host_tree)
+
+    def scrape():  # with a 1 s budget, as the server gives a request
+        with deadline(time.monotonic() + 1.0):
+            return Scraped(registry)
     results = []
-    worker = threading.Thread(target=lambda: results.append(Scraped(registry)), daemon=True)
+    worker = threading.Thread(target=lambda: results.append(scrape()), daemon=True)
     worker.start()
     worker.join(10)
     try:
         assert results, "the scrape hung on the FIFO"
         threads = threading.active_count()
         start = time.monotonic()
-        s = Scraped(registry)  # the read still pending: skipped at once, no new thread
+        s = scrape()  # the read still pending: skipped at once, no new thread
         assert time.monotonic() - start < 0.5 and threading.active_count() == threads
         assert s.get("blockstack_ext4_journal_size_bytes", device="loop1", mountpoint="/mnt/blockstack-upper") is None
         assert s.get("blockstack_ext4_dioread_nolock", device="loop1", mountpoint="/mnt/blockstack-upper") == 0
@@ -199,9 +196,9 @@ def test_a_hung_dmsetup_costs_the_dm_metrics_within_the_scrape_timeout(dm_export
         for timeout in ("5", "2"):
             status, body, seconds = http(url + "/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": timeout})
             assert status == 200 and seconds < float(timeout), seconds
-            assert 'blockstack_scrape_collector_success{collector="dm"} 0.0' in body
-            assert 'blockstack_scrape_collector_success{collector="queue"} 1.0' in body
-            assert errors_in(body, "dm", "timeout") >= 1
+            s = Scraped(body)
+            assert s.success("dm") == 0 and s.success("queue") == 1
+            assert s.errors("dm", "timeout") >= 1
 
 
 # --- HTTP: only scrapes, one collection for many requests ----------------------------------------
@@ -220,23 +217,14 @@ def test_only_get_metrics_and_the_landing_page(dm_exporter):
         assert http(url + "/metrics")[0] == 200 and dm_exporter.calls() == calls + 2
 
 
-def _raw(url, data, close_after=True):
-    host, port = url.rsplit("/", 1)[-1].split(":")
-    s = socket.create_connection((host, int(port)), timeout=5)
-    s.sendall(data)
-    if close_after:
-        s.close()
-    return s
-
-
 def test_aborted_and_half_sent_requests_run_no_collection(dm_exporter):
     """Old: 20 aborted requests ran 20 collections (40 dmsetup runs as root)."""
     url, running = dm_exporter()
     with running:
         calls = dm_exporter.calls()
         for _ in range(10):
-            _raw(url, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never finished
-            _raw(url, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # closed before any answer
+            damaged_request(url, HALF_SENT)
+            damaged_request(url, ABORTED)
         time.sleep(1.0)
         assert dm_exporter.calls() == calls
 
@@ -265,20 +253,13 @@ def test_slow_connections_do_not_block_a_real_scrape(dm_exporter):
     url, running = dm_exporter()
     with running:
         calls = dm_exporter.calls()
-        slow = [_raw(url, b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ", close_after=False) for _ in range(100)]
+        slow = [damaged_request(url, SLOW, keep_open=True) for _ in range(100)]
         try:
             status, _, seconds = http(url + "/metrics")
             assert status == 200 and seconds < 3
             assert dm_exporter.calls() == calls + 2
             time.sleep(6)
-            closed = 0
-            for s in slow:
-                s.settimeout(1)
-                try:
-                    closed += s.recv(1) == b""
-                except OSError:
-                    closed += 1
-            assert closed == len(slow)
+            assert closed_by_exporter(slow, 1) == len(slow)
         finally:
             for s in slow:
                 s.close()

@@ -4,16 +4,15 @@ device (the limits) or every scrape (everything writable)."""
 import os
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import generate_latest as generate_latest_openmetrics
 
 from blockstack_exporter.collectors import ALL
-from blockstack_exporter.main import build_registry, parse_args
-from blockstack_exporter.scrape import BlockstackCollector
+from blockstack_exporter.main import parse_args
 from blockstack_exporter.server import FamilyTextCache, _Families
-from exporter_testlib import HOST_LOOP, Scraped, tree_paths
+from exporter_testlib import HOST_LOOP, Scraped, registry_for
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"
 LOOP1 = "sys/devices/virtual/block/loop1"
@@ -54,22 +53,18 @@ def test_collector_flags_as_node_exporter():
 
 
 def test_process_metrics_of_the_exporter_itself():
-    args = parse_args([f"--path.sysfs={HOST_LOOP}/sys", f"--path.procfs={HOST_LOOP}/proc",
-                       f"--path.dev={HOST_LOOP}/dev", "--no-collector.dm"])
-    registry = build_registry(args)
-    text = generate_latest(registry).decode()
-    assert "blockstack_queue_nomerges" in text
+    s = Scraped(registry_for(HOST_LOOP, "--no-collector.dm"))
+    assert s.get("blockstack_queue_nomerges", device="loop0") == 2
     # the real /proc/self, not the fixture's procfs: this process has descriptors open
-    assert registry.get_sample_value("process_open_fds") >= 3
-    assert registry.get_sample_value("process_resident_memory_bytes") > 1 << 20
+    assert s.get("process_open_fds") >= 3
+    assert s.get("process_resident_memory_bytes") > 1 << 20
 
 
 def test_limits_are_read_once_per_device_settings_every_scrape(host_tree):
     """logical_block_size and the other limits are the driver's: read when the device is first
     seen and when its identity (device number, dm uuid, loop backing file) changes; nomerges and
     the other writable settings on every scrape."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(BlockstackCollector([c() for c in ALL.values()], tree_paths(host_tree)))
+    registry = registry_for(host_tree)
     s = Scraped(registry)
     assert s.get("blockstack_queue_logical_block_size_bytes", device="loop1") == 512
     assert s.get("blockstack_queue_nomerges", device="loop1") == 0

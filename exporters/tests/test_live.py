@@ -3,13 +3,12 @@ the real exporter scraped over HTTP after each change."""
 import errno
 import fcntl
 import os
-import re
 import subprocess
 import time
 
 import pytest
 
-from exporter_testlib import EXPORTER
+from exporter_testlib import EXPORTER, Scraped
 from blockstack_lab import loop, procs
 
 
@@ -18,29 +17,19 @@ def exporter():
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     with procs.running([EXPORTER, f"--web.listen-address=127.0.0.1:{port}"], health_url=url):
-        yield lambda: procs.http_get(url)
-
-
-def sample(body, metric, **labels):
-    """The value of one series in an exposition, or None."""
-    want = {k: str(v) for k, v in labels.items()}
-    for line in body.splitlines():
-        m = re.match(r"^(\w+)\{(.*)\} (\S+)$", line)
-        if m and m[1] == metric and dict(re.findall(r'(\w+)="([^"]*)"', m[2])) == want:
-            return float(m[3])
-    return None
+        yield lambda: Scraped(procs.http_get(url))
 
 
 def test_nomerges_and_max_sectors_kb_changes_show_on_the_next_scrape(exporter):
     with loop.attached(64 << 20) as dev:
         name = loop.name(dev)
-        assert sample(exporter(), "blockstack_queue_nomerges", device=name) == 0
+        assert exporter().get("blockstack_queue_nomerges", device=name) == 0
         with loop.sysfs_setting(dev, "queue/nomerges", "2"):
-            assert sample(exporter(), "blockstack_queue_nomerges", device=name) == 2
+            assert exporter().get("blockstack_queue_nomerges", device=name) == 2
             with loop.sysfs_setting(dev, "queue/max_sectors_kb", "4"):
-                assert sample(exporter(), "blockstack_queue_max_sectors_bytes", device=name) == 4096
-            assert sample(exporter(), "blockstack_queue_max_sectors_bytes", device=name) > 4096
-        assert sample(exporter(), "blockstack_queue_nomerges", device=name) == 0
+                assert exporter().get("blockstack_queue_max_sectors_bytes", device=name) == 4096
+            assert exporter().get("blockstack_queue_max_sectors_bytes", device=name) > 4096
+        assert exporter().get("blockstack_queue_nomerges", device=name) == 0
 
 
 def test_ext4_dioread_option_flips_with_the_mount(exporter):
@@ -48,31 +37,31 @@ def test_ext4_dioread_option_flips_with_the_mount(exporter):
         name = loop.name(dev)
         loop.mkfs_ext4(dev, ["-J", "size=4"])
         with loop.mounted(dev) as mnt:
-            body = exporter()
+            s = exporter()
             # the kernel default since 5.6: shown in /proc/fs/ext4, not in /proc/mounts
-            assert sample(body, "blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 1
-            assert sample(body, "blockstack_ext4_journal_size_bytes", device=name, mountpoint=mnt) == 4 << 20
+            assert s.get("blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 1
+            assert s.get("blockstack_ext4_journal_size_bytes", device=name, mountpoint=mnt) == 4 << 20
         with loop.mounted(dev, "dioread_lock") as mnt:
-            body = exporter()
-            assert sample(body, "blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 0
-            assert sample(body, "blockstack_ext4_option_info", device=name, mountpoint=mnt,
+            s = exporter()
+            assert s.get("blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 0
+            assert s.get("blockstack_ext4_option_info", device=name, mountpoint=mnt,
                           option="nodioread_nolock", value="") == 1
             with open(os.path.join(mnt, "f"), "wb") as f:
                 f.write(b"x" * 65536)
                 os.fsync(f.fileno())
-            jbd2 = sample(exporter(), "blockstack_jbd2_transactions_total", device=name, journal=f"{name}-8")
+            jbd2 = exporter().get("blockstack_jbd2_transactions_total", device=name, journal=f"{name}-8")
             assert jbd2 is not None and jbd2 >= 1
-        assert sample(exporter(), "blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) is None
+        assert exporter().get("blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) is None
 
 
 def test_loop_on_a_file_on_ext4_on_a_loop_is_one_stack(exporter):
     with loop.attached(128 << 20) as lower, loop.ext4(lower) as mnt, _upper(mnt) as upper:
-        body = exporter()
+        s = exporter()
         lo, up = loop.name(lower), loop.name(upper)
-        assert sample(body, "blockstack_device_lower_info", device=up, lower=lo) == 1
-        assert sample(body, "blockstack_device_beneath_info", device=up, lower=lo, depth="1") == 1
-        assert sample(body, "blockstack_device_holders", device=lo) == 1
-        assert sample(body, "blockstack_device_holders", device=up) == 0
+        assert s.get("blockstack_device_lower_info", device=up, lower=lo) == 1
+        assert s.get("blockstack_device_beneath_info", device=up, lower=lo, depth="1") == 1
+        assert s.get("blockstack_device_holders", device=lo) == 1
+        assert s.get("blockstack_device_holders", device=up) == 0
 
 
 def _upper(mnt):
@@ -118,7 +107,7 @@ def test_loop_device_removed_and_made_again_between_scrapes(exporter):
                              capture_output=True, text=True, timeout=30).stdout.strip()
         try:
             name = loop.name(dev)
-            assert sample(exporter(), "blockstack_queue_logical_block_size_bytes", device=name) == 4096
+            assert exporter().get("blockstack_queue_logical_block_size_bytes", device=name) == 4096
         finally:
             loop.detach(dev)
     number = int(name[len("loop"):])
@@ -126,7 +115,7 @@ def test_loop_device_removed_and_made_again_between_scrapes(exporter):
         pytest.skip(f"{name} stayed busy after detach; cannot remove it")
     if not _loop_control(LOOP_CTL_ADD, number):
         pytest.skip(f"{name} was taken by someone else meanwhile")
-    assert sample(exporter(), "blockstack_queue_logical_block_size_bytes", device=name) == 512
+    assert exporter().get("blockstack_queue_logical_block_size_bytes", device=name) == 512
 
 
 def test_mountinfo_of_a_mount_namespace_with_many_mounts(tmp_path):
@@ -146,8 +135,8 @@ def test_mountinfo_of_a_mount_namespace_with_many_mounts(tmp_path):
         # the namespace, and every mount in it, goes away with the exporter
         with procs.running(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                            health_url=url, log_path=str(tmp_path / "exporter.log")):
-            body = procs.http_get(url)
+            s = Scraped(procs.http_get(url))
         name = loop.name(dev)
-        assert sample(body, "blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 1, \
-            [line for line in body.splitlines() if name in line and "ext4" in line][:3]
-        assert sample(body, "blockstack_collector_errors_total", collector="stack", reason="parse") is None
+        assert s.get("blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 1, \
+            s.series("blockstack_ext4_dioread_nolock")
+        assert s.get("blockstack_collector_errors_total", collector="stack", reason="parse") is None

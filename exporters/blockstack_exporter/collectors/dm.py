@@ -52,6 +52,7 @@ log = logging.getLogger("blockstack_exporter")
 SECTOR = 512
 THIN_METADATA_BLOCK = 4096  # drivers/md/dm-thin-metadata.h THIN_METADATA_BLOCK_SIZE
 SNAPSHOT_STATES = ("valid", "invalid", "overflow", "merge_failed", "merging")
+THIN_POOL_STATES = ("rw", "ro", "out_of_data_space", "fail", "error")
 TABLE_ARGS = ("table",)
 STATUS_ARGS = ("status", "--noflush")
 MISSING = object()  # the status call failed: already reported once
@@ -388,6 +389,11 @@ class DmCollector:
                 "blockstack_dm_snapshot_origin_info",
                 "A snapshot-origin or snapshot-merge target and the device it maps (value always 1).",
                 labels=labels + ["origin"]),
+            "pool_state": GaugeMetricFamily(
+                "blockstack_dm_thin_pool_state",
+                "Thin-pool state, 1 for the current one: rw, ro (read-only, e.g. metadata full), "
+                "out_of_data_space, fail (the pool failed: I/O errors), error (the kernel could not "
+                "read the pool's status).", labels=labels + ["state"]),
             "data_used": GaugeMetricFamily(
                 "blockstack_dm_thin_pool_data_used_bytes", "Thin-pool data space in use, in bytes.",
                 labels=labels),
@@ -489,8 +495,6 @@ class DmCollector:
             state = "merging"
         for s in SNAPSHOT_STATES:
             m["state"].add_metric(lv + [s], 1 if s == state else 0)
-        if state in ("invalid", "overflow", "merge_failed"):
-            scrape.error(f"{device} ({name}): snapshot is {state}", "state")
         if st["used_sectors"] is not None:
             m["used"].add_metric(lv, st["used_sectors"] * SECTOR)
             m["size"].add_metric(lv, st["total_sectors"] * SECTOR)
@@ -505,10 +509,13 @@ class DmCollector:
             scrape.error(f"{device} ({name}): no thin-pool status line")
             return
         st = parse_thin_pool_status(status)
-        if st["failed"]:
-            scrape.error(f"{device} ({name}): thin-pool status is {st['failed']}", "state")
-            return
         lv = [device, name]
+        state = st["failed"].lower() if st["failed"] else st["mode"]
+        if state is not None:  # no mode word: a kernel older than 3.10 printed none
+            for s in THIN_POOL_STATES:
+                m["pool_state"].add_metric(lv + [s], 1 if s == state else 0)
+        if st["failed"]:
+            return
         block = table["data_block_sectors"] * SECTOR
         m["data_used"].add_metric(lv, st["used_data_blocks"] * block)
         m["data_size"].add_metric(lv, st["total_data_blocks"] * block)

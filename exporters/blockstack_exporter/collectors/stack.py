@@ -5,9 +5,15 @@ Edges come from the kernel alone, never from udev:
 - a partition sits on its disk;
 - a loop device sits on the block device holding its backing file
   (/sys/block/loopN/loop/backing_file, located through /proc/self/mountinfo).
-dm names and uuids come from /sys/block/dm-N/dm/{name,uuid}; LVM volume group, logical volume
-and layer are decoded from the dm name (lvm2's dm name is VG-LV[-LAYER] with each '-' inside
-VG or LV doubled, see lvm2 libdm/libdm-common.c dm_build_dm_name).
+The identity labels are node_exporter's node_disk_device_mapper_info labels, with the values
+udev gives them, so that the two join on `device` without relabelling: name and uuid from
+/sys/block/dm-N/dm/{name,uuid} (udev's DM_NAME, DM_UUID); for a device whose uuid starts with
+"LVM-", vg_name, lv_name and lv_layer decoded from the dm name as lvm2's udev rule does
+(11-dm-lvm.rules: `dmsetup splitname` -> DM_VG_NAME, DM_LV_NAME, DM_LV_LAYER). The dm name is
+VG-LV[-LAYER] with each '-' inside VG or LV doubled (lvm2 libdm dm_build_dm_name); the layer is
+empty for a volume a user made (an origin, a snapshot, a thin volume) and names LVM's hidden
+layer otherwise: "real" for a snapshot origin's -real device, "cow" for a snapshot's -cow,
+"tpool" for a thin pool. A device that is not dm has name = its kernel name and the rest empty.
 """
 import os
 
@@ -17,11 +23,12 @@ from .. import devices as devmod
 from ..fs import ParseError, listdir
 from ..scrape import Reuse, reason_of
 
-INFO_LABELS = ["device", "kind", "name", "dm_name", "dm_uuid", "lvm_vg", "lvm_lv", "lvm_layer", "backing_file"]
+INFO_LABELS = ["device", "kind", "name", "uuid", "vg_name", "lv_name", "lv_layer", "backing_file"]
 
 
 def split_lvm_name(dm_name):
-    """'vg--a-lv-real' -> ('vg-a', 'lv', 'real'); None if the name is not VG-LV[-LAYER]."""
+    """'vg--a-lv-real' -> ('vg-a', 'lv', 'real'), 'vg-lv' -> ('vg', 'lv', ''); None if the name
+    is not VG-LV[-LAYER]."""
     parts, current, i = [], [], 0
     while i < len(dm_name):
         ch = dm_name[i]
@@ -76,9 +83,9 @@ class StackCollector:
     def _build(described):
         info = GaugeMetricFamily(
             "blockstack_device_info",
-            "A block device: its kind (disk, partition, dm, md, loop), dm name and uuid, the LVM "
-            "volume group, logical volume and layer decoded from the dm name, and a loop device's "
-            "backing file (value always 1).", labels=INFO_LABELS)
+            "A block device: its kind (disk, partition, dm, md, loop); name (the dm name, else the "
+            "kernel name), uuid, vg_name, lv_name and lv_layer as in node_disk_device_mapper_info; "
+            "a loop device's backing file (value always 1).", labels=INFO_LABELS)
         lower_info = GaugeMetricFamily(
             "blockstack_device_lower_info",
             "An edge of the device stack: `lower` sits directly beneath `device` (value always 1).",
@@ -116,7 +123,7 @@ class StackCollector:
 
     def _describe(self, scrape, dev):
         kind = kind_of(dev)
-        dm_name = dm_uuid = vg = lv = layer = backing = ""
+        name, uuid, vg, lv, layer, backing = dev.name, "", "", "", "", ""
         lower = []
         if kind == "partition":
             lower = [dev.parent]
@@ -130,18 +137,19 @@ class StackCollector:
                 scrape.error(f"{dev.name}: device vanished while being read", "vanished")
                 return None, None
             if kind == "dm":
-                dm_name, dm_uuid = scrape.dm.get(dev.name, ("", ""))
-                if dm_uuid.startswith("LVM-"):
-                    decoded = split_lvm_name(dm_name)
+                dm_name, uuid = scrape.dm.get(dev.name, ("", ""))
+                name = dm_name or dev.name
+                if uuid.startswith("LVM-"):
+                    decoded = split_lvm_name(name)
                     if decoded:
                         vg, lv, layer = decoded
                     else:
-                        scrape.error(f"{dev.name}: LVM dm name {dm_name[:80]!r} is not VG-LV[-LAYER]",
+                        scrape.error(f"{dev.name}: LVM dm name {name[:80]!r} is not VG-LV[-LAYER]",
                                      subject=f"{dev.name} lvm name")
         elif kind == "loop":
             backing, low = self._loop_backing(scrape, dev)
             lower = [low] if low else []
-        return [dev.name, kind, dm_name or dev.name, dm_name, dm_uuid, vg, lv, layer, backing], lower
+        return [dev.name, kind, name, uuid, vg, lv, layer, backing], lower
 
     def _loop_backing(self, scrape, dev):
         """A loop device's backing file and the block device that holds it ('' / None if unknown)."""

@@ -4,7 +4,7 @@
     fuzz_exporter.py [--iterations 10000] [--promtool-every 10] [--seed 1]
 
 Fuzz: the real exporter over HTTP while 1-3 of the files and commands it reads are damaged per
-iteration (exporters/tests/fuzzing.py: random bytes, huge, not UTF-8, hundreds or thousands of
+iteration (fuzzing.py beside it: random bytes, huge, not UTF-8, hundreds or thousands of
 digits, deleted, symlink loops, renamed to bytes that are not UTF-8; dmsetup printing garbage,
 too much, failing or hanging). Every exposition is parsed with prometheus_client's parser,
 every Nth is checked with promtool. Prints iterations, HTTP non-200 answers, failed checks,
@@ -14,24 +14,19 @@ lines per scrape.
 HTTP abuse, against a fresh exporter whose dmsetup takes 0.5 s: 500 concurrent scrapes, 20
 aborted and 20 half-sent requests, 200 connections that never finish their request, and other
 methods and paths; dmsetup's runs count the collections. A benchmark, not a test: it asserts
-nothing (exporters/tests/test_fuzz.py and test_hardening.py are the tests).
+nothing (test_fuzz.py and test_hardening.py beside it are the tests).
 """
 import argparse
 import os
 import random
 import shutil
-import socket
-import sys
 import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-
-from blockstack_lab import procs  # noqa: E402
-from exporter_testlib import exporter_argv, full_tree, http  # noqa: E402
-from fuzzing import TARGETS, Fuzzer  # noqa: E402
+from blockstack_lab import procs
+from exporter_testlib import exporter_argv, full_tree, http
+from fuzzing import ABORTED, HALF_SENT, SLOW, TARGETS, Fuzzer, closed_by_exporter, damaged_request
 
 
 def fuzz(base, iterations, promtool_every, seed):
@@ -80,7 +75,6 @@ def abuse(base):
            "FAKE_DMSETUP_LOG": log}
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}"
-    host = ("127.0.0.1", port)
 
     def collections():
         try:
@@ -118,35 +112,19 @@ def abuse(base):
         # aborted and half-sent requests
         before = collections()
         for _ in range(20):
-            s = socket.create_connection(host, timeout=5)
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            s.close()
-            s = socket.create_connection(host, timeout=5)
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-            s.close()
+            damaged_request(url, ABORTED)
+            damaged_request(url, HALF_SENT)
         time.sleep(2)
         print(f"  20 aborted + 20 half-sent requests: {collections() - before} collections")
 
         # 200 connections that never finish their request, then a real scrape
-        slow = []
-        for _ in range(200):
-            s = socket.create_connection(host, timeout=5)
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-            slow.append(s)
+        slow = [damaged_request(url, SLOW, keep_open=True) for _ in range(200)]
         before = collections()
         status, _, seconds = http(url + "/metrics")
         print(f"  a scrape while 200 connections never finish their request: HTTP {status} in {seconds:.2f} s, "
               f"{collections() - before} collection")
         time.sleep(6.5)
-        closed = 0
-        for s in slow:
-            s.settimeout(0.5)
-            try:
-                closed += s.recv(1) == b""
-            except OSError:
-                closed += 1
-            s.close()
-        print(f"  ... of the 200, closed by the exporter within 6.5 s: {closed}")
+        print(f"  ... of the 200, closed by the exporter within 6.5 s: {closed_by_exporter(slow, 0.5)}")
 
         # other methods and paths
         before = collections()
