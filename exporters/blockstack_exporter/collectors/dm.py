@@ -140,6 +140,16 @@ def _fraction(word, what):
     return _int(used, what), _int(total, what)
 
 
+def _features(words, target):
+    """The optional `<#feature args> [<arg>]*` after a table's four fixed arguments."""
+    if len(words) <= 4:
+        return []
+    count, features = _int(words[4], f"{target} feature count"), words[5:]
+    if count != len(features):
+        raise ParseError(f"{target} table: {count} feature arguments announced, {len(features)} given")
+    return features
+
+
 def parse_snapshot_table(params):
     """-> {origin, cow, persistent ('P'|'PO'|'N'), chunk_sectors, features [..]}."""
     words = params.split()
@@ -148,15 +158,9 @@ def parse_snapshot_table(params):
     store = words[2].upper()
     if store not in ("P", "PO", "N"):
         raise ParseError(f"snapshot table: persistence is not P, PO or N: {words[2][:10]!r}")
-    chunk = _int(words[3], "snapshot chunk size")
-    features = []
-    if len(words) > 4:
-        count = _int(words[4], "snapshot feature count")
-        features = words[5:]
-        if count != len(features):
-            raise ParseError(f"snapshot table: {count} feature arguments announced, {len(features)} given")
     return {"origin": _devno(words[0], "snapshot origin"), "cow": _devno(words[1], "snapshot cow"),
-            "persistent": store, "chunk_sectors": chunk, "features": features}
+            "persistent": store, "chunk_sectors": _int(words[3], "snapshot chunk size"),
+            "features": _features(words, "snapshot")}
 
 
 def parse_snapshot_status(params):
@@ -200,16 +204,10 @@ def parse_thin_pool_table(params):
     block = _int(words[2], "thin-pool data block size")
     if block == 0:
         raise ParseError("thin-pool table: data block size 0")
-    features = []
-    if len(words) > 4:
-        count = _int(words[4], "thin-pool feature count")
-        features = words[5:]
-        if count != len(features):
-            raise ParseError(f"thin-pool table: {count} feature arguments announced, {len(features)} given")
     return {"metadata_dev": _devno(words[0], "thin-pool metadata device"),
             "data_dev": _devno(words[1], "thin-pool data device"),
             "data_block_sectors": block, "low_water_mark": _int(words[3], "thin-pool low water mark"),
-            "features": features}
+            "features": _features(words, "thin-pool")}
 
 
 def parse_thin_pool_status(params):
@@ -474,6 +472,14 @@ class DmCollector:
             return devno
         return kname
 
+    @staticmethod
+    def _has_status(scrape, device, name, t, status):
+        """Whether the target has a status line; a missing line is counted (MISSING: the status
+        call failed, counted once already)."""
+        if status is None:
+            scrape.error(f"{device} ({name}): no {t.target} status line")
+        return status is not None and status is not MISSING
+
     def _snapshot(self, scrape, device, name, t, status, m):
         table = parse_snapshot_table(t.params)
         merge = t.target == "snapshot-merge"
@@ -484,10 +490,7 @@ class DmCollector:
         m["chunk"].add_metric(lv, table["chunk_sectors"] * SECTOR)
         if merge:
             m["origin"].add_metric(lv + [origin], 1)
-        if status is MISSING:
-            return
-        if status is None:
-            scrape.error(f"{device} ({name}): no {t.target} status line")
+        if not self._has_status(scrape, device, name, t, status):
             return
         st = parse_snapshot_status(status)
         state = st["state"]
@@ -503,15 +506,12 @@ class DmCollector:
 
     def _thin_pool(self, scrape, device, name, t, status, m):
         table = parse_thin_pool_table(t.params)
-        if status is MISSING:
-            return
-        if status is None:
-            scrape.error(f"{device} ({name}): no thin-pool status line")
+        if not self._has_status(scrape, device, name, t, status):
             return
         st = parse_thin_pool_status(status)
         lv = [device, name]
         state = st["failed"].lower() if st["failed"] else st["mode"]
-        if state is not None:  # no mode word: a kernel older than 3.10 printed none
+        if state is not None:  # None: an older kernel printed no mode word
             for s in THIN_POOL_STATES:
                 m["pool_state"].add_metric(lv + [s], 1 if s == state else 0)
         if st["failed"]:
