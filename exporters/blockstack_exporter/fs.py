@@ -179,6 +179,3 @@ class BlockingReads:
         if read.error is not None:
             raise read.error
         return read.result
-
-    def stuck(self):
-        return sum(1 for r in self._pending.values() if not r.done.is_set())

@@ -226,10 +226,9 @@ class Scrape:
 
 
 class BlockstackCollector(Collector):
-    def __init__(self, collectors, paths, default_timeout=DEFAULT_TIMEOUT):
+    def __init__(self, collectors, paths):
         self.collectors = collectors
         self.paths = paths
-        self.default_timeout = default_timeout
         self.errors = {}  # (collector, reason) -> count; a series appears with its first count
         self.attributes = AttributeReader()
         self.lock = threading.Lock()  # scrapes take turns: shared descriptors and counters
@@ -237,7 +236,6 @@ class BlockstackCollector(Collector):
         self._seen = {}
         self._log_budget = 0
         self._unlogged = 0
-        self.log_lines = 0  # lines logged since start (the fuzz benchmark reads it)
 
     def count_error(self, collector, reason, subject, message, count):
         key = (collector, reason)
@@ -254,7 +252,6 @@ class BlockstackCollector(Collector):
     def _log(self, level, fmt, *args):
         if self._log_budget > 0:
             self._log_budget -= 1
-            self.log_lines += 1
             log.log(level, fmt, *args)
         else:
             self._unlogged += 1
@@ -269,16 +266,14 @@ class BlockstackCollector(Collector):
                     self._log(logging.INFO, "collector %s: no longer: %s", collector, message)
             self._logged = self._seen
             if self._unlogged:
-                self.log_lines += 1
                 log.warning("%d more problems or changes not logged this scrape; see "
                             "blockstack_collector_errors_total", self._unlogged)
         return families
 
     def _collect(self):
-
         scrape = Scrape(self.paths, self)
         now = time.monotonic()
-        overall = current_deadline() or now + self.default_timeout
+        overall = current_deadline() or now + DEFAULT_TIMEOUT
         budget = max(0.0, overall - now)
         shares = {c.name: SHARES.get(c.name, 0.1) for c in self.collectors}
         total_share = sum(shares.values()) or 1.0
