@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures")
 HOST_LOOP = os.path.join(FIXTURES, "host-loop")
 EXPORTER = os.path.join(os.path.dirname(sys.executable), "blockstack-exporter")
-FAKE_DMSETUP = os.path.join(HERE, "fake_dmsetup.py")
+FAKE_DMSETUP = os.path.join(HERE, "fake_dmsetup")
 
 
 def tree_flags(tree):
@@ -71,7 +71,7 @@ DMSETUP_STATUS = ("vg-lv-real: 0 2048 linear \nvg-snap-cow: 0 1024 linear \n"
 
 def full_tree(base):
     """host-loop plus four dm devices (an LVM snapshot stack on loop0) and the dmsetup outputs
-    fake_dmsetup.py prints for them. Returns (tree, dmsetup fixture directory)."""
+    fake_dmsetup prints for them. Returns (tree, dmsetup fixture directory)."""
     tree = os.path.join(base, "tree")
     shutil.copytree(HOST_LOOP, tree, symlinks=True)
     for name, (devno, dm_name, slaves) in DM_DEVICES.items():

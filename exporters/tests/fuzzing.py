@@ -87,33 +87,12 @@ def payload(rng, damage, kind):
     raise ValueError(damage)
 
 
-# fake_dmsetup.py's behaviour in sh: a Python start per call would be most of an iteration
-FAST_DMSETUP = """#!/bin/sh
-cmd=dmsetup
-for a in "$@"; do cmd="${cmd}_$a"; done
-if [ -f "$FAKE_DMSETUP_FIXTURES/mode" ]; then
-    read -r mode only < "$FAKE_DMSETUP_FIXTURES/mode"
-    if [ -z "$only" ] || [ "$only" = "$1" ]; then
-        case "$mode" in
-            fail) echo "Command failed." >&2; exit 1 ;;
-            hang) sleep 60 ;;
-        esac
-    fi
-fi
-exec cat "$FAKE_DMSETUP_FIXTURES/$cmd"
-"""
-
-
 class Fuzzer:
     """One exporter over a private full tree; damage(), scrape, undo() per iteration."""
 
     def __init__(self, base, seed=0):
         self.base = base
         self.tree, self.fixtures = full_tree(base)
-        self.dmsetup = os.path.join(base, "dmsetup.sh")
-        with open(self.dmsetup, "w") as f:
-            f.write(FAST_DMSETUP)
-        os.chmod(self.dmsetup, 0o755)
         self.rng = random.Random(seed)
         self.log_path = os.path.join(base, "exporter.log")
         self.stats = {"iterations": 0, "http_non_200": 0, "slowest": 0.0, "peak_rss": 0, "log_lines": 0,
@@ -121,7 +100,7 @@ class Fuzzer:
                       "failures": []}
 
     def argv(self, port):
-        return exporter_argv(self.tree, port, "--log.level=info", f"--collector.dm.dmsetup={self.dmsetup}")
+        return exporter_argv(self.tree, port, "--log.level=info")
 
     def env(self):
         return {"FAKE_DMSETUP_FIXTURES": self.fixtures}

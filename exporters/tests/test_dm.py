@@ -1,6 +1,6 @@
 """The dm collector against recorded `dmsetup table` / `dmsetup status --noflush` outputs.
 
-The real collector runs: it starts tests/fake_dmsetup.py as its dmsetup (a subprocess, with the
+The real collector runs: it starts tests/fake_dmsetup as its dmsetup (a subprocess, with the
 timeout), which prints fixtures/dm/<scenario>/dmsetup_<args joined by _>. Each scenario's sysfs
 is built in tmp_path from the compact description in SYSFS below. Where each fixture comes from:
 fixtures/dm/README.md.
