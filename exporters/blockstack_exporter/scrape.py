@@ -8,9 +8,8 @@ once, again when its reason changes, and once more when it is gone; at most MAX_
 lines a scrape. It is counted on every scrape that meets it, so that rate() of the counter says
 the problem is still there (a count of first occurrences would go flat, looking mended). What
 the exporter observes about a device (an invalid snapshot, a failed thin pool) is no error: it
-is published as state. An exception that escapes a collector
-marks only that collector failed (blockstack_scrape_collector_success 0); the rest of the scrape
-is served.
+is published as state. An exception that escapes a collector marks only that collector failed
+(blockstack_scrape_collector_success 0); the rest of the scrape is served.
 
 Every sample a collector yields is checked before it is served: a value the exposition cannot
 write (an integer beyond a float's range), a label value that is not printable text (bytes that
