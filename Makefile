@@ -21,13 +21,13 @@ deps:
 	@echo ">> installing Debian packages"
 	@scripts/install-deps.sh
 
-## venv: Python virtual environment with the exporter, the lab kit and test tools
+## venv: Python virtual environment with the exporter, the stack model (deploy/), the lab kit and test tools
 venv: $(VENV)/.stamp
-$(VENV)/.stamp: exporters/pyproject.toml lab/pyproject.toml requirements-dev.txt
+$(VENV)/.stamp: exporters/pyproject.toml deploy/pyproject.toml lab/pyproject.toml requirements-dev.txt
 	@echo ">> creating $(VENV)"
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	@$(VPY) -m pip install -q --upgrade pip
-	@$(VPY) -m pip install -q -r requirements-dev.txt -e exporters -e lab
+	@$(VPY) -m pip install -q -r requirements-dev.txt -e exporters -e deploy -e lab
 	@touch $@
 
 ## ebpf-exporter: build cloudflare ebpf_exporter from the Go module proxy against a static libbpf 1.5 (cached)
@@ -46,7 +46,7 @@ ebpf-build: $(EBPF_EXPORTER)
 ## grafana: the Grafana server (GRAFANA_HOME, grafana on PATH, or ../shared/grafana's tarball unpacked once into .build/)
 .PHONY: grafana
 grafana: venv
-	@$(VPY) -m blockstack_lab.grafana
+	@$(VPY) -m blockstack_deploy.grafana
 
 ## test: every test (unit, golden, live on loop devices, real servers)
 test: deps venv ebpf-build thanos grafana upstream-servers
@@ -110,9 +110,11 @@ clean:
 distclean: clean
 	rm -rf $(BUILD) $(VENV)
 
-## install-systemd: production units for each component (see deploy/systemd/)
+## install-systemd: the role's commands as systemd units, enabled and started (root; STATE_DIR default /var/lib/blockstack-merges)
+##   the agent role: make install-systemd UP_ARGS="--role agent --host db1 --listen 10.0.0.11 --alertmanager ..."
 install-systemd: deps venv ebpf-build
-	@STATE_DIR=$(if $(filter $(CURDIR)/.state,$(STATE_DIR)),/var/lib/blockstack-merges,$(STATE_DIR)) deploy/install-systemd.sh
+	@BLOCKSTACK_SERVERS=$(SERVERS) $(VPY) deploy/stackctl.py install-systemd \
+		--state $(if $(filter $(CURDIR)/.state,$(STATE_DIR)),/var/lib/blockstack-merges,$(STATE_DIR)) $(UP_ARGS)
 
 ## dashboards: regenerate dashboards/block-stack-merges.json from dashboards/blockstack_dashboard.py
 .PHONY: dashboards
@@ -146,7 +148,7 @@ $(THANOS): scripts/build-go.sh
 	@touch $@  # the script may find it already built; make must see it fresh
 
 ## upstream-servers: Prometheus 3 (prometheus, promtool) and a current Alertmanager (alertmanager, amtool) from
-##   the Go module proxy into .build/bin/NAME-VERSION (cached; versions also in lab/blockstack_lab/stack.py).
+##   the Go module proxy into .build/bin/NAME-VERSION (cached; versions also in deploy/blockstack_deploy/stack.py).
 # Prometheus 3.X.Y is module version v0.3XX.Y. Tags: upstream's netgo, without builtinassets (the
 # web UI is built by npm and is not in the module zip: the API works, the UI pages do not), plus
 # remove_all_sd (cloud service discovery; one plugin's dependency is refused by the proxy; file
@@ -182,7 +184,7 @@ up-central: deps venv thanos grafana $(SERVERS_BUILT)
 ## test-fleet: 3 hosts as network namespaces + the central role on this machine (root, ~4 minutes)
 test-fleet: deps venv ebpf-build thanos upstream-servers
 	@echo ">> running the fleet tests"
-	@$(PYTEST) fleet/tests
+	@$(PYTEST) deploy/tests/fleet
 
 ## lab: the loop-device lab: every scenario against the stack (make up in LAB_STATE_DIR), narrated (needs root, ~15 min)
 LAB_STATE_DIR ?= $(CURDIR)/.state-lab

@@ -20,7 +20,7 @@ import math
 import re
 import urllib.parse
 
-from blockstack_lab import procs
+from blockstack_deploy import procs
 
 VARIABLE = re.compile(r"\$(\w+)|\[\[(\w+?)(?::(\w+))?\]\]|\$\{(\w+)(?:\.([^:^\}]+))?(?::([^\}]+))?\}")
 REGEX_SPECIAL = re.compile(r"([\\^$*+?.()|{}\[\]'])")

@@ -26,8 +26,9 @@ import shutil
 import time
 import types
 
-from blockstack_lab import fio, loop, procs
-from blockstack_lab.stack import Stack
+from blockstack_deploy import procs
+from blockstack_deploy.stack import Stack
+from blockstack_lab import fio, loop
 
 PHASES = {"healthy": 20, "fsync": 12}
 HOLD = 420  # longest the collapsed phase lasts (a bound: the context normally exits long before)
@@ -53,7 +54,7 @@ def collapse(workdir, phases=PHASES, log=print, servers=None):
     """Yields a namespace, during the collapse: stack (the lab Stack: .url("grafana"), .query() ...),
     grafana_password, upper and lower (kernel names), mountpoint, start, paged (Unix seconds) and
     phases {name: (start, end)} (collapsed: (start, None)). servers: which Prometheus and
-    Alertmanager (blockstack_lab.stack.SERVERS; default $BLOCKSTACK_SERVERS, else Debian's)."""
+    Alertmanager (blockstack_deploy.stack.SERVERS; default $BLOCKSTACK_SERVERS, else Debian's)."""
     why = missing_requirements()
     if why:
         raise RuntimeError(why)

@@ -7,6 +7,7 @@ packages=(
   clang llvm bpftool libelf-dev zlib1g-dev pkg-config make      # BPF programs and the libbpf build
   clang-format                                                  # the BPF sources' format check
   e2fsprogs util-linux fdisk kmod iproute2                      # mkfs.ext4, losetup, sfdisk; ip netns, ss
+  systemd                                                       # systemd-analyze verify of the rendered units
   chromium fonts-liberation                                     # the dashboard's browser test and screenshot (playwright drives it)
 )
 missing=()

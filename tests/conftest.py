@@ -6,7 +6,7 @@ import tempfile
 
 import pytest
 
-from blockstack_lab import procs
+from blockstack_deploy import procs
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")

@@ -7,17 +7,15 @@ import os
 import signal
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
 
-from blockstack_lab import fio, grafana, loop, procs
+from blockstack_deploy import files, pki, procs
+from blockstack_lab import fio, loop
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, REPO)  # fleet/pki.py: an operator's CA
-from fleet import pki  # noqa: E402
 PAGE_ALERTS = {"BlockStackMergeCollapse"}
 
 
@@ -57,10 +55,10 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     for f in (password_file, os.path.join(secrets, "server.key"), os.path.join(secrets, "ca.key")):
         assert oct(os.stat(f).st_mode & 0o777) == "0o600", f
     with open(os.path.join(secrets, "admin-password.bcrypt")) as f:
-        assert f.read().startswith("$2b$06$")  # fleet_roles.BCRYPT_COST
+        assert f.read().startswith("$2b$06$")  # pki.BCRYPT_COST
     assert f"https://127.0.0.1:{ports['prometheus']}" in out
     prom, am, graf = (f"https://127.0.0.1:{ports[c]}" for c in ("prometheus", "alertmanager", "grafana"))
-    grafana_password = grafana.password(os.path.join(secrets, "grafana-admin-password"))
+    grafana_password = files.secret(os.path.join(secrets, "grafana-admin-password"))
 
     # every listener: plain HTTP refused, TLS not trusted without our CA, 401 without or with a
     # wrong password, 200 with the generated one

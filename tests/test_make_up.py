@@ -8,7 +8,8 @@ import subprocess
 import time
 
 
-from blockstack_lab import fio, grafana, loop, procs
+from blockstack_deploy import files, grafana, procs
+from blockstack_lab import fio, loop
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")  # conftest.state's ports
@@ -74,7 +75,7 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     assert f"127.0.0.1:{ports['grafana']}/d/blockstack-merges" in out and password_file in out
     assert oct(os.stat(password_file).st_mode & 0o777) == "0o600"
     gurl = f"http://127.0.0.1:{ports['grafana']}"
-    status, found = grafana.api(gurl, "/api/dashboards/uid/blockstack-merges", grafana.password(password_file))
+    status, found = grafana.api(gurl, "/api/dashboards/uid/blockstack-merges", files.secret(password_file))
     assert status == 200 and found["meta"]["provisioned"], found
     assert grafana.api(gurl, "/api/dashboards/uid/blockstack-merges", "wrong")[0] == 401
     try:
@@ -165,7 +166,7 @@ def test_make_up_switches_servers(state):
     """`make up SERVERS=upstream` runs Prometheus 3 and the current Alertmanager; `make up
     SERVERS=debian` on the same state switches back, restarting only those two (the collapse ->
     page on each set is alerts/tests/test_integration.py's)."""
-    from blockstack_lab.stack import ALERTMANAGER_UPSTREAM_VERSION, PROMETHEUS3_VERSION
+    from blockstack_deploy.stack import ALERTMANAGER_UPSTREAM_VERSION, PROMETHEUS3_VERSION
     state_dir, ports = state
 
     def versions():

@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 
-from blockstack_lab import procs
+from blockstack_deploy import procs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

@@ -1,6 +1,6 @@
 """Static checks of alerts/: generated rules current, promtool and amtool happy, every rule tested,
 every alert with a runbook anchor, routing as documented, and the webhook receiver writing lines.
-promtool and amtool run in both tested sets of servers (blockstack_lab.stack.SERVERS): Debian's
+promtool and amtool run in both tested sets of servers (blockstack_deploy.stack.SERVERS): Debian's
 Prometheus 2 / Alertmanager 0.25 and the pinned Prometheus 3 / current Alertmanager."""
 import json
 import pathlib
@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 import yaml
-from blockstack_lab import stack
+from blockstack_deploy import stack
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"

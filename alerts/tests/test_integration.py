@@ -1,4 +1,4 @@
-"""End to end: the whole stack (blockstack_lab.stack.Stack: the three exporters, Prometheus with
+"""End to end: the whole stack (blockstack_deploy.stack.Stack: the three exporters, Prometheus with
 alerts/*.rules.yml, Alertmanager with alerts/alertmanager.yml, the page receiver) on loop devices.
 
 Two collapses run at once, each flipped on under batched sequential 4 KiB direct reads
@@ -26,8 +26,9 @@ import urllib.parse
 
 import pytest
 
-from blockstack_lab import fio, loop, procs
-from blockstack_lab.stack import SERVERS, Stack
+from blockstack_deploy import procs
+from blockstack_deploy.stack import SERVERS, Stack
+from blockstack_lab import fio, loop
 
 PAGE_TIMEOUT = 90      # seconds from the flip; the rules' worst case is 40 s (alerts/README.md)
 RESOLVE_TIMEOUT = 190  # rate window 20 s + evaluation + keep_firing_for 90 s + the page route's group_interval 30 s

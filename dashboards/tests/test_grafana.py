@@ -2,7 +2,7 @@
 collapse, through Grafana's HTTP API and in a real browser (Debian's chromium).
 
 One lab collapse (dashboards/lab_run.py) and one browser visit are shared by the module's tests,
-once per set of Prometheus-family servers (blockstack_lab.stack.SERVERS: Debian's Prometheus 2.42
+once per set of Prometheus-family servers (blockstack_deploy.stack.SERVERS: Debian's Prometheus 2.42
 and Alertmanager 0.25, and the pinned Prometheus 3 and current Alertmanager); every panel query's
 answer must have the same shape on both (label names, lab devices, histogram bounds as numbers):
 ext4 on loopU (direct-io) on a file on ext4 on loopL; healthy reads, fsync writes, then
@@ -27,8 +27,8 @@ import pytest
 
 import blockstack_dashboard
 import lab_run
-from blockstack_lab import grafana as grafana_runtime
-from blockstack_lab.stack import SERVERS
+from blockstack_deploy import grafana as grafana_runtime
+from blockstack_deploy.stack import SERVERS
 from grafana_browser import Browser
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

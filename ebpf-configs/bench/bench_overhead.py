@@ -30,7 +30,8 @@ import subprocess
 import sys
 import time
 
-from blockstack_lab import fio, loop, procs
+from blockstack_deploy import procs
+from blockstack_lab import fio, loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("BUILD", os.path.join(ROOT, ".build"))

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from blockstack_lab import procs
+from blockstack_deploy import procs
 from ebpf_testlib import (CONFIG_DIR, EXPORTER, EXPORTER_ENV, Exporter, config_names,
                           selected_configs)
 

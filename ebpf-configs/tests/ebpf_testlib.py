@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 
-from blockstack_lab import procs
+from blockstack_deploy import procs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS_SRC = os.path.dirname(HERE)

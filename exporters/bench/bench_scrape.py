@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.request
 
-from blockstack_lab import procs
+from blockstack_deploy import procs
 
 EXPORTER = os.path.join(os.path.dirname(sys.executable), "blockstack-exporter")
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")

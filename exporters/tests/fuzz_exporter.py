@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 
-from blockstack_lab import procs
+from blockstack_deploy import procs
 from exporter_testlib import exporter_argv, full_tree, http
 from fuzzing import ABORTED, HALF_SENT, SLOW, TARGETS, Fuzzer, closed_by_exporter, damaged_request
 

@@ -6,7 +6,7 @@ import sys
 import tempfile
 
 from exporter_testlib import EXPORTER, HOST_LOOP, Scraped, registry_for
-from blockstack_lab import procs
+from blockstack_deploy import procs
 
 LOOP0_QUEUE = "sys/devices/virtual/block/loop0/queue"
 

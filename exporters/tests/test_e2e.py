@@ -7,7 +7,7 @@ import re
 import subprocess
 
 from exporter_testlib import EXPORTER, HERE, HOST_LOOP, exporter_argv, tree_flags
-from blockstack_lab import procs
+from blockstack_deploy import procs
 
 GOLDEN = os.path.join(HERE, "e2e-output.txt")
 # Values that change from run to run; their series stay in the output, their values do not.

@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from blockstack_lab import procs
+from blockstack_deploy import procs
 from fuzzing import COMMAND_DAMAGES, DAMAGES, TARGETS, Fuzzer
 
 MAX_SECONDS = 5.0  # the stack's scrape timeout

@@ -15,7 +15,7 @@ from blockstack_exporter.fs import BlockingReads
 from blockstack_exporter.scrape import SHARES, deadline
 from exporter_testlib import HOST_LOOP, Scraped, exporter_argv, full_tree, http, registry_for
 from fuzzing import ABORTED, HALF_SENT, SLOW, closed_by_exporter, damaged_request
-from blockstack_lab import procs
+from blockstack_deploy import procs
 
 LOOP0 = "sys/devices/virtual/block/loop0"
 

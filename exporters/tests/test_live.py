@@ -9,7 +9,8 @@ import time
 import pytest
 
 from exporter_testlib import EXPORTER, Scraped
-from blockstack_lab import loop, procs
+from blockstack_deploy import procs
+from blockstack_lab import loop
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ import threading
 import time
 
 from blockstack_lab import cli, scenarios
-from blockstack_lab.stack import COMPONENTS, REPO
+from blockstack_deploy.stack import COMPONENTS, REPO
 
 PY = sys.executable
 CLK_TCK = os.sysconf("SC_CLK_TCK")

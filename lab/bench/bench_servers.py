@@ -4,7 +4,7 @@
     make bench-servers     (or: .venv/bin/python lab/bench/bench_servers.py [--rounds N])
 
 One lab and one set of exporters (node_exporter, blockstack-exporter, ebpf_exporter), scraped
-every 5 s by two stacks at once, one per set of servers (blockstack_lab.stack.SERVERS: Debian's
+every 5 s by two stacks at once, one per set of servers (blockstack_deploy.stack.SERVERS: Debian's
 Prometheus 2.42 + Alertmanager 0.25, and Prometheus 3.16 + Alertmanager 0.31), each with the
 same rules, Alertmanager configuration and its own page receiver. Each round flips the two
 collapses of alerts/tests/test_integration.py at once under sequential batched 4 KiB direct reads
@@ -25,8 +25,9 @@ import sys
 import tempfile
 import time
 
-from blockstack_lab import fio, loop, procs
-from blockstack_lab.stack import SERVERS, Stack, program
+from blockstack_deploy import procs
+from blockstack_deploy.stack import SERVERS, Stack, program
+from blockstack_lab import fio, loop
 
 PAGES = (("BlockStackMergeCollapse", "layered"), ("BlockStackMergeCollapse", "single"))
 TIMEOUT = 120

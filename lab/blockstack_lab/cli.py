@@ -27,8 +27,10 @@ import subprocess
 import sys
 import time
 
-from . import corpus, procs, scenarios
-from .stack import COMPONENTS, REPO
+from blockstack_deploy import procs
+from blockstack_deploy.stack import COMPONENTS, REPO
+
+from . import corpus, scenarios
 
 DEFAULT_STATE = os.path.join(REPO, ".state-lab")
 

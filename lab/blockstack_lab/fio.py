@@ -3,7 +3,7 @@ import contextlib
 import json
 import subprocess
 
-from . import procs
+from blockstack_deploy import procs
 
 # The incident workload: batched sequential 4 KiB direct reads. On a loop device this averages
 # 256 sectors per request with nomerges=0 and 8 with nomerges=2.

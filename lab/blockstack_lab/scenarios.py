@@ -30,7 +30,8 @@ import tempfile
 import time
 import urllib.parse
 
-from . import fio, loop, procs
+from blockstack_deploy import procs
+from . import fio, loop
 
 LAB_ROOT = "/dev/shm"  # backing files in memory: fast, and nothing beneath the lower device
 DISK_ROOT = "/var/tmp"  # the journal scenario's lower devices: on the root disk, where fsync costs

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from blockstack_lab import loop
-from blockstack_lab.stack import REPO
+from blockstack_deploy.stack import REPO
 
 
 def _leftovers(lab_dir, tag, changed):

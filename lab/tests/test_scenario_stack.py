@@ -4,7 +4,7 @@ so the rate windows fill quickly; the rules are the production ones."""
 import os
 
 from blockstack_lab import scenarios
-from blockstack_lab.stack import Stack
+from blockstack_deploy.stack import Stack
 
 
 def test_random_4k_is_seen_and_does_not_page(lab_prerequisites, tmp_path):

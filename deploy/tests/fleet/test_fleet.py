@@ -1,4 +1,4 @@
-"""A small fleet on this machine (fleet/lab.py): 3 hosts as network namespaces, each with its own
+"""A small fleet on this machine (fleet_lab.py): 3 hosts as network namespaces, each with its own
 loop-device lab and the agent role; h1 runs two rule-evaluating Prometheus replicas (A, B); the
 central role (2 Alertmanager peers in a cluster, Thanos Query, watcher, receiver) in the root
 namespace. Cross-host traffic: TLS + basic auth (HTTP), mutual TLS (gRPC StoreAPI).
@@ -10,7 +10,7 @@ In order, on one fleet:
 4. Alertmanager peer 1 and h1's replica A killed, h3 stopped entirely: a new collapse on h1 still
    pages exactly once, and BlockStackHostDown pages once for h3.
 Needs root, `make thanos`, `make ebpf-build`, `make deps`; about 3 minutes (setup 35 s).
-The fleet runs on FLEET_SERVERS (blockstack_lab.stack.SERVERS; default upstream: Prometheus 3 and
+The fleet runs on FLEET_SERVERS (blockstack_deploy.stack.SERVERS; default upstream: Prometheus 3 and
 Alertmanager 0.31, `make upstream-servers`); `FLEET_SERVERS=debian,upstream` runs it on each.
 """
 import collections
@@ -25,13 +25,14 @@ import urllib.parse
 
 import pytest
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, REPO)
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "dashboards"))
 
-from blockstack_lab import fio, loop, procs  # noqa: E402
-from fleet import netns, roles  # noqa: E402
-from fleet.lab import fleet_lab, wait_until  # noqa: E402
+import netns  # noqa: E402
+from blockstack_deploy import procs, roles  # noqa: E402
+from blockstack_deploy.procs import wait_until  # noqa: E402
+from blockstack_lab import fio, loop  # noqa: E402
+from fleet_lab import fleet_lab  # noqa: E402
 
 PAGE_ALERTS = {"BlockStackMergeCollapse"}
 PAGE_TIMEOUT = 120      # rate window 20 s + for 15 s + group_wait 5 s, on a loaded 2-core machine

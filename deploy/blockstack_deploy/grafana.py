@@ -1,8 +1,8 @@
 """Grafana for the stack: found or unpacked, configured so that no request leaves the host, the
-datasource and the "Block Stack Merges" dashboard provisioned. `make up` (deploy/stackctl.py) and
-the tests (stack.Stack with the "grafana" component) both use it.
+datasource and the "Block Stack Merges" dashboard provisioned. `make up` (roles.py) and the
+tests (stack.Stack with the "grafana" component) both use it.
 
-    python -m blockstack_lab.grafana        # find Grafana, unpacking the shared tarball if needed (make grafana)
+    python -m blockstack_deploy.grafana        # find Grafana, unpacking the shared tarball if needed (make grafana)
 
 Where Grafana comes from, in this order:
 1. GRAFANA_HOME (an unpacked release tarball: GRAFANA_HOME/bin/grafana);
@@ -16,13 +16,16 @@ import base64
 import hashlib
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
 import urllib.error
 import urllib.request
+
+import yaml
+
+from .files import secret, write_if_changed, write_yaml
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 VERSION = "12.4.0"  # the build in ../shared/grafana, and the only version the tests have run against
@@ -86,21 +89,10 @@ def unpack(tarball, dest):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def password(path):
-    """The admin password kept 0600 at path, generated on first use."""
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(18) + "\n")
-    with open(path) as f:
-        return f.read().strip()
-
-
 def ini(port, data_dir, provisioning, password_file, listen="127.0.0.1", tls=None):
     """grafana.ini: our paths and port, a generated admin password, no anonymous access, and every
     feature that calls out to the internet turned off (a monitoring host may have no internet)."""
-    return f"""# rendered by lab/blockstack_lab/grafana.py: edit the source, not this file
+    return f"""# rendered by blockstack_deploy/grafana.py: edit the source, not this file
 [paths]
 data = {data_dir}
 logs = {data_dir}/log
@@ -157,60 +149,44 @@ mode = console
 def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0.0.1", scrape_interval=None,
            tls=None, datasource_auth=None):
     """Write workdir/grafana.ini and workdir/grafana-provisioning/ (deploy/grafana/provisioning as
-    shipped, pointed at datasource_url and at dashboards/); return the ini's path.
-    tls: (cert, key) to serve https; datasource_auth: (user, password_file, ca_file or None), the
-    basic auth (and the CA) of a datasource with auth on (deploy/stackctl.py's exposed mode)."""
+    shipped, pointed at datasource_url and at dashboards/); True if any of them changed (Grafana
+    reads them only at start). tls: (cert, key) to serve https; datasource_auth: (user,
+    password_file, ca_file or None), the basic auth (and the CA) of a datasource with auth on."""
     os.makedirs(os.path.join(data_dir, "plugins"), exist_ok=True)
-    password(password_file)
+    secret(password_file)
     prov = os.path.join(workdir, "grafana-provisioning")
-    for kind in ("plugins", "alerting"):  # none of ours; Grafana logs an error when they are missing
+    for kind in ("plugins", "alerting", "datasources", "dashboards"):  # Grafana logs an error when one is missing
         os.makedirs(os.path.join(prov, kind), exist_ok=True)
+    changed = False
     for kind in ("datasources", "dashboards"):
-        os.makedirs(os.path.join(prov, kind), exist_ok=True)
         for name in os.listdir(os.path.join(PROVISIONING, kind)):
             with open(os.path.join(PROVISIONING, kind, name)) as f:
-                text = f.read()
-            text = text.replace("http://127.0.0.1:9090", datasource_url)
-            text = text.replace("/var/lib/grafana/dashboards/blockstack", DASHBOARDS)
-            if scrape_interval:
-                text = text.replace("timeInterval: 5s", f"timeInterval: {scrape_interval}")
-            if kind == "datasources" and datasource_auth:
-                text = _with_auth(text, *datasource_auth)
-            _write_if_changed(os.path.join(prov, kind, name), text)
+                config = yaml.safe_load(f)
+            for ds in config.get("datasources", []):
+                ds["url"] = datasource_url
+                if scrape_interval:
+                    ds["jsonData"]["timeInterval"] = scrape_interval
+                if datasource_auth:
+                    _add_auth(ds, *datasource_auth)
+            for provider in config.get("providers", []):
+                provider["options"]["path"] = DASHBOARDS
+            # private: the datasource may hold a password
+            changed |= write_yaml(os.path.join(prov, kind, name), config, f"blockstack_deploy/grafana.py from "
+                                  f"deploy/grafana/provisioning/{kind}/{name}", private=True)
     path = os.path.join(workdir, "grafana.ini")
-    _write_if_changed(path, ini(port, data_dir, prov, password_file, listen, tls))
-    return path
+    return write_if_changed(path, ini(port, data_dir, prov, password_file, listen, tls), private=True) or changed
 
 
-def _with_auth(text, user, password_file, ca_file):
-    """The datasource provisioning text with basic auth (secureJsonData: Grafana stores it
-    encrypted) and, for https, the CA that signed the datasource's certificate."""
-    import yaml
-    config = yaml.safe_load(text)
+def _add_auth(ds, user, password_file, ca_file):
+    """Basic auth on a datasource (secureJsonData: Grafana stores it encrypted) and, for https, the
+    CA that signed the datasource's certificate."""
     with open(password_file) as f:
-        secure = {"basicAuthPassword": f.read().strip()}
-    for ds in config["datasources"]:
-        ds.update(basicAuth=True, basicAuthUser=user)
-        if ca_file:
-            ds.setdefault("jsonData", {})["tlsAuthWithCACert"] = True
-            with open(ca_file) as f:
-                secure["tlsCACert"] = f.read()
-        ds["secureJsonData"] = dict(secure)
-    return ("# rendered by lab/blockstack_lab/grafana.py from deploy/grafana/provisioning, with the exposed "
-            "mode's credentials (0600)\n" + yaml.safe_dump(config, sort_keys=False))
-
-
-def _write_if_changed(path, text):
-    try:
-        with open(path) as f:
-            if f.read() == text:
-                return
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the datasource may hold a password
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
+        ds["secureJsonData"] = {"basicAuthPassword": f.read().strip()}
+    ds.update(basicAuth=True, basicAuthUser=user)
+    if ca_file:
+        ds.setdefault("jsonData", {})["tlsAuthWithCACert"] = True
+        with open(ca_file) as f:
+            ds["secureJsonData"]["tlsCACert"] = f.read()
 
 
 def command(binary, home, ini_path, port, scheme="http", host="127.0.0.1"):

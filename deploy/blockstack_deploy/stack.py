@@ -1,6 +1,8 @@
-"""The whole stack — exporters, Prometheus, Alertmanager, the page receiver — rendered into one
-directory and started on loopback ports. Used by the integration tests and the lab; `make up`
-renders the same configuration and hands the same commands to the supervisor.
+"""The stack on one host — exporters, Prometheus, Alertmanager, the page receiver — as
+configuration rendered into one directory and the command line of each program, every port on
+127.0.0.1: the scrape config, the exporters' flags, Prometheus's retention. The roles
+(roles.py) hand these commands to supervisord (`make up`) or systemd (systemd.py); the tests and
+the lab start them directly (Stack.running).
 """
 import contextlib
 import glob
@@ -15,6 +17,7 @@ import urllib.parse
 import yaml
 
 from . import grafana, procs
+from .files import write_yaml
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.join(REPO, ".build")
@@ -25,6 +28,9 @@ EBPF_CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
 # partitions; the stack must see every layer, so only RAM disks, floppies and CD-ROMs go.
 DISKSTATS_EXCLUDE = r"^(ram|fd|sr)\d+$"
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus")
+RETENTION = "15d"
+# The central watcher's rules (roles.Central): not evaluated next to a host's data.
+FLEET_RULES = os.path.join(REPO, "alerts", "fleet.rules.yml")
 
 
 def which(*names, target="deps"):
@@ -82,8 +88,23 @@ def program(component, servers=None):
     return which(*names, target=target)
 
 
-def ebpf_config_names():
-    """The ebpf_exporter configs this kernel can load (jbd2 fexit where allowed, else tracepoints)."""
+def ebpf_config_names(cache=None):
+    """The ebpf_exporter configs this kernel can load (jbd2 fexit where allowed, else tracepoints);
+    with cache (a file), probed once per kernel and build of the BPF objects."""
+    if cache:
+        key = f"{os.uname().release} {_mtime(EBPF_CONFIG_DIR)}"
+        try:
+            with open(cache) as f:
+                cached_key, names = f.read().split("\n")[:2]
+            if cached_key == key and names:
+                return names
+        except (FileNotFoundError, ValueError):
+            pass
+        names = ebpf_config_names()
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        with open(cache, "w") as f:
+            f.write(f"{key}\n{names}\n")
+        return names
     out = subprocess.run([os.path.join(REPO, "ebpf-configs", "select-configs.sh"), EBPF_EXPORTER, EBPF_CONFIG_DIR],
                          check=True, capture_output=True, text=True, timeout=300).stdout.strip()
     if not out:
@@ -91,15 +112,23 @@ def ebpf_config_names():
     return out
 
 
+def _mtime(path):
+    try:
+        return int(max(os.stat(os.path.join(path, f)).st_mtime for f in os.listdir(path)))
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
 def rule_files():
-    return sorted(glob.glob(os.path.join(REPO, "alerts", "*.rules.yml")))
+    """The rules evaluated next to a host's data: alerts/*.rules.yml but the fleet's."""
+    return sorted(f for f in glob.glob(os.path.join(REPO, "alerts", "*.rules.yml")) if f != FLEET_RULES)
 
 
 class Stack:
     """Configuration and commands for one stack in `workdir`, every port on 127.0.0.1."""
 
     def __init__(self, workdir, host=None, components=COMPONENTS, scrape_interval="5s",
-                 evaluation_interval="5s", ports=None, ebpf_configs=None, data_dir=None, servers=None):
+                 evaluation_interval="5s", ports=None, ebpf_configs=None, data_dir=None, servers=None, ebpf_cache=None):
         self.servers = servers_name(servers)  # debian or upstream: see SERVERS
         self.workdir = os.path.abspath(workdir)
         self.data_dir = os.path.abspath(data_dir or workdir)  # TSDB and Alertmanager state
@@ -109,11 +138,12 @@ class Stack:
         self.ports = dict(ports or {})
         for c in self.components:
             self.ports.setdefault(c, procs.free_port())
-        self._ebpf_configs = ebpf_configs
-        # deploy/stackctl.py's exposed mode: the basic_auth (+ scheme/tls_config) block Prometheus
-        # uses for the listeners that have auth on (its own and Alertmanager's): fleet/roles.py client_http
-        self.web_client = None
-        self.web_address = "127.0.0.1"  # where those listen (stackctl.py --listen ADDR); the rest stays on loopback
+        self._ebpf_configs, self._ebpf_cache = ebpf_configs, ebpf_cache
+        # The exposed mode (roles.Standalone): Prometheus and Alertmanager bind web_listen and serve
+        # web_config_file (TLS + basic auth); web_client is the basic_auth (+ scheme/tls_config)
+        # block Prometheus uses to reach them (pki.Secrets.client_http), at web_address.
+        self.web_listen = self.web_address = "127.0.0.1"
+        self.web_config_file = self.web_client = None
 
     def missing(self):
         """What this stack needs and cannot find here, each naming the make target that provides it."""
@@ -185,8 +215,7 @@ class Stack:
         if "alertmanager" in self.components:
             files["alertmanager.yml"] = self.alertmanager_config()
         for name, config in files.items():
-            with open(os.path.join(self.workdir, name), "w") as f:
-                yaml.safe_dump(config, f, sort_keys=False)
+            write_yaml(os.path.join(self.workdir, name), config, "blockstack_deploy/stack.py")
         if "grafana" in self.components:
             grafana.render(self.workdir, self.ports["grafana"], os.path.join(self.data_dir, "grafana"),
                            self.url("prometheus"), self.grafana_password_file, scrape_interval=self.scrape_interval)
@@ -200,6 +229,7 @@ class Stack:
     def commands(self):
         """{component: (argv, env, health_url)} in start order."""
         w, p = self.workdir, self.ports
+        web = [f"--web.config.file={self.web_config_file}"] if self.web_config_file else []
         cmds = {}
         if "node" in self.components:
             cmds["node"] = ([program("node"), f"--web.listen-address=127.0.0.1:{p['node']}",
@@ -212,7 +242,7 @@ class Stack:
                                   {}, self.url("blockstack", "/metrics"))
         if "ebpf" in self.components:
             if self._ebpf_configs is None:
-                self._ebpf_configs = ebpf_config_names()
+                self._ebpf_configs = ebpf_config_names(self._ebpf_cache)
             cmds["ebpf"] = ([program("ebpf"), f"--config.dir={EBPF_CONFIG_DIR}", f"--config.names={self._ebpf_configs}",
                              f"--web.listen-address=127.0.0.1:{p['ebpf']}"],
                             {"OTEL_TRACES_EXPORTER": "none"}, self.url("ebpf", "/metrics"))
@@ -222,12 +252,12 @@ class Stack:
                                 {}, self.url("receiver", "/healthz"))
         if "alertmanager" in self.components:
             cmds["alertmanager"] = ([program("alertmanager", self.servers), f"--config.file={w}/alertmanager.yml",
-                                     f"--storage.path={self.data_dir}/alertmanager", f"--web.listen-address=127.0.0.1:{p['alertmanager']}",
-                                     "--cluster.listen-address="],
+                                     f"--storage.path={self.data_dir}/alertmanager",
+                                     f"--web.listen-address={self.web_listen}:{p['alertmanager']}", "--cluster.listen-address=", *web],
                                     {}, self.url("alertmanager", "/-/ready"))
         if "prometheus" in self.components:
             cmds["prometheus"] = ([program("prometheus", self.servers), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",
-                                   "--storage.tsdb.retention.time=15d", f"--web.listen-address=127.0.0.1:{p['prometheus']}"],
+                                   f"--storage.tsdb.retention.time={RETENTION}", f"--web.listen-address={self.web_listen}:{p['prometheus']}", *web],
                                   # no --web.enable-lifecycle: any local user could POST /-/quit; reload is SIGHUP
                                   {}, self.url("prometheus", "/-/ready"))
         if "grafana" in self.components:  # optional: started only when listed (it needs Prometheus)

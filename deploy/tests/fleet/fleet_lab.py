@@ -18,12 +18,13 @@ import os
 import subprocess
 import types
 
-from blockstack_lab import loop, procs
-from blockstack_lab.procs import wait_until  # noqa: F401 (the tests import it from here)
-from blockstack_lab.stack import ebpf_config_names
-
-from . import netns
-from .roles import Agent, Central, Secrets, probe, write_inventory, FLEET_USER
+import netns
+from blockstack_deploy import procs
+from blockstack_deploy.pki import Secrets
+from blockstack_deploy.procs import wait_until
+from blockstack_deploy.roles import Agent, Central, probe, write_inventory
+from blockstack_deploy.stack import ebpf_config_names
+from blockstack_lab import loop
 
 LOWER_SIZE = 128 << 20
 UPPER_SIZE = 64 << 20
@@ -53,7 +54,7 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
         secrets = Secrets(os.path.join(workdir, "secrets")).ensure(
             server_names={"central": [central_addr, "127.0.0.1"], **{h: [a] for h, (_, a) in nets.items()}},
             client_names=["query"])
-        auth = (FLEET_USER, secrets.password())
+        auth = (secrets.user, secrets.password())
 
         # -- each host's loop-device lab ---------------------------------------------------
         fleet_hosts = {}
@@ -83,7 +84,7 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
         central_procs = {}
         for name, (argv, env, health) in central.commands().items():
             central_procs[name] = es.enter_context(procs.running(
-                argv, env=env, log_path=os.path.join(central.workdir, f"{name}.log")))
+                argv, env=env, log_path=os.path.join(central.config, f"{name}.log")))
         for name, (argv, env, health) in central.commands().items():
             wait_until(f"central {name} ({health})", lambda: _alive(central_procs[name], name) and
                        probe(health, auth=auth, ca=secrets.ca), 60)
@@ -100,7 +101,7 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
             agent.render()
             for name, (argv, env, health) in agent.commands().items():
                 starters[(h, name)] = (netns.argv_in_net(host.ns, argv), env, health,
-                                       os.path.join(agent.workdir, f"{name}.log"))
+                                       os.path.join(agent.config, f"{name}.log"))
         ctx = {}
 
         def start(h, name):

@@ -1,0 +1,1 @@
+"""Block Stack Merges' stack model: configuration, commands and roles behind make up."""

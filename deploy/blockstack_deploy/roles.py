@@ -1,0 +1,489 @@
+"""The three ways to run the stack on a host, behind one interface (Role).
+
+standalone (`make up`)
+    the single-host stack of stack.py, Grafana, all on 127.0.0.1; `--listen ADDR` or `--auth`
+    put Prometheus, Alertmanager and Grafana behind TLS + basic auth (user admin, pki.Secrets).
+agent (`make up-agent`, on every monitored host)
+    node_exporter, blockstack-exporter, ebpf_exporter on 127.0.0.1 (stack.py); one Prometheus
+    per replica (A, B, ...) on 127.0.0.1 that scrapes them, evaluates alerts/*.rules.yml next to
+    the data and sends alerts to every central Alertmanager peer; `external_labels: {host,
+    replica}`; `replica` is dropped from alerts (alert_relabel_configs) so both replicas' alerts
+    are the same alert to Alertmanager; one Thanos sidecar per replica: StoreAPI (gRPC, mutual
+    TLS) and /metrics (HTTP, TLS + basic auth) on the host's fleet address.
+central (`make up-central`)
+    the page receiver (127.0.0.1); an Alertmanager cluster of `peers` peers (gossip on 127.0.0.1,
+    or --cluster.peer to peers on other machines), web on the fleet address with TLS + basic auth;
+    Thanos Query on 127.0.0.1 (Grafana's datasource) with --query.replica-label=replica, its
+    StoreAPI endpoints read from the inventory file (--store.sd-files, re-read on change);
+    a "watcher" Prometheus that scrapes every sidecar in the same inventory (file_sd) and raises
+    BlockStackHostDown (alerts/fleet.rules.yml) to the Alertmanager cluster; Grafana.
+
+Inventory (file_sd style, one entry per agent Prometheus replica; the file can grow without a
+restart: both Thanos Query and the watcher re-read it):
+
+    - targets: ["10.0.0.11:10901"]                   # the sidecar's gRPC StoreAPI
+      labels: {host: db1, replica: A, __http_address__: "10.0.0.11:10902"}   # its HTTP /metrics
+"""
+import base64
+import os
+import shutil
+import socket
+import ssl
+import urllib.error
+import urllib.request
+
+import yaml
+
+from . import grafana, pki
+from .files import write_if_changed, write_yaml
+from .stack import COMPONENTS, FLEET_RULES, REPO, RETENTION, Stack, program, servers_name
+
+THANOS = os.path.join(REPO, ".build", "bin", "thanos")
+GRAFANA_HINT = grafana.HINT + "; everything else runs, and `make up` picks Grafana up next time."
+SOURCE = "blockstack_deploy/roles.py"
+
+
+def thanos():
+    if not os.access(THANOS, os.X_OK):
+        raise FileNotFoundError(f"{THANOS} not found (run make thanos)")
+    return THANOS
+
+
+def loopback(addr):
+    return addr in ("127.0.0.1", "localhost", "::1")
+
+
+def probe(url, auth=None, ca=None, timeout=2):
+    """True when something answers HTTP at url: 2xx, or 401 when no credentials were given
+    (basic auth on: the server is up). https is verified against `ca` when given."""
+    ctx = None
+    if url.startswith("https:"):
+        ctx = ssl.create_default_context(cafile=ca) if ca else ssl._create_unverified_context()
+    req = urllib.request.Request(url)
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:
+            r.read()
+        return True
+    except urllib.error.HTTPError as e:
+        return e.code == 401 and not auth
+    except OSError:
+        return False
+
+
+class Role:
+    """One way to run the stack on a host, on a state directory (configuration in STATE/config,
+    data in STATE/data). Every role has:
+        render()          writes its configuration; returns the programs to restart because a
+                          file they read only at start changed
+        commands()        {program: (argv, env, health_url)} in start order
+        reloads           the programs that re-read their configuration on SIGHUP
+        summary(elapsed)  the lines `make up` prints
+        ca                the CA that verifies its own https health URLs (None: unverified)
+    supervisor.py runs the commands under supervisord, systemd.py renders them as units."""
+
+    name = None
+    PORTS = {}
+    reloads = ()
+    ca = None
+
+    def __init__(self, state, ports=None, listen="127.0.0.1", grafana_server=None):
+        """grafana_server: (binary, home) of the Grafana that runs with the role (grafana.find())."""
+        self.state = os.path.abspath(state)
+        self.config, self.data = os.path.join(self.state, "config"), os.path.join(self.state, "data")
+        self.ports = {**self.PORTS, **(ports or {})}
+        self.listen, self.grafana = listen, grafana_server
+
+    def _grafana_command(self, scheme="http", host="127.0.0.1"):
+        binary, home = self.grafana
+        return grafana.command(binary, home, os.path.join(self.config, "grafana.ini"), self.ports["grafana"],
+                               scheme=scheme, host=host)
+
+    def _render_grafana(self, datasource_url, **auth):
+        """grafana.ini and provisioning in STATE/config, Grafana's database in STATE/grafana."""
+        if not self.grafana:
+            return []
+        changed = grafana.render(self.config, self.ports["grafana"], os.path.join(self.state, "grafana", "data"),
+                                 datasource_url, os.path.join(self.state, "secrets", "grafana-admin-password"),
+                                 listen=self.listen, **auth)
+        return ["grafana"] if changed else []
+
+
+class Standalone(Role):
+    """The single-host stack (stack.Stack) and Grafana; TLS + basic auth beyond loopback or with auth."""
+
+    name = "standalone"
+    PORTS = {"prometheus": 9090, "alertmanager": 9093, "node": 9100, "blockstack": 9363,
+             "ebpf": 9435, "receiver": 9466, "grafana": 3000}
+    reloads = ("prometheus",)  # no --web.enable-lifecycle: any local user could POST /-/quit
+
+    def __init__(self, state, ports=None, listen="127.0.0.1", auth=False, tls=None, grafana_server=None,
+                 ebpf_configs=None):
+        """tls: the operator's (cert, key, ca) instead of the generated ones, copied into STATE/secrets."""
+        super().__init__(state, ports, listen, grafana_server)
+        self.web = None  # basic auth + TLS on Prometheus, Alertmanager and Grafana (user admin)
+        if auth or not loopback(listen):
+            self.web = pki.Secrets(os.path.join(self.state, "secrets"), user="admin")
+        self.tls = tls
+        self.cert_name = "operator" if tls else "server"
+        self.stack = Stack(self.config, components=COMPONENTS, ports={c: self.ports[c] for c in COMPONENTS},
+                           ebpf_configs=ebpf_configs, ebpf_cache=os.path.join(self.state, "ebpf-configs.txt"),
+                           data_dir=self.data)
+        if self.web:
+            self.ca = os.path.join(self.state, "secrets", "operator-ca.crt") if tls else self.web.ca
+            self.stack.web_client = self.web.client_http(tls=True)
+            self.stack.web_client["tls_config"]["ca_file"] = self.ca
+            self.stack.web_listen = listen
+            self.stack.web_config_file = os.path.join(self.config, "web-config.yml")
+            if listen not in ("0.0.0.0", "::"):  # one address: the stack's own clients go there too
+                self.stack.web_address = listen
+
+    def render(self):
+        if self.web:  # before the stack: prometheus.yml names the password file and the CA
+            self._render_web_auth()
+        self.stack.render()
+        auth = {}
+        if self.web:
+            auth = {"tls": self.web.cert(self.cert_name), "datasource_auth": (self.web.user, self.web.password_file, self.ca)}
+        return self._render_grafana(self.stack.url("prometheus"), **auth)
+
+    def _render_web_auth(self):
+        """STATE/secrets: the admin password, its bcrypt, a CA and the listeners' certificate (for
+        127.0.0.1, localhost, this host's name and --listen) or the operator's; the web config of
+        Prometheus and Alertmanager."""
+        if self.tls:  # the operator's: it must name --listen ADDR (127.0.0.1 for 0.0.0.0/--auth): the stack's clients go there
+            self.web.password()
+            crt, key = self.web.cert(self.cert_name)
+            for src, dst in zip(self.tls, (crt, key, self.ca)):
+                with open(src) as f:
+                    write_if_changed(dst, f.read(), private=True)
+        else:
+            one = self.listen not in ("0.0.0.0", "::")
+            names = ["127.0.0.1", "localhost", socket.gethostname()] + ([self.listen] if one else [])
+            crt, _ = self.web.cert("server")
+            if one and os.path.exists(crt) and \
+                    not {f"IP Address:{self.listen}", f"DNS:{self.listen}"} & pki.cert_names(crt):  # for another --listen
+                os.unlink(crt)
+            self.web.ensure(server_names={"server": list(dict.fromkeys(names))})
+        os.makedirs(self.config, exist_ok=True)
+        self.web.web_config(self.stack.web_config_file, cert_name=self.cert_name)
+
+    def commands(self):
+        cmds = self.stack.commands()
+        if self.grafana:
+            cmds["grafana"] = self._grafana_command("https" if self.web else "http", self.stack.address("grafana"))
+        return cmds
+
+    def summary(self, elapsed):
+        host = "127.0.0.1" if self.listen in ("127.0.0.1", "0.0.0.0") else self.listen
+        scheme = "https" if self.web else "http"
+        p = self.ports
+        lines = [f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}, servers: {servers_name()}",
+                 f"  Prometheus     {scheme}://{host}:{p['prometheus']}/   (alerts: /alerts)",
+                 f"  Alertmanager   {scheme}://{host}:{p['alertmanager']}/",
+                 f"  pages file     {self.stack.pages_file}"]
+        for name, label in (("node", "node_exporter"), ("blockstack", "blockstack-exporter"), ("ebpf", "ebpf_exporter")):
+            lines.append(f"  {label:<14} http://127.0.0.1:{p[name]}/metrics")
+        lines.append(f"  {'page receiver':<14} http://127.0.0.1:{p['receiver']}/")
+        if self.grafana:
+            lines.append(f"  Grafana        {scheme}://{host}:{p['grafana']}/d/blockstack-merges  "
+                         f"(admin, password in {self.state}/secrets/grafana-admin-password)")
+        else:
+            lines.append(GRAFANA_HINT)
+        if self.web:
+            lines.append(f"  TLS + basic auth: admin / password in {self.web.password_file}, CA {self.ca}")
+        return lines
+
+
+class FleetRole(Role):
+    """What the agent and the central side share: the fleet's secrets (user fleet), its summary."""
+
+    def _summary(self, elapsed, extra=()):
+        lines = [f"Block Stack Merges {self.name} role is up ({elapsed:.1f} s), state in {self.state}"]
+        lines += [f"  {name:<22} {url}" for name, (_, _, url) in self.commands().items()]
+        lines += list(extra)
+        if self.secure:
+            lines.append(f"  TLS + basic auth: user fleet, password in {self.secrets.password_file}")
+        return lines
+
+    @property
+    def secure(self):
+        return not loopback(self.listen)
+
+
+class Agent(FleetRole):
+    """One monitored host: exporters, `replicas` Prometheus with identical rules, a sidecar each."""
+
+    name = "agent"
+    # Per host: the sidecar ports are the ones the central inventory names.
+    PORTS = {"node": 9100, "blockstack": 9363, "ebpf": 9435,
+             "prometheus-A": 9090, "prometheus-B": 9091,
+             "sidecar-A-grpc": 10901, "sidecar-A-http": 10902,
+             "sidecar-B-grpc": 10911, "sidecar-B-http": 10912}
+
+    def __init__(self, state, host, alertmanagers, secrets=None, replicas=("A",), listen="127.0.0.1",
+                 ports=None, devices=None, scrape_interval="5s", ebpf_configs=None,
+                 components=("node", "blockstack", "ebpf")):
+        """alertmanagers: ["ADDR:PORT", ...] every central peer. secrets: a pki.Secrets with this
+        host's certificate named `host` (needed when listen is not loopback). devices: a regex
+        of the block devices this host owns; only for simulated hosts sharing one kernel (the
+        fleet test), real hosts own every device they see."""
+        super().__init__(state, ports, listen)
+        self.host, self.replicas = host, list(replicas)
+        self.alertmanagers, self.secrets, self.devices = list(alertmanagers), secrets, devices
+        self.reloads = tuple(f"prometheus-{r}" for r in self.replicas)
+        self.exporters = Stack(self.config, host=host, components=components, scrape_interval=scrape_interval,
+                               evaluation_interval=scrape_interval, ebpf_configs=ebpf_configs,
+                               ebpf_cache=os.path.join(self.state, "ebpf-configs.txt"),
+                               ports={c: self.ports[c] for c in components}, data_dir=self.data)
+        if self.secure and secrets is None:
+            raise ValueError("an agent listening beyond loopback needs the fleet secrets (TLS, basic auth)")
+
+    def inventory_entries(self, address=None):
+        """This agent's lines for the central inventory."""
+        address = address or self.listen
+        return [{"targets": [f"{address}:{self.ports[f'sidecar-{r}-grpc']}"],
+                 "labels": {"host": self.host, "replica": r,
+                            "__http_address__": f"{address}:{self.ports[f'sidecar-{r}-http']}"}}
+                for r in self.replicas]
+
+    def prometheus_config(self, replica):
+        base = self.exporters.prometheus_config()
+        scrape_configs = base["scrape_configs"]
+        if self.devices:
+            # Simulated hosts share one kernel: keep only this host's devices (and series that
+            # have no device label at all).
+            for sc in scrape_configs:
+                sc["metric_relabel_configs"] = [{"source_labels": ["device"], "regex": f"({self.devices})?",
+                                                 "action": "keep"}]
+        am = {"static_configs": [{"targets": self.alertmanagers}], "timeout": "10s"}
+        if self.secrets and os.path.exists(self.secrets.password_file):
+            # The central Alertmanagers take TLS + basic auth whenever they listen beyond loopback.
+            central_secure = not all(loopback(a.rsplit(":", 1)[0]) for a in self.alertmanagers)
+            am.update(self.secrets.client_http(tls=central_secure))
+        return {
+            "global": {**base["global"], "external_labels": {"host": self.host, "replica": replica}},
+            "rule_files": base["rule_files"],
+            "scrape_configs": scrape_configs,
+            "alerting": {
+                # Every replica sends the same alert; without `replica` they are one alert to
+                # Alertmanager (same labels, same fingerprint) and page once.
+                "alert_relabel_configs": [{"action": "labeldrop", "regex": "replica"}],
+                "alertmanagers": [am],
+            },
+        }
+
+    def render(self):
+        os.makedirs(self.config, exist_ok=True)
+        for r in self.replicas:
+            write_yaml(os.path.join(self.config, f"prometheus-{r}.yml"), self.prometheus_config(r), SOURCE)
+        if self.secure:
+            self.secrets.web_config(os.path.join(self.config, "web-config.yml"), cert_name=self.host)
+        return []
+
+    def url(self, name, path=""):
+        return f"http://127.0.0.1:{self.ports[name]}{path}"
+
+    def commands(self):
+        cmds = self.exporters.commands()
+        w, d = self.config, self.data
+        for r in self.replicas:
+            prom = self.ports[f"prometheus-{r}"]
+            cmds[f"prometheus-{r}"] = (
+                [program("prometheus"), f"--config.file={w}/prometheus-{r}.yml",
+                 f"--storage.tsdb.path={d}/prometheus-{r}", f"--storage.tsdb.retention.time={RETENTION}",
+                 # Thanos: fixed 2 h blocks, so a sidecar with an object store uploads every block.
+                 "--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h",
+                 f"--web.listen-address=127.0.0.1:{prom}", "--web.enable-lifecycle"],
+                {}, self.url(f"prometheus-{r}", "/-/ready"))
+            argv = [thanos(), "sidecar", f"--prometheus.url=http://127.0.0.1:{prom}",
+                    f"--tsdb.path={d}/prometheus-{r}",
+                    f"--grpc-address={self.listen}:{self.ports[f'sidecar-{r}-grpc']}",
+                    f"--http-address={self.listen}:{self.ports[f'sidecar-{r}-http']}", "--log.level=warn"]
+            scheme = "http"
+            if self.secure:
+                crt, key = self.secrets.cert(self.host)
+                argv += [f"--grpc-server-tls-cert={crt}", f"--grpc-server-tls-key={key}",
+                         f"--grpc-server-tls-client-ca={self.secrets.ca}", f"--http.config={w}/web-config.yml"]
+                scheme = "https"
+            cmds[f"sidecar-{r}"] = (argv, {}, f"{scheme}://{self.listen}:{self.ports[f'sidecar-{r}-http']}/-/ready")
+        return cmds
+
+    def summary(self, elapsed):
+        return self._summary(elapsed)
+
+
+class Central(FleetRole):
+    """The central side: receiver, Alertmanager cluster, Thanos Query, the watcher Prometheus, Grafana."""
+
+    name = "central"
+    PORTS = {"receiver": 9466, "query-http": 10904, "query-grpc": 10903, "watcher-A": 9089, "watcher-B": 9088,
+             "alertmanager-1": 9093, "alertmanager-1-cluster": 9094,
+             "alertmanager-2": 9095, "alertmanager-2-cluster": 9096, "grafana": 3000}
+
+    def __init__(self, state, inventory, secrets, listen="127.0.0.1", ports=None, peers=2, cluster_peers=(),
+                 watchers=("A",), scrape_interval="5s", host_down_for=None, cert_name="central", grafana_server=None):
+        """inventory: the file_sd file of every agent sidecar. listen: the address agents reach
+        the Alertmanager peers on (TLS + basic auth when not loopback). cluster_peers: Alertmanager
+        peers on other machines (ADDR:PORT of their cluster listener)."""
+        super().__init__(state, ports, listen, grafana_server)
+        self.inventory, self.secrets = os.path.abspath(inventory), secrets
+        self.peers, self.cluster_peers, self.watchers = peers, list(cluster_peers), list(watchers)
+        self.scrape_interval, self.host_down_for, self.cert_name = scrape_interval, host_down_for, cert_name
+        self.reloads = tuple(f"watcher-{r}" for r in self.watchers)
+        for i in range(1, peers + 1):
+            self.ports.setdefault(f"alertmanager-{i}", 9093 + 2 * (i - 1))
+            self.ports.setdefault(f"alertmanager-{i}-cluster", 9094 + 2 * (i - 1))
+        for r in self.watchers:
+            self.ports.setdefault(f"watcher-{r}", 9089 - (ord(r) - ord("A")))
+        self.receiver_stack = Stack(self.config, components=("receiver", "alertmanager"),
+                                    ports={"receiver": self.ports["receiver"], "alertmanager": self.ports["alertmanager-1"]})
+
+    @property
+    def pages_file(self):
+        return self.receiver_stack.pages_file
+
+    def alertmanager_addresses(self):
+        return [f"{self.listen}:{self.ports[f'alertmanager-{i}']}" for i in range(1, self.peers + 1)]
+
+    def alertmanager_url(self, i, path=""):
+        return f"{'https' if self.secure else 'http'}://{self.listen}:{self.ports[f'alertmanager-{i}']}{path}"
+
+    def query_url(self, path=""):
+        return f"http://127.0.0.1:{self.ports['query-http']}{path}"
+
+    def watcher_config(self, replica):
+        agent_job = {
+            "job_name": "fleet-agent",
+            "scrape_interval": self.scrape_interval,
+            "file_sd_configs": [{"files": [self.inventory], "refresh_interval": "1m"}],
+            "relabel_configs": [{"source_labels": ["__http_address__"], "target_label": "__address__"}],
+            # `up` is what the watcher is for; of the sidecar's own few hundred series keep only
+            # whether it reaches its Prometheus (a few series per replica at 1,000 hosts).
+            "metric_relabel_configs": [{"source_labels": ["__name__"], "regex": "thanos_sidecar_prometheus_up",
+                                        "action": "keep"}],
+        }
+        if self.secrets:
+            agent_job.update(self.secrets.client_http(tls=True) if self.secure else
+                             {"basic_auth": self.secrets.client_http(tls=False)["basic_auth"]})
+        am = {"static_configs": [{"targets": self.alertmanager_addresses()}], "timeout": "10s"}
+        if self.secrets and self.secure:
+            am.update(self.secrets.client_http(tls=True))
+        return {
+            "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval,
+                       "external_labels": {"watcher": replica}},
+            "rule_files": [os.path.join(self.config, "fleet.rules.yml")],
+            "scrape_configs": [agent_job],
+            "alerting": {"alert_relabel_configs": [{"action": "labeldrop", "regex": "watcher"}],
+                         "alertmanagers": [am]},
+        }
+
+    def render(self):
+        os.makedirs(self.config, exist_ok=True)
+        if not os.path.exists(self.inventory):
+            os.makedirs(os.path.dirname(self.inventory), exist_ok=True)
+            with open(self.inventory, "w") as f:
+                f.write("# Fleet inventory (file_sd): one entry per agent Prometheus replica's Thanos sidecar.\n"
+                        "# Thanos Query and the watcher re-read this file on change; see docs/fleet.md.\n[]\n")
+        write_yaml(os.path.join(self.config, "alertmanager.yml"), self.receiver_stack.alertmanager_config(), SOURCE)
+        with open(FLEET_RULES) as f:
+            rules = yaml.safe_load(f)
+        if self.host_down_for:  # the fleet test's shorter wait
+            for group in rules["groups"]:
+                for rule in group["rules"]:
+                    if rule.get("alert") == "BlockStackHostDown":
+                        rule["for"] = self.host_down_for
+        write_yaml(os.path.join(self.config, "fleet.rules.yml"), rules, f"{SOURCE} from alerts/fleet.rules.yml")
+        for r in self.watchers:
+            write_yaml(os.path.join(self.config, f"watcher-{r}.yml"), self.watcher_config(r), SOURCE)
+        if self.secure:
+            self.secrets.web_config(os.path.join(self.config, "web-config.yml"), cert_name=self.cert_name)
+        return self._render_grafana(self.query_url())
+
+    def commands(self):
+        w, d, p = self.config, self.data, self.ports
+        cmds = {"receiver": self.receiver_stack.commands()["receiver"]}
+        for i in range(1, self.peers + 1):
+            argv = [program("alertmanager"), f"--config.file={w}/alertmanager.yml",
+                    f"--storage.path={d}/alertmanager-{i}", f"--web.listen-address={self.listen}:{p[f'alertmanager-{i}']}",
+                    f"--cluster.listen-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
+                    f"--cluster.advertise-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
+                    "--cluster.settle-timeout=15s"]
+            argv += [f"--cluster.peer=127.0.0.1:{p[f'alertmanager-{j}-cluster']}"
+                     for j in range(1, self.peers + 1) if j != i]
+            argv += [f"--cluster.peer={peer}" for peer in self.cluster_peers]
+            if self.secure:
+                argv.append(f"--web.config.file={w}/web-config.yml")
+            cmds[f"alertmanager-{i}"] = (argv, {}, self.alertmanager_url(i, "/-/healthy"))
+        for r in self.watchers:
+            cmds[f"watcher-{r}"] = ([program("prometheus"), f"--config.file={w}/watcher-{r}.yml",
+                                     f"--storage.tsdb.path={d}/watcher-{r}", f"--storage.tsdb.retention.time={RETENTION}",
+                                     f"--web.listen-address=127.0.0.1:{p[f'watcher-{r}']}", "--web.enable-lifecycle"],
+                                    {}, f"http://127.0.0.1:{p[f'watcher-{r}']}/-/ready")
+        argv = [thanos(), "query", f"--http-address=127.0.0.1:{p['query-http']}",
+                f"--grpc-address=127.0.0.1:{p['query-grpc']}", "--query.replica-label=replica",
+                f"--store.sd-files={self.inventory}", "--store.sd-interval=1m", "--log.level=warn"]
+        if self.secure:
+            crt, key = self.secrets.cert("query")
+            argv += ["--grpc-client-tls-secure", f"--grpc-client-tls-cert={crt}", f"--grpc-client-tls-key={key}",
+                     f"--grpc-client-tls-ca={self.secrets.ca}"]
+        cmds["query"] = (argv, {}, self.query_url("/-/ready"))
+        if self.grafana:
+            cmds["grafana"] = self._grafana_command()
+        return cmds
+
+    def summary(self, elapsed):
+        extra = [f"  pages file             {self.pages_file}",
+                 f"  inventory              {self.inventory}  (add hosts here; no restart)",
+                 f"  Grafana datasource     {self.query_url()}  (Thanos Query, replica label `replica`)"]
+        return self._summary(elapsed, extra + ([] if self.grafana else [GRAFANA_HINT]))
+
+
+ROLES = {"standalone": Standalone, "agent": Agent, "central": Central}
+
+
+def make(name, state, ports=None, listen="127.0.0.1", auth=False, tls=None, host=None, replicas=(),
+         alertmanagers=(), secrets=None, inventory=None, cluster_peers=()):
+    """The role `name` on state, from the options of `stackctl.py up` (docs/fleet.md)."""
+    if name == "standalone":
+        return Standalone(state, ports, listen, auth=auth, tls=tls, grafana_server=grafana.find())
+    fleet_secrets = pki.Secrets(secrets or os.path.join(state, "secrets", "fleet"))
+    if name == "agent":
+        if not alertmanagers:
+            raise SystemExit("--role agent needs --alertmanager ADDR:PORT for every central Alertmanager peer")
+        host = host or os.uname().nodename
+        if not loopback(listen):
+            for f in (*fleet_secrets.cert(host), fleet_secrets.ca, fleet_secrets.password_file):
+                if not os.path.exists(f):
+                    raise SystemExit(f"{f} missing: on the central side run `stackctl.py fleet-cert --host {host} "
+                                     f"--address {listen}` and copy its output files here (docs/fleet.md)")
+        return Agent(state, host, alertmanagers, fleet_secrets, replicas=replicas or ("A",), listen=listen, ports=ports)
+    fleet_secrets.ensure(server_names={"central": [listen, "127.0.0.1"]}, client_names=["query"])
+    return Central(state, inventory or os.path.join(state, "inventory.yml"), fleet_secrets, listen=listen, ports=ports,
+                   cluster_peers=cluster_peers or (), grafana_server=grafana.find())
+
+
+def write_inventory(path, entries):
+    """Replace the inventory atomically (rename), so a reader never sees half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("# Fleet inventory (file_sd): one entry per agent Prometheus replica's Thanos sidecar.\n")
+        yaml.safe_dump(entries, f, sort_keys=False)
+    os.replace(tmp, path)
+
+
+def missing():
+    """What the fleet roles need and cannot find here, each naming its make target."""
+    problems = []
+    for component in ("node", "blockstack", "ebpf", "prometheus", "alertmanager", "receiver"):
+        try:
+            program(component)
+        except FileNotFoundError as e:
+            problems.append(str(e))
+    if not os.access(THANOS, os.X_OK):
+        problems.append(f"{THANOS} not found (run make thanos)")
+    for tool in ("ip", "losetup", "fio", "openssl"):
+        if shutil.which(tool) is None:
+            problems.append(f"{tool} not found (run make deps)")
+    return problems

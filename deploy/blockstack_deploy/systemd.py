@@ -1,0 +1,127 @@
+"""systemd units rendered from the commands a role gives supervisord (`make install-systemd`):
+the same argv, one unit per program, with the hardening of its kind.
+
+The exporters keep their own identities: node_exporter a dynamic user without capabilities,
+blockstack-exporter root limited to reading devices and device-mapper status, ebpf_exporter a
+dynamic user with what loading and attaching tracepoint programs needs. The servers (Prometheus,
+Alertmanager, the page receiver, Thanos, Grafana) run as the system user `blockstack`, which
+owns the state directory: they share its data and read its secrets.
+"""
+import os
+import re
+import string
+import subprocess
+
+from .files import write_if_changed
+
+UNIT_DIR = "/etc/systemd/system"
+USER = "blockstack"
+# Unit names of the exporters (blockstack-NAME.service for the rest).
+UNIT_NAMES = {"node": "node-exporter", "blockstack": "exporter", "ebpf": "ebpf-exporter", "receiver": "page-receiver"}
+
+UNIT = string.Template("""\
+# rendered by blockstack_deploy/systemd.py from the ${role} role's command: edit the source, not this file
+[Unit]
+Description=Block Stack Merges ${name}
+After=${after}
+
+[Service]
+${environment}ExecStart=${exec_start}
+${reload}${hardening}
+NoNewPrivileges=yes
+ProtectSystem=strict
+PrivateTmp=yes
+Restart=on-failure
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+""")
+
+# Per kind of program (its name before the first "-": prometheus-A is a prometheus).
+HARDENING = {
+    "node": """\
+DynamicUser=yes
+CapabilityBoundingSet=
+ProtectHome=yes
+RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX""",
+    # sysfs/procfs, ext4 superblocks (group disk) and device-mapper status (the DM ioctls need
+    # CAP_SYS_ADMIN); it can write nothing but its own sockets.
+    "blockstack": """\
+User=root
+SupplementaryGroups=disk
+CapabilityBoundingSet=CAP_SYS_ADMIN CAP_DAC_READ_SEARCH
+AmbientCapabilities=CAP_SYS_ADMIN CAP_DAC_READ_SEARCH
+ProtectHome=read-only
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectControlGroups=yes
+DevicePolicy=closed
+DeviceAllow=block-* r
+DeviceAllow=/dev/mapper/control rw
+RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
+RestrictNamespaces=yes
+LockPersonality=yes
+SystemCallArchitectures=native""",
+    # CAP_BPF, CAP_PERFMON since 5.8; CAP_SYS_RESOURCE for the memlock limit before 5.11;
+    # CAP_DAC_READ_SEARCH for tracefs event ids.
+    "ebpf": """\
+DynamicUser=yes
+CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE CAP_DAC_READ_SEARCH
+AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE CAP_DAC_READ_SEARCH
+ProtectHome=read-only
+ProtectKernelModules=yes
+ProtectControlGroups=yes
+RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
+LockPersonality=yes""",
+}
+SERVER = string.Template(f"""\
+User={USER}
+Group={USER}
+CapabilityBoundingSet=
+ReadWritePaths=${{state}}
+ProtectHome=read-only""")
+
+
+def escape(arg):
+    """One ExecStart word: backslash, % (specifiers) and $ (variables) escaped, quoted if it has
+    blanks or quotes (systemd.service "Command lines")."""
+    arg = arg.replace("\\", "\\\\").replace("%", "%%").replace("$", "$$")
+    if not arg or re.search(r"[\s\"']", arg):
+        return '"' + arg.replace('"', '\\"') + '"'
+    return arg
+
+
+def unit_name(program):
+    return f"blockstack-{UNIT_NAMES.get(program, program)}.service"
+
+
+def units(role):
+    """{unit file name: text} for every program of the role."""
+    out = {}
+    for name, (argv, env, _) in role.commands().items():
+        kind = name.split("-")[0]
+        hardening = HARDENING.get(kind) or SERVER.substitute(state=role.state)
+        out[unit_name(name)] = UNIT.substitute(
+            role=role.name, name=UNIT_NAMES.get(name, name), after="local-fs.target" if kind in HARDENING else "network-online.target",
+            environment="".join(f"Environment={escape(f'{k}={v}')}\n" for k, v in env.items()),
+            exec_start=" ".join(escape(a) for a in argv),
+            reload="ExecReload=/bin/kill -HUP $MAINPID\n" if name in role.reloads else "",
+            hardening=hardening)
+    return out
+
+
+def install(role, unit_dir=UNIT_DIR):
+    """Render the role's configuration and units, make the user, enable and start every unit."""
+    if subprocess.run(["id", USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
+    os.makedirs(role.data, exist_ok=True)
+    role.render()
+    owned = [role.state] + ([role.secrets.dir] if getattr(role, "secrets", None) else [])
+    subprocess.run(["chown", "-R", f"{USER}:{USER}", *owned], check=True)
+    rendered = units(role)
+    for name, text in rendered.items():
+        write_if_changed(os.path.join(unit_dir, name), text)
+    subprocess.run(["systemctl", "daemon-reload"], check=True)
+    subprocess.run(["systemctl", "enable", "--now", *rendered], check=True)
+    print("installed: " + " ".join(rendered))

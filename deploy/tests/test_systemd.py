@@ -1,0 +1,74 @@
+"""The systemd units of every role, rendered from the commands the roles hand to supervisord and
+checked by `systemd-analyze verify` (Debian's systemd package; systemd need not be PID 1): unknown
+settings, bad escapes and ExecStart paths that are not executable here all fail."""
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from blockstack_deploy import pki, roles, systemd
+
+
+def verify(directory, units):
+    """systemd-analyze's complaints about the units written into directory ('' when none)."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.fail("systemd-analyze not found (run make deps: Debian package systemd)")
+    for name, text in units.items():
+        (directory / name).write_text(text)
+    r = subprocess.run(["systemd-analyze", "verify", "--man=no", *(str(directory / n) for n in units)],
+                       capture_output=True, text=True, timeout=120)
+    return (r.stdout + r.stderr).strip() if r.returncode or r.stderr.strip() else ""
+
+
+def role_units(role):
+    try:
+        return systemd.units(role)
+    except FileNotFoundError as e:  # a program not built or installed here
+        pytest.fail(str(e))
+
+
+@pytest.fixture(scope="module")
+def secrets(tmp_path_factory):
+    return pki.Secrets(tmp_path_factory.mktemp("secrets")).ensure(
+        server_names={"central": ["10.9.0.1"], "db1": ["10.9.0.11"]}, client_names=["query"])
+
+
+def test_standalone_units(tmp_path):
+    role = roles.Standalone(tmp_path / "state", listen="0.0.0.0", ebpf_configs="block_sizes,missed_merges")
+    units = role_units(role)
+    assert set(units) >= {"blockstack-node-exporter.service", "blockstack-exporter.service",
+                          "blockstack-ebpf-exporter.service", "blockstack-page-receiver.service",
+                          "blockstack-alertmanager.service", "blockstack-prometheus.service"}
+    prometheus = units["blockstack-prometheus.service"]
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in prometheus and "--web.config.file=" in prometheus
+    assert "--web.listen-address=0.0.0.0:9090" in prometheus
+    node = units["blockstack-node-exporter.service"]
+    assert r"--collector.diskstats.device-exclude=^(ram|fd|sr)\\d+$$" in node  # the regex, escaped for systemd
+    assert verify(tmp_path, units) == ""
+
+
+def test_agent_units(tmp_path, secrets):
+    role = roles.Agent(tmp_path / "state", "db1", ["10.9.0.1:9093"], secrets, replicas=("A", "B"),
+                       listen="10.9.0.11", ebpf_configs="block_sizes")
+    units = role_units(role)
+    assert {"blockstack-prometheus-A.service", "blockstack-sidecar-B.service"} <= set(units)
+    assert "--grpc-server-tls-client-ca=" in units["blockstack-sidecar-A.service"]
+    assert verify(tmp_path, units) == ""
+
+
+def test_central_units(tmp_path, secrets):
+    role = roles.Central(tmp_path / "state", str(tmp_path / "inventory.yml"), secrets, listen="10.9.0.1")
+    units = role_units(role)
+    assert {"blockstack-alertmanager-1.service", "blockstack-watcher-A.service", "blockstack-query.service"} <= set(units)
+    assert verify(tmp_path, units) == ""
+
+
+def test_verify_catches_what_the_hand_written_units_had(tmp_path):
+    """The node_exporter unit written by hand had the regex's `\\d` unescaped (systemd: "Ignoring
+    unknown escape sequences"), and a unit naming a program not installed cannot start."""
+    role = roles.Standalone(tmp_path / "state", ebpf_configs="block_sizes")
+    node = role_units(role)["blockstack-node-exporter.service"]
+    assert "Ignoring unknown escape sequences" in verify(tmp_path, {"blockstack-a.service": node.replace(r"\\d", r"\d")})
+    missing = re.sub(r"ExecStart=\S+", "ExecStart=/nonexistent/node_exporter", node)
+    assert "is not executable" in verify(tmp_path, {"blockstack-b.service": missing})

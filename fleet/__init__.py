@@ -1,1 +1,0 @@
-"""Block Stack Merges across a fleet: agent and central roles on Thanos and an Alertmanager cluster."""
