@@ -13,6 +13,8 @@ import os
 import subprocess
 import tempfile
 
+import yaml
+
 from .files import secret, write_if_changed, write_private
 
 DAYS = 825  # the longest validity TLS clients still accept for leaf certificates
@@ -127,7 +129,6 @@ class Secrets:
     def web_config(self, path, cert_name=None):
         """A Prometheus-family web config (exporter-toolkit: Prometheus, Alertmanager, Thanos
         --http.config): basic auth for `user`, TLS with cert_name's certificate if given."""
-        import yaml
         config = {"basic_auth_users": {self.user: self.hashed()}}
         if cert_name:
             crt, key = self.cert(cert_name)

@@ -1,4 +1,5 @@
-"""Servers started for a test or the lab: free loopback ports, health waits, sure stops."""
+"""Servers started without a supervisor (Stack.running, the tests, the lab): free loopback ports,
+health waits, sure stops."""
 import contextlib
 import os
 import signal
