@@ -475,12 +475,7 @@ def write_inventory(path, entries):
 
 def missing():
     """What the fleet roles need and cannot find here, each naming its make target."""
-    problems = []
-    for component in ("node", "blockstack", "ebpf", "prometheus", "alertmanager", "receiver"):
-        try:
-            program(component)
-        except FileNotFoundError as e:
-            problems.append(str(e))
+    problems = Stack(os.devnull, components=COMPONENTS).missing()
     if not os.access(THANOS, os.X_OK):
         problems.append(f"{THANOS} not found (run make thanos)")
     for tool in ("ip", "losetup", "fio", "openssl"):

@@ -113,6 +113,8 @@ def units(role):
 
 def install(role, unit_dir=UNIT_DIR):
     """Render the role's configuration and units, make the user, enable and start every unit."""
+    if not os.path.isdir("/run/systemd/system"):
+        raise SystemExit("systemd is not running on this host (make up runs the stack under supervisord)")
     if subprocess.run(["id", USER], capture_output=True).returncode != 0:
         subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
     os.makedirs(role.data, exist_ok=True)

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from blockstack_deploy import pki, roles, systemd
+from blockstack_deploy import grafana, pki, roles, systemd
 
 
 def verify(directory, units):
@@ -35,7 +35,8 @@ def secrets(tmp_path_factory):
 
 
 def test_standalone_units(tmp_path):
-    role = roles.Standalone(tmp_path / "state", listen="0.0.0.0", ebpf_configs="block_sizes,missed_merges")
+    role = roles.Standalone(tmp_path / "state", listen="0.0.0.0", ebpf_configs="block_sizes,missed_merges",
+                            grafana_server=grafana.find())
     units = role_units(role)
     assert set(units) >= {"blockstack-node-exporter.service", "blockstack-exporter.service",
                           "blockstack-ebpf-exporter.service", "blockstack-page-receiver.service",
