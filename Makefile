@@ -1,5 +1,5 @@
 # Block Stack Merges — one Makefile for the whole stack.
-# `make up` runs the stack on this host; `make test` runs every test.
+# `make up` runs the stack on this host; `make test` runs every test; `make help` lists the targets.
 
 SHELL        := /bin/bash
 PYTHON       ?= python3
@@ -11,10 +11,17 @@ EBPF_EXPORTER_VERSION := v2.5.1
 LIBBPF_SYS_VERSION    := 1.5.1+v1.5.1
 EBPF_EXPORTER := $(BUILD)/bin/ebpf_exporter
 
-.PHONY: all deps venv ebpf-exporter ebpf-build test test-exporter test-ebpf test-alerts \
-        bench-exporter bench-ebpf up down status logs clean distclean install-systemd run-exporter update-fixtures
+.PHONY: all help deps venv ebpf-exporter ebpf-build test test-unit test-exporter test-ebpf test-alerts \
+        metrics-doc bench-exporter bench-ebpf up down status logs clean distclean install-systemd run-exporter \
+        update-fixtures
 
 all: venv
+
+## help: this list: each target's `## target: what` line in this Makefile
+help:
+	@awk '/^## [a-z0-9-]+:/ { sub(/^## /, ""); i = index($$0, ":"); \
+	        printf "  %-20s %s\n", substr($$0, 1, i - 1), substr($$0, i + 2); next } \
+	      /^##   / { printf "  %-20s %s\n", "", substr($$0, 6) }' $(MAKEFILE_LIST)
 
 ## deps: Debian packages every part needs (idempotent, fast when present)
 deps:
@@ -53,15 +60,28 @@ test: deps venv ebpf-build thanos grafana upstream-servers
 	@echo ">> running tests"
 	@$(PYTEST)
 
+## test-unit: the fast tier: no root, no servers, under a minute (pytest -m "not root and not servers")
+test-unit: deps venv upstream-servers
+	@echo ">> running unit tests"
+	@$(PYTEST) -m "not root and not servers"
+
+## test-exporter: blockstack-exporter's tests (fixtures, golden scrape, live on loop devices: root)
 test-exporter: venv
 	@$(PYTEST) exporters/tests
 
+## test-ebpf: the BPF programs: static checks, --config.check --config.strict, live on loop devices (root)
 test-ebpf: venv ebpf-build
 	@$(PYTEST) ebpf-configs/tests
 
+## test-alerts: promtool/amtool checks and rule unit tests on both server sets, collapse -> page end to end (root)
 test-alerts: venv upstream-servers
 	@$(PYTEST) alerts/tests
 
+## metrics-doc: regenerate docs/metrics.md from the exporters' HELP strings and ebpf-configs/*.yaml
+metrics-doc: venv
+	@$(VPY) exporters/tests/metrics_doc.py
+
+## update-fixtures: rewrite exporters/tests/e2e-output.txt, the golden scrape, after a reviewed change
 update-fixtures: venv
 	@$(PYTEST) exporters/tests/test_e2e.py --update-golden
 
@@ -78,6 +98,7 @@ fuzz-exporter: venv
 bench-ebpf: venv ebpf-build
 	@$(VPY) ebpf-configs/bench/bench_overhead.py
 
+## run-exporter: blockstack-exporter in the foreground on 127.0.0.1:9363
 run-exporter: venv
 	@$(VENV)/bin/blockstack-exporter
 
@@ -96,9 +117,11 @@ up: deps venv ebpf-build grafana $(SERVERS_BUILT)
 down:
 	@test -x $(VPY) && $(STACKCTL) down || echo "not set up"
 
+## status: supervisord's status of every component (exit 3 when not running)
 status:
 	@$(STACKCTL) status
 
+## logs: the last 20 lines of every component's log (STATE_DIR/logs/)
 logs:
 	@$(STACKCTL) logs
 

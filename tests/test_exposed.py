@@ -11,11 +11,15 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
 
 from blockstack_deploy import files, pki, procs
 from blockstack_lab import fio, loop
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+pytestmark = [pytest.mark.root, pytest.mark.servers]
+
 PAGE_ALERTS = {"BlockStackMergeCollapse"}
 
 

@@ -7,9 +7,12 @@ import signal
 import subprocess
 import time
 
+import pytest
 
 from blockstack_deploy import files, grafana, procs
 from blockstack_lab import fio, loop
+
+pytestmark = [pytest.mark.root, pytest.mark.servers]
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")  # conftest.state's ports

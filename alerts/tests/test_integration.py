@@ -30,6 +30,8 @@ from blockstack_deploy import procs
 from blockstack_deploy.stack import SERVERS, Stack
 from blockstack_lab import fio, loop
 
+pytestmark = [pytest.mark.root, pytest.mark.servers]
+
 PAGE_TIMEOUT = 90      # seconds from the flip; the rules' worst case is 40 s (alerts/README.md)
 RESOLVE_TIMEOUT = 190  # rate window 20 s + evaluation + keep_firing_for 90 s + the page route's group_interval 30 s
 FIO_RUNTIME = 240      # fio stops by itself even if the test is killed

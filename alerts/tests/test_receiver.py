@@ -22,6 +22,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "receiver")
 import abuse  # alerts/receiver/abuse.py: the clients of the abuse benchmark
 import page_receiver  # for its limits only: every test talks to the process
 
+pytestmark = [pytest.mark.root]
+
 sys.path.pop(0)
 
 

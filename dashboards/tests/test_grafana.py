@@ -31,6 +31,8 @@ from blockstack_deploy import grafana as grafana_runtime
 from blockstack_deploy.stack import SERVERS
 from grafana_browser import Browser
 
+pytestmark = [pytest.mark.root, pytest.mark.servers]
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARTIFACTS = os.environ.get("ARTIFACTS_DIR") or os.path.join(REPO, ".artifacts")
 UID = blockstack_dashboard.CONFIG["uid"]

@@ -15,6 +15,8 @@ import pytest
 from blockstack_lab import fio, loop
 from ebpf_testlib import delta, diskstats
 
+pytestmark = [pytest.mark.root]
+
 SECTOR = 512
 SIZE = 256 << 20  # loop device size: small, sparse
 RUNTIME = 2       # seconds of fio per workload

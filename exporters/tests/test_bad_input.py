@@ -5,8 +5,12 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 from exporter_testlib import EXPORTER, HOST_LOOP, Scraped, registry_for
 from blockstack_deploy import procs
+
+pytestmark = [pytest.mark.root]
 
 LOOP0_QUEUE = "sys/devices/virtual/block/loop0/queue"
 

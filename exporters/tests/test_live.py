@@ -12,6 +12,8 @@ from exporter_testlib import EXPORTER, Scraped
 from blockstack_deploy import procs
 from blockstack_lab import loop
 
+pytestmark = [pytest.mark.root]
+
 
 @pytest.fixture(scope="module")
 def exporter():

@@ -13,6 +13,8 @@ import pytest
 from blockstack_lab import loop
 from blockstack_deploy.stack import REPO
 
+pytestmark = [pytest.mark.root]
+
 
 def _leftovers(lab_dir, tag, changed):
     problems = []

@@ -3,8 +3,12 @@ Alertmanager, the receiver): the lineup reaches Prometheus and nothing pages. Sc
 so the rate windows fill quickly; the rules are the production ones."""
 import os
 
+import pytest
+
 from blockstack_lab import scenarios
 from blockstack_deploy.stack import Stack
+
+pytestmark = [pytest.mark.root, pytest.mark.servers]
 
 
 def test_random_4k_is_seen_and_does_not_page(lab_prerequisites, tmp_path):

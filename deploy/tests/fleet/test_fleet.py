@@ -34,6 +34,8 @@ from blockstack_deploy.procs import wait_until  # noqa: E402
 from blockstack_lab import fio, loop  # noqa: E402
 from fleet_lab import fleet_lab  # noqa: E402
 
+pytestmark = [pytest.mark.root, pytest.mark.servers]
+
 PAGE_ALERTS = {"BlockStackMergeCollapse"}
 PAGE_TIMEOUT = 120      # rate window 20 s + for 15 s + group_wait 5 s, on a loaded 2-core machine
 DUPLICATE_WINDOW = 25   # a second Alertmanager peer would send after --cluster.peer-timeout (15 s)
