@@ -18,7 +18,7 @@ Everything listens on 127.0.0.1. `--listen 0.0.0.0` exposes Prometheus and Alert
 Grafana) only with basic auth over TLS: a generated password (user admin) kept 0600 in
 STATE/secrets, hashed into a Prometheus-family `--web.config.file`, and a certificate from a CA
 made there (blockstack_deploy/pki.py); Prometheus, Grafana and stackctl itself use both. `--auth`
-turns the same on for the loopback listeners (README "Security"). Exposure comes from these flags
+turns the same on for the loopback listeners (docs/deploy.md "Security"). Exposure comes from these flags
 only, never from the environment. Exporters always stay on loopback.
 
 Roles (docs/fleet.md; blockstack_deploy/roles.py): `--role agent` runs the exporters, one
@@ -50,7 +50,7 @@ def main(argv=None):
     p.add_argument("--listen", default="127.0.0.1",
                    help="address for Prometheus, Alertmanager and Grafana; anything but loopback turns on TLS + basic auth")
     p.add_argument("--auth", action="store_true",
-                   help="TLS + basic auth on Prometheus, Alertmanager and Grafana also on loopback (README \"Security\")")
+                   help="TLS + basic auth on Prometheus, Alertmanager and Grafana also on loopback (docs/deploy.md \"Security\")")
     p.add_argument("--tls-cert", help="with --listen/--auth: your server certificate (PEM; naming the --listen address, 127.0.0.1 for 0.0.0.0) "
                                       "instead of one from a CA generated in STATE/secrets")
     p.add_argument("--tls-key", help="its private key")

@@ -51,7 +51,7 @@ PROGRAMS = {
     "receiver": ((os.path.join(VENV_BIN, "python"),), "venv"),
 }
 
-# The Prometheus-family servers and their tools, in two tested sets (README "Tested versions"):
+# The Prometheus-family servers and their tools, in two tested sets (docs/deploy.md):
 #   debian    Debian 12's packages: Prometheus 2.42, Alertmanager 0.25
 #   upstream  Prometheus 3.16.0 and Alertmanager 0.31.1, built from the Go module proxy into
 #             .build/bin by `make upstream-servers` (the versions are pinned in the Makefile too)
