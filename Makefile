@@ -139,10 +139,11 @@ install-systemd: deps venv ebpf-build
 	@BLOCKSTACK_SERVERS=$(SERVERS) $(VPY) deploy/stackctl.py install-systemd \
 		--state $(if $(filter $(CURDIR)/.state,$(STATE_DIR)),/var/lib/blockstack-merges,$(STATE_DIR)) $(UP_ARGS)
 
-## dashboards: regenerate dashboards/block-stack-merges.json from dashboards/blockstack_dashboard.py
-.PHONY: dashboards
-dashboards: venv
-	@echo ">> generating dashboards"
+## generate: render alerts/*.rules.yml and dashboards/block-stack-merges.json with the knobs of alerts/config.yml
+.PHONY: generate
+generate: venv
+	@echo ">> generating rules and dashboards"
+	@$(VPY) -m blockstack_deploy.knobs
 	@$(VPY) dashboards/blockstack_dashboard.py
 
 ## dashboard-screenshot: the dashboard in Grafana + chromium during a lab collapse, to docs/dashboard.png (root, ~3 minutes)

@@ -2,12 +2,13 @@
 
     .venv/bin/python dashboards/blockstack_dashboard.py            # rewrite dashboards/block-stack-merges.json
     .venv/bin/python dashboards/blockstack_dashboard.py --check    # exit 1 if the committed JSON is stale
-    make dashboards                                                # the same as the first line
+    make generate                                                  # the same, and the rules
 
-Never edit the JSON by hand: edit this file and regenerate. Every knob (selectors, thresholds,
-alert names) lives in CONFIG below with a comment saying when to change it; every panel
-description quotes the incident write-ups (/work/shared/seeds) so a newcomer knows what
-healthy and sick look like. See docs/dashboard.md.
+Never edit the JSON by hand: edit this file and regenerate. Selectors, thresholds and windows
+are the knobs of alerts/config.yml, shared with the rules (blockstack_deploy.knobs); the
+dashboard's own identity is in CONFIG below. Every panel description quotes the incidents
+(the LVM-snapshot-on-NVMe incident, the ext4 dioread_nolock incident, the lvm2 snapshot
+write-up) so a newcomer knows what healthy and sick look like. See docs/dashboard.md.
 """
 import argparse
 import difflib
@@ -15,6 +16,7 @@ import json
 import os
 import sys
 
+from blockstack_deploy import knobs
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import heatmap, prometheus, stat, table, timeseries
@@ -27,7 +29,7 @@ from grafana_foundation_sdk.models import prometheus as pm
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUTPUT = os.path.join(HERE, "block-stack-merges.json")
 
-# --- Knobs: one place, one comment each (like node-mixin's config.libsonnet). -------------------
+# --- The dashboard's identity (its thresholds and selectors are knobs of alerts/config.yml). -----
 CONFIG = {
     # Stable identity: links, provisioning and alert runbooks point at this uid. Never change it.
     "uid": "blockstack-merges",
@@ -35,24 +37,9 @@ CONFIG = {
     # uid of the provisioned Prometheus datasource (deploy/grafana/provisioning/datasources/).
     # Only the default of the $datasource variable; any Prometheus datasource can be picked.
     "datasource_uid": "blockstack-prometheus",
-    # Scrape jobs, as in the Prometheus config of lab/blockstack_lab/stack.py and alerts/config.yml.
-    # Change them together with alerts/config.yml if the scrape config names its jobs differently.
-    "blockstack_job": "blockstack",
-    "ebpf_job": "ebpf",
-    "node_job": "node",
     # Alert names whose firing draws an annotation on the lineup panels (a regex): the two critical
     # merge pages of alerts/alerts.rules.yml (layered and eBPF signatures). Change it with them.
     "collapse_alerts": "BlockStackMergeCollapse.*",
-    # Requests of at most this many 512-byte sectors look "collapsed" (8 = one 4 KiB page):
-    # the dashed line on the lineup. Same value as collapse_max_sectors in alerts/config.yml.
-    "collapse_max_sectors": 16,
-    # max_sectors_kb below these is coloured red / orange in the stack table. 4 KiB forces every
-    # request down to one page (the lab's collapse); a healthy NVMe or loop queue allows >= 128.
-    "max_sectors_kb_red_below": 32,
-    "max_sectors_kb_orange_below": 128,
-    # How far back deriv() looks at COW use to predict the time until the COW store is full.
-    # Same as snapshot_fill_window in alerts/config.yml.
-    "snapshot_fill_window": "30m",
     # Time range and refresh the dashboard opens with.
     "time_from": "now-1h",
     "refresh": "30s",
@@ -60,13 +47,11 @@ CONFIG = {
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'host="$host", device=~"$device"'
-BS = f'job="{CONFIG["blockstack_job"]}", {SEL}'
-EB = f'job="{CONFIG["ebpf_job"]}", {SEL}'
 
 # The layers of the selected stack ($stack is the top device's name: dm name for dm, else the
 # kernel name), one series per device with its depth below the top (0 = top) and its names.
 # Built from blockstack_device_beneath_info (the exporter's transitive closure of the stack).
-LAYERS = f"""max by (host, device, depth, name, kind, lvm_vg, lvm_lv, lvm_layer) (
+LAYERS = f"""max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
     (
         label_replace(
           blockstack_device_beneath_info{{host="$host"}}
@@ -75,8 +60,8 @@ LAYERS = f"""max by (host, device, depth, name, kind, lvm_vg, lvm_lv, lvm_layer)
       or
         label_replace(blockstack_device_info{{host="$host", name="$stack"}}, "depth", "0", "", "")
     )
-  * on (host, device) group_left (name, kind, lvm_vg, lvm_lv, lvm_layer)
-    max by (host, device, name, kind, lvm_vg, lvm_lv, lvm_layer) (blockstack_device_info{{{SEL}}})
+  * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
+    max by (host, device, name, kind, vg_name, lv_name, lv_layer) (blockstack_device_info{{{SEL}}})
 )"""
 
 STACK_QUERY = """query_result(max by (name) (
@@ -194,7 +179,7 @@ def sort_by(field):
 
 # --- Panels ----------------------------------------------------------------------------------------
 
-def alert_panels():
+def alert_panels(k):
     firing = ('ALERTS{alertstate="firing", host="$host", device=~"$device"}\n'
               '  or ALERTS{alertstate="firing", host="$host", device=""}')
     return [
@@ -212,7 +197,8 @@ def alert_panels():
     ]
 
 
-def stack_table():
+def stack_table(k):
+    BS = f'{k["blockstack_selector"]}, {SEL}'
     kb = "/ 1024"
     targets = [
         q(LAYERS, ref="A", fmt=pm.PromQueryFormat.TABLE, instant=True),
@@ -243,7 +229,7 @@ def stack_table():
          .with_transformation(organize(
              exclude=["Time", "host", "Value #A", "Value #E"],
              rename={"Value #B": "nomerges", "Value #C": "max_sectors_kb", "Value #D": "max_hw_sectors_kb",
-                     "Value #F": "rotational", "lvm_vg": "LVM VG", "lvm_lv": "LVM LV", "lvm_layer": "LVM layer"},
+                     "Value #F": "rotational", "vg_name": "LVM VG", "lv_name": "LVM LV", "lv_layer": "LVM layer"},
              order=["depth", "device", "name", "kind", "LVM VG", "LVM LV", "LVM layer", "nomerges",
                     "max_sectors_kb", "max_hw_sectors_kb", "scheduler", "rotational"]))
          .with_transformation(sort_by("depth"))
@@ -255,8 +241,8 @@ def stack_table():
          .override_by_name("max_sectors_kb", [
              prop("thresholds", {"mode": "absolute", "steps": [
                  {"value": None, "color": "red"},
-                 {"value": CONFIG["max_sectors_kb_red_below"], "color": "orange"},
-                 {"value": CONFIG["max_sectors_kb_orange_below"], "color": "green"}]}),
+                 {"value": k["collapse_upper_min_sectors"] * 512 // 1024, "color": "orange"},
+                 {"value": k["max_sectors_floor_bytes"] // 1024, "color": "green"}]}),
              color_cells()])
          .override_by_name("rotational", [
              prop("mappings", [m.to_json() for m in value_map({0: ("0 · non-rotational", "text"),
@@ -264,7 +250,7 @@ def stack_table():
     return [p]
 
 
-def lineup_panels():
+def lineup_panels(k):
     size = ts(
         "Average request size per layer (upper vs lower)",
         "Average request size in 512-byte sectors per layer and operation (iostat avgrq-sz), from node_exporter "
@@ -272,12 +258,12 @@ def lineup_panels():
         "read carries about the same size (NVMe incident, healthy: dm-3, dm-1 and nvme1n1 all at 512.00; the lab's "
         "loop devices: ~256). Sick: the top stays large while a lower layer drops to 8 sectors (one 4 KiB page) - "
         "the incident: dm-3 at 512 over dm-1 and nvme1n1 at 8.00, 3000 r/s for 12 MB/s, %util 100. The dashed line "
-        f"is the collapse threshold ({CONFIG['collapse_max_sectors']} sectors); red marks are collapse pages.",
+        f"is the collapse threshold ({k['collapse_max_sectors']} sectors); red marks are collapse pages.",
         [q(f"host_device_operation:node_disk_request_size_sectors:avg{{{SEL}}}\n"
            f"  * on (host, device) group_left (depth, name)\n{LAYERS}",
            legend="L{{depth}} {{name}} {{operation}}")],
         "none", w=24, h=9, min=1, log=2,
-        thresholds=steps((None, "transparent"), (CONFIG["collapse_max_sectors"], "red")))
+        thresholds=steps((None, "transparent"), (k["collapse_max_sectors"], "red")))
     iops = ts(
         "IOPS per layer",
         "Requests completed per second per device and operation (iostat r/s, w/s). Healthy: a lower layer "
@@ -311,7 +297,9 @@ def lineup_panels():
     return [size, iops, tput, ratio, missed]
 
 
-def distribution_panels():
+def distribution_panels(k):
+    EB = f'{k["ebpf_selector"]}, {SEL}'
+
     def bucket_rate(metric, extra=""):
         return (f"sum by (le) (rate({metric}_bucket{{{EB}{extra}}}[$__rate_interval]))")
 
@@ -353,8 +341,8 @@ def distribution_panels():
     return [bio, rq, lat, pcts]
 
 
-def snapshot_panels():
-    sel = f'job="{CONFIG["blockstack_job"]}", {SEL}'
+def snapshot_panels(k):
+    sel = f'{k["blockstack_selector"]}, {SEL}'
     use = ts(
         "Snapshot COW use",
         "Share of each dm-snapshot's COW store in use (dmsetup status used/total). Healthy: well below 100% with room "
@@ -363,7 +351,8 @@ def snapshot_panels():
         "synced first (LVM2 write-up: writes 20-30x slower with a snapshot).",
         [q(f"host_device:blockstack_dm_snapshot_cow_used:ratio{{{SEL}}}", legend="{{name}}")],
         "percentunit", w=8, min=0, max=1,
-        thresholds=steps((None, "transparent"), (0.8, "orange"), (0.95, "red")))
+        thresholds=steps((None, "transparent"), (k["snapshot_cow_used_orange_ratio"], "orange"),
+                         (k["snapshot_cow_used_red_ratio"], "red")))
     cow_bytes = ts(
         "Snapshot COW bytes used / size",
         "Bytes of the COW device in use (data and metadata) against its size. Healthy: used grows only with writes "
@@ -373,7 +362,7 @@ def snapshot_panels():
         [q(f"blockstack_dm_snapshot_cow_used_bytes{{{sel}}}", legend="used {{name}}", ref="A"),
          q(f"blockstack_dm_snapshot_cow_size_bytes{{{sel}}}", legend="size {{name}}", ref="B")],
         "bytes", w=8, min=0)
-    w = CONFIG["snapshot_fill_window"]
+    w = k["snapshot_fill_window"]
     ttf = ts(
         "Snapshot time until COW full",
         f"Free COW bytes divided by the fill rate over the last {w} (deriv). Absent while the COW store is not "
@@ -389,7 +378,8 @@ def snapshot_panels():
         "(625 s for the same write) - every first write costs a small, synced COW copy, and reads of the snapshot "
         "reach the disks as chunk-sized requests.",
         [q(f"blockstack_dm_snapshot_chunk_size_bytes{{{sel}}}", legend="{{name}}")],
-        "bytes", w=12, h=5, thresholds=steps((None, "red"), (65536, "orange"), (262144, "green")))
+        "bytes", w=12, h=5,
+        thresholds=steps((None, "red"), (k["snapshot_chunk_min_bytes"], "orange"), (k["snapshot_chunk_good_bytes"], "green")))
     state = (table.Panel().title("Snapshot state").datasource(DS).span(12).height(5)
              .description(
                  "Current state of each snapshot: valid, merging (snapshot-merge running), or invalid / overflow / "
@@ -406,8 +396,9 @@ def snapshot_panels():
     return [use, cow_bytes, ttf, chunk, state]
 
 
-def ext4_panels():
-    sel = f'job="{CONFIG["blockstack_job"]}", {SEL}'
+def ext4_panels(k):
+    sel = f'{k["blockstack_selector"]}, {SEL}'
+    EB = f'{k["ebpf_selector"]}, {SEL}'
     options = (table.Panel().title("ext4 effective mount options").datasource(DS).span(12).height(8)
                .description(
                    "Every option in effect per ext4 filesystem of the stack, from /proc/fs/ext4/DEV/options (defaults "
@@ -431,7 +422,7 @@ def ext4_panels():
         "rarely wait for credits (the ext4 incident was fixed by growing the journal from 128 MiB to 1 GiB). Sick: a "
         "small journal with dioread_nolock and long credit waits below.",
         [q(f"blockstack_ext4_journal_size_bytes{{{sel}}}", legend="{{device}} {{mountpoint}}")],
-        "bytes", w=12, h=8, thresholds=steps((None, "orange"), (1 << 30, "green")))
+        "bytes", w=12, h=8, thresholds=steps((None, "orange"), (k["ext4_journal_good_bytes"], "green")))
     wait = heat(
         "jbd2 credit wait",
         "Time tasks wait for journal credits when starting a handle (add_transaction_credits), all ext4 filesystems "
@@ -531,7 +522,9 @@ ROWS = [
 LINEUP_ROW = 2
 
 
-def build():
+def build(k=None):
+    """The dashboard model with the knobs `k` (default: alerts/config.yml)."""
+    k = knobs.load() if k is None else k
     d = (db.Dashboard(CONFIG["title"]).uid(CONFIG["uid"])
          .description("Linux block-layer merge regressions across a device stack (dm/LVM, loop, md, partitions, "
                       "disks). Generated by dashboards/blockstack_dashboard.py - do not edit the JSON.")
@@ -539,14 +532,14 @@ def build():
          .time(CONFIG["time_from"], "now").refresh(CONFIG["refresh"]).timezone("browser")
          .tooltip(dm.DashboardCursorSync.CROSSHAIR)
          .link(db.DashboardLink("Runbook").type(dm.DashboardLinkType.LINK)
-               .url("https://github.com/blockstack-merges/blockstack-merges/blob/main/docs/dashboard.md")
+               .url(f"{k['docs_url']}/dashboard.md")
                .target_blank(True)))
     next_id = 1
     lineup_ids = []
     for i, (title, make) in enumerate(ROWS):
         d = d.with_row(db.Row(title).id(next_id))
         next_id += 1
-        for panel in make():
+        for panel in make(k):
             panel = panel.id(next_id)
             if i == LINEUP_ROW:
                 lineup_ids.append(next_id)
@@ -594,7 +587,7 @@ def main(argv=None):
         if committed != text:
             sys.stdout.writelines(difflib.unified_diff(committed.splitlines(True), text.splitlines(True),
                                                        args.output, "generated"))
-            print(f"{args.output} is stale: run `make dashboards`", file=sys.stderr)
+            print(f"{args.output} is stale: run `make generate`", file=sys.stderr)
             return 1
         return 0
     with open(args.output, "w") as f:

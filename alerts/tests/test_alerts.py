@@ -12,12 +12,11 @@ import urllib.request
 
 import pytest
 import yaml
-from blockstack_deploy import stack
+from blockstack_deploy import knobs, stack
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"
 TESTS = ALERTS / "tests"
-RUNBOOK = ROOT / "docs" / "runbook.md"
 RULE_FILES = sorted(ALERTS.glob("*.rules.yml"))
 AM_CONFIG = ALERTS / "alertmanager.yml"
 
@@ -66,11 +65,11 @@ def rules(kind):
 
 
 def test_rule_files_exist():
-    assert [p.name for p in RULE_FILES] == ["alerts.rules.yml", "recording.rules.yml"]
+    assert RULE_FILES == sorted(knobs.HOST_RULES + [knobs.FLEET_RULES])
 
 
 def test_generated_rules_are_current():
-    run([sys.executable, str(ALERTS / "generate.py"), "--check"])
+    run([sys.executable, "-m", "blockstack_deploy.knobs", "--check"])
 
 
 @servers_matrix
@@ -95,9 +94,9 @@ def load_tests(name):
 
 
 def test_every_test_case_is_named():
-    for name in ("alerts.test.yml", "recording.test.yml"):
-        for case in load_tests(name)["tests"]:
-            assert case.get("name"), f"{name}: a test case without a name"
+    for path in TESTS.glob("*.test.yml"):
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            assert case.get("name"), f"{path.name}: a test case without a name"
 
 
 def test_every_recording_rule_is_tested():
@@ -119,7 +118,7 @@ def test_every_recording_rule_is_named_level_metric_operation_with_a_comment():
 
 def test_every_alert_has_positive_and_negative_cases():
     fired, silent = set(), set()
-    for case in load_tests("alerts.test.yml")["tests"]:
+    for case in load_tests("alerts.test.yml")["tests"] + load_tests("fleet.test.yml")["tests"]:
         for t in case.get("alert_rule_test", []):
             (fired if t.get("exp_alerts") else silent).add(t["alertname"])
     for _, rule in rules("alert"):
@@ -151,11 +150,16 @@ def github_anchors(markdown):
 
 
 def test_every_alert_has_a_runbook_anchor():
-    anchors = github_anchors(RUNBOOK.read_text())
+    """runbook_url is the docs_url knob, then docs/runbook.md or docs/fleet.md, then #alertname."""
     names = [rule["alert"] for _, rule in rules("alert")]
     assert len(names) == len(set(names))
-    for name in names:
-        assert name.lower() in anchors, f"docs/runbook.md has no section for {name}"
+    docs = knobs.load()["docs_url"] + "/"
+    for _, rule in rules("alert"):
+        url = rule["annotations"]["runbook_url"]
+        assert url.startswith(docs), url
+        doc, _, anchor = url[len(docs):].partition("#")
+        assert doc in ("runbook.md", "fleet.md"), url
+        assert anchor in github_anchors((ROOT / "docs" / doc).read_text()), f"docs/{doc} has no section for {anchor}"
 
 
 @servers_matrix
@@ -184,7 +188,7 @@ def test_every_critical_alert_pages_and_the_rest_do_not():
     assert pytest.approx(5) == int(page_route["group_wait"].rstrip("s"))
     severities = {rule["alert"]: rule["labels"]["severity"] for _, rule in rules("alert")}
     assert {a for a, s in severities.items() if s == "critical"} == {
-        "BlockStackMergeCollapse", "BlockStackSnapshotInvalid"}
+        "BlockStackMergeCollapse", "BlockStackSnapshotInvalid", "BlockStackHostDown"}
 
 
 def test_collapse_page_identity_has_no_settings():

@@ -15,7 +15,7 @@ def test_committed_json_is_the_generated_one(tmp_path):
     generated = out.read_text()
     diff = "".join(difflib.unified_diff(committed.splitlines(True), generated.splitlines(True),
                                         "dashboards/block-stack-merges.json (committed)", "generated"))
-    assert not diff, f"the committed dashboard is stale; run `make dashboards`:\n{diff}"
+    assert not diff, f"the committed dashboard is stale; run `make generate`:\n{diff}"
 
 
 def test_check_mode_passes_on_the_committed_json():
@@ -29,4 +29,4 @@ def test_check_mode_fails_on_a_stale_json(tmp_path):
     stale.write_text(blockstack_dashboard.render().replace("Block Stack Merges", "Block Stack Merge", 1))
     r = subprocess.run([sys.executable, blockstack_dashboard.__file__, "--check", "--output", str(stale)],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and "make dashboards" in r.stderr
+    assert r.returncode == 1 and "make generate" in r.stderr

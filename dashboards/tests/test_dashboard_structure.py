@@ -113,7 +113,7 @@ def test_collapse_annotation_targets_the_lineup_panels(dashboard):
 
 
 def test_the_collapse_alert_names_exist_in_alerts():
-    """The annotation's alert names follow alerts/ (the alerts engineer's rule files)."""
+    """The annotation's alert names follow the rule files of alerts/."""
     names = set()
     for path in os.listdir(os.path.join(REPO, "alerts")):
         if path.endswith(".rules.yml"):

@@ -28,6 +28,7 @@ import pytest
 import blockstack_dashboard
 import lab_run
 from blockstack_deploy import grafana as grafana_runtime
+from blockstack_deploy import knobs
 from blockstack_deploy.stack import SERVERS
 from grafana_browser import Browser
 
@@ -223,7 +224,7 @@ def test_every_panel_in_the_browser(lab, visit):
         assert upper and lower, f"lineup legend lacks L0 {lab.upper} read / L1 {lab.lower} read: {legend}"
         last_upper, last_lower = float(upper[0][-1]), float(lower[0][-1])
         assert last_upper >= 128, f"upper {lab.upper}: {last_upper} sectors per request, expected >= 128"
-        assert last_lower <= blockstack_dashboard.CONFIG["collapse_max_sectors"], \
+        assert last_lower <= knobs.load()["collapse_max_sectors"], \
             f"lower {lab.lower}: {last_lower} sectors per request, expected <= 16 (collapsed)"
         iops = b.legend("IOPS per layer")
         up_iops = _number(iops[f"{lab.upper} read"][-1])

@@ -34,9 +34,9 @@ import urllib.request
 
 import yaml
 
-from . import grafana, pki
+from . import grafana, knobs, pki
 from .files import write_if_changed, write_yaml
-from .stack import COMPONENTS, FLEET_RULES, REPO, RETENTION, Stack, program, servers_name
+from .stack import COMPONENTS, REPO, RETENTION, Stack, program, servers_name
 
 THANOS = os.path.join(REPO, ".build", "bin", "thanos")
 GRAFANA_HINT = grafana.HINT + "; everything else runs, and `make up` picks Grafana up next time."
@@ -387,14 +387,10 @@ class Central(FleetRole):
                 f.write("# Fleet inventory (file_sd): one entry per agent Prometheus replica's Thanos sidecar.\n"
                         "# Thanos Query and the watcher re-read this file on change; see docs/fleet.md.\n[]\n")
         write_yaml(os.path.join(self.config, "alertmanager.yml"), self.receiver_stack.alertmanager_config(), SOURCE)
-        with open(FLEET_RULES) as f:
-            rules = yaml.safe_load(f)
-        if self.host_down_for:  # the fleet test's shorter wait
-            for group in rules["groups"]:
-                for rule in group["rules"]:
-                    if rule.get("alert") == "BlockStackHostDown":
-                        rule["for"] = self.host_down_for
-        write_yaml(os.path.join(self.config, "fleet.rules.yml"), rules, f"{SOURCE} from alerts/fleet.rules.yml")
+        # the fleet test waits less for a host down than the knob says
+        overrides = {"fleet_host_down_for": self.host_down_for} if self.host_down_for else {}
+        write_if_changed(os.path.join(self.config, "fleet.rules.yml"),
+                         knobs.rule_files(knobs.load(), **overrides)[knobs.FLEET_RULES])
         for r in self.watchers:
             write_yaml(os.path.join(self.config, f"watcher-{r}.yml"), self.watcher_config(r), SOURCE)
         if self.secure:

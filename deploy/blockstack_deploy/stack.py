@@ -16,7 +16,7 @@ import urllib.parse
 
 import yaml
 
-from . import grafana, procs
+from . import grafana, knobs, procs
 from .files import write_yaml
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -29,8 +29,6 @@ EBPF_CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
 DISKSTATS_EXCLUDE = r"^(ram|fd|sr)\d+$"
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus")
 RETENTION = "15d"
-# The central watcher's rules (roles.Central): not evaluated next to a host's data.
-FLEET_RULES = os.path.join(REPO, "alerts", "fleet.rules.yml")
 
 
 def which(*names, target="deps"):
@@ -120,8 +118,8 @@ def _mtime(path):
 
 
 def rule_files():
-    """The rules evaluated next to a host's data: alerts/*.rules.yml but the fleet's."""
-    return sorted(f for f in glob.glob(os.path.join(REPO, "alerts", "*.rules.yml")) if f != FLEET_RULES)
+    """The rules evaluated next to a host's data (not the fleet watcher's)."""
+    return [str(p) for p in knobs.HOST_RULES]
 
 
 class Stack:

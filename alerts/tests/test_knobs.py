@@ -1,0 +1,143 @@
+"""One source for every knob: alerts/config.yml, read through blockstack_deploy.knobs by the rule
+templates and the dashboard generator. Every knob is read, none is declared anywhere else, and no
+threshold, window or selector of a rule template or of the dashboard is written as a literal."""
+import ast
+import json
+import os
+import re
+import sys
+
+import pytest
+import yaml
+from blockstack_deploy import knobs
+
+sys.path.insert(0, str(knobs.REPO / "dashboards"))
+import blockstack_dashboard  # noqa: E402
+
+SKIP_DIRS = {".git", ".venv", ".build", ".state", "node_modules", "__pycache__", "fixtures"}
+# Numbers a rule may write out: 0 and 1 (comparisons, `* 0 + 1`, a full COW at ratio 1) and the
+# units (512-byte sectors, 1024 bytes per KiB).
+UNIT_CONSTANTS = {0, 1, 512, 1024}
+
+
+def test_every_knob_is_read_by_a_rule_or_the_dashboard():
+    k = knobs.load()
+    knobs.rule_files(k)
+    blockstack_dashboard.build(k)
+    assert set(k) - k.used == set(), "knobs no rule template and not the dashboard reads"
+
+
+def test_an_unknown_knob_is_an_error():
+    with pytest.raises(ValueError, match=r"unknown knob \$\{collapse_max_sector\}"):
+        knobs.render("expr: x <= ${collapse_max_sector}", knobs.load())
+
+
+def test_only_braced_knobs_are_replaced():
+    """PromQL's $1, Go templates' $labels and Grafana's $__rate_interval pass through."""
+    text = '{{ $labels.device }} "$1" [$__rate_interval] $value [${rate_window}]'
+    assert knobs.render(text, knobs.load()) == '{{ $labels.device }} "$1" [$__rate_interval] $value [20s]'
+
+
+def source_files():
+    for top, dirs, files in os.walk(knobs.REPO):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+        for name in files:
+            if name.endswith((".py", ".yml", ".yaml", ".json")):
+                yield os.path.join(top, name)
+
+
+def declarations(path, names):
+    """(line, name) of every literal bound to a knob's name: a Python assignment, dict entry or
+    keyword argument of a constant, or a YAML/JSON key."""
+    with open(path) as f:
+        text = f.read()
+    if path.endswith(".py"):
+        for node in ast.walk(ast.parse(text, path)):
+            pairs = []
+            if isinstance(node, ast.Assign):
+                pairs = [(t.id, node.value) for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.Dict):
+                pairs = [(key.value, v) for key, v in zip(node.keys, node.values)
+                         if isinstance(key, ast.Constant) and isinstance(key.value, str)]
+            elif isinstance(node, ast.keyword) and node.arg:
+                pairs = [(node.arg, node.value)]
+            for name, value in pairs:
+                if name.lower() in names and isinstance(value, ast.Constant):
+                    yield value.lineno, name
+        return
+    docs = json.loads(text) if path.endswith(".json") else list(yaml.safe_load_all(text))
+    stack = [docs]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            yield from ((None, key) for key in node if key in names)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def test_no_knob_is_declared_outside_config_yml():
+    names = set(knobs.load())
+    found = [f"{os.path.relpath(path, knobs.REPO)}:{line or ''} {name}"
+             for path in source_files() if path != str(knobs.CONFIG)
+             for line, name in declarations(path, names)]
+    assert not found, "knobs declared outside alerts/config.yml (read them with blockstack_deploy.knobs):\n" + \
+        "\n".join(found)
+
+
+@pytest.mark.parametrize("template", sorted(knobs.TEMPLATES.glob("*.rules.yml.in")), ids=lambda p: p.name)
+def test_rule_templates_write_no_threshold(template):
+    """Every `for:`, range and number a rule evaluates is a knob, bar 0, 1 and units."""
+    doc = yaml.safe_load(re.sub(r"\$\{[a-z0-9_]+\}", "KNOB", template.read_text()))
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            name = rule.get("alert") or rule["record"]
+            for key in ("for", "keep_firing_for"):
+                assert rule.get(key, "KNOB") == "KNOB", f"{name}: {key}: {rule[key]} is not a knob"
+            expr = re.sub(r'"[^"]*"', '""', rule["expr"])  # label values, label_replace arguments
+            for window in re.findall(r"\[([^\]]*)\]", expr):
+                assert window == "KNOB", f"{name}: range [{window}] is not a knob"
+            for number in re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])", expr):
+                assert float(number) in UNIT_CONSTANTS, f"{name}: {number} is not a knob"
+
+
+def moved(value):
+    """A knob's value changed so that nothing derived from it keeps its old value."""
+    if isinstance(value, (int, float)):
+        return value * 3 if isinstance(value, int) else value / 2
+    if re.fullmatch(r"\d+[smhd]", value):
+        return f"{int(value[:-1]) * 3}{value[-1]}"
+    if '"' in value:
+        return re.sub(r'"([^"]*)"', r'"\1-moved"', value)
+    return value + "-moved"
+
+
+def facts(dashboard):
+    """Threshold steps by place, and the job selectors and range windows of every query."""
+    steps, tokens = {}, set()
+    stack = [("", dashboard)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("steps"), list):
+                steps[path] = [s["value"] for s in node["steps"] if s["value"] is not None]
+            if isinstance(node.get("expr"), str):
+                expr = node["expr"].replace("[$__rate_interval]", "")
+                tokens |= set(re.findall(r'job=~?"[^"]*"|\[[^\]]+\]', expr))
+            stack.extend((f"{path}/{key}", v) for key, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(node))
+    return steps, tokens
+
+
+def test_dashboard_thresholds_and_selectors_are_knobs():
+    """Build the dashboard with every knob moved: every threshold, selector and window it draws
+    must move too. One that stays is written in the generator instead of read from the knobs."""
+    k = knobs.load()
+    steps, tokens = facts(blockstack_dashboard.build(k))
+    moved_steps, moved_tokens = facts(blockstack_dashboard.build(knobs.Knobs({n: moved(v) for n, v in k.items()})))
+    assert steps and tokens
+    stuck = [f"{path}: {a}" for path, values in steps.items()
+             for a, b in zip(values, moved_steps[path]) if a == b]
+    assert not stuck, "dashboard thresholds that are not knobs:\n" + "\n".join(stuck)
+    assert not tokens & moved_tokens, f"selectors or windows that are not knobs: {sorted(tokens & moved_tokens)}"

@@ -1,0 +1,101 @@
+"""The knobs: every threshold, window and selector of the rules and the dashboard, from one file.
+
+alerts/config.yml holds them, one comment per knob (node-mixin's config.libsonnet, in YAML).
+The rule templates alerts/src/*.rules.yml.in name a knob as ${knob} and are rendered into
+alerts/*.rules.yml; the dashboard generator and the fleet's central role read the same knobs.
+
+    python -m blockstack_deploy.knobs            # rewrite alerts/*.rules.yml
+    python -m blockstack_deploy.knobs --check    # exit 1 if a rule file differs from what it would be
+
+An unknown knob is an error here; a knob that no consumer reads fails alerts/tests/test_knobs.py.
+
+Why string.Template and not Jinja2: the rule files are full of Go templates ({{ $labels.device }},
+{{ with ... }}{{ end }}) that Prometheus and Alertmanager expand, and Jinja2's {{ }} and {% %} are
+the same delimiters, so every annotation would need escaping; `[[ ]]`, used before, is Grafana's
+legacy variable syntax. string.Template is in the standard library and its ${knob} appears nowhere
+in PromQL or Go templates. Only the braced form is a placeholder here: a bare $ stays as written,
+so $labels, $value, $1 of label_replace and Grafana's $__rate_interval need no $$ escape.
+"""
+import argparse
+import pathlib
+import string
+import sys
+
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CONFIG = REPO / "alerts" / "config.yml"
+TEMPLATES = REPO / "alerts" / "src"
+# What each Prometheus evaluates: a host's (standalone or agent) and the fleet's central watcher.
+HOST_RULES = [REPO / "alerts" / "alerts.rules.yml", REPO / "alerts" / "recording.rules.yml"]
+FLEET_RULES = REPO / "alerts" / "fleet.rules.yml"
+
+
+class Knobs(dict):
+    """The knobs of config.yml by name; remembers which were read, so unused ones can be found."""
+
+    def __init__(self, values):
+        super().__init__(values)
+        self.used = set()
+
+    def __getitem__(self, name):
+        self.used.add(name)
+        return super().__getitem__(name)
+
+
+def load(path=CONFIG):
+    with open(path) as f:
+        values = yaml.safe_load(f)
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of knobs")
+    return Knobs(values)
+
+
+class _Template(string.Template):
+    # ${knob} only (the named, escaped and invalid groups never match).
+    pattern = r"\$(?:(?P<escaped>(?!))|(?P<named>(?!))|\{(?P<braced>[a-z][a-z0-9_]*)\}|(?P<invalid>(?!)))"
+
+
+def render(text, knobs, name="template"):
+    try:
+        return _Template(text).substitute(knobs)
+    except KeyError as e:
+        raise ValueError(f"{name}: unknown knob ${{{e.args[0]}}} (not in {CONFIG.name})") from None
+
+
+def rule_files(knobs, **overrides):
+    """{output path: text} for every rule template; overrides replace knobs (the fleet test's
+    short host-down `for:`)."""
+    values = Knobs({**knobs, **overrides})
+    out = {}
+    for template in sorted(TEMPLATES.glob("*.rules.yml.in")):
+        text = render(template.read_text(), values, template.name)
+        yaml.safe_load(text)  # fail here, not in promtool, on broken YAML
+        header = (f"# GENERATED from alerts/src/{template.name} with the knobs of alerts/config.yml.\n"
+                  "# Do not edit: change the template or the knob, then run `make generate`.\n")
+        out[REPO / "alerts" / template.name[:-len(".in")]] = header + text
+    knobs.used |= values.used
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if a rule file is stale")
+    args = p.parse_args(argv)
+    stale = []
+    for path, text in rule_files(load()).items():
+        if path.exists() and path.read_text() == text:
+            continue
+        if args.check:
+            stale.append(path.name)
+        else:
+            path.write_text(text)
+            print(f">> wrote {path.relative_to(REPO)}")
+    if stale:
+        print(f"stale: {', '.join(stale)}; run `make generate`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
