@@ -37,8 +37,8 @@ CONFIG = {
     # uid of the provisioned Prometheus datasource (deploy/grafana/provisioning/datasources/).
     # Only the default of the $datasource variable; any Prometheus datasource can be picked.
     "datasource_uid": "blockstack-prometheus",
-    # Alert names whose firing draws an annotation on the lineup panels (a regex): the two critical
-    # merge pages of alerts/alerts.rules.yml (layered and eBPF signatures). Change it with them.
+    # Alert names whose firing draws an annotation on the lineup panels (a regex): the merge
+    # collapse page of alerts/alerts.rules.yml. Change it with it.
     "collapse_alerts": "BlockStackMergeCollapse.*",
     # Time range and refresh the dashboard opens with.
     "time_from": "now-1h",
@@ -238,6 +238,8 @@ def stack_table(k):
                                                                1: ("1 · simple only", "orange"),
                                                                2: ("2 · no merges", "red")})]),
              color_cells()])
+         # red: too small for the requests of a healthy upper (collapse_upper_min_sectors, in KiB);
+         # orange: below the floor of BlockStackMaxSectorsLow
          .override_by_name("max_sectors_kb", [
              prop("thresholds", {"mode": "absolute", "steps": [
                  {"value": None, "color": "red"},

@@ -1,8 +1,6 @@
 """One source for every knob: alerts/config.yml, read through blockstack_deploy.knobs by the rule
 templates and the dashboard generator. Every knob is read, none is declared anywhere else, and no
 threshold, window or selector of a rule template or of the dashboard is written as a literal."""
-import ast
-import json
 import os
 import re
 import sys
@@ -38,49 +36,22 @@ def test_only_braced_knobs_are_replaced():
     assert knobs.render(text, knobs.load()) == '{{ $labels.device }} "$1" [$__rate_interval] $value [20s]'
 
 
-def source_files():
+def test_no_knob_is_declared_outside_config_yml():
+    """A knob's name given a value anywhere else: a YAML/JSON key, or in Python `name = 16`,
+    `"name": "30m"`, `NAME=16` (a literal, not a value read from the knobs)."""
+    names = "|".join(knobs.load())
+    declared = {".py": re.compile(rf"""\b({names})\b["']?\s*[:=]\s*[-\d"'.]""", re.I),
+                ".yml": re.compile(rf"""^\s*-?\s*["']?({names})["']?\s*:""", re.M)}
+    declared[".yaml"] = declared[".json"] = declared[".yml"]
+    found = []
     for top, dirs, files in os.walk(knobs.REPO):
         dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
         for name in files:
-            if name.endswith((".py", ".yml", ".yaml", ".json")):
-                yield os.path.join(top, name)
-
-
-def declarations(path, names):
-    """(line, name) of every literal bound to a knob's name: a Python assignment, dict entry or
-    keyword argument of a constant, or a YAML/JSON key."""
-    with open(path) as f:
-        text = f.read()
-    if path.endswith(".py"):
-        for node in ast.walk(ast.parse(text, path)):
-            pairs = []
-            if isinstance(node, ast.Assign):
-                pairs = [(t.id, node.value) for t in node.targets if isinstance(t, ast.Name)]
-            elif isinstance(node, ast.Dict):
-                pairs = [(key.value, v) for key, v in zip(node.keys, node.values)
-                         if isinstance(key, ast.Constant) and isinstance(key.value, str)]
-            elif isinstance(node, ast.keyword) and node.arg:
-                pairs = [(node.arg, node.value)]
-            for name, value in pairs:
-                if name.lower() in names and isinstance(value, ast.Constant):
-                    yield value.lineno, name
-        return
-    docs = json.loads(text) if path.endswith(".json") else list(yaml.safe_load_all(text))
-    stack = [docs]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            yield from ((None, key) for key in node if key in names)
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-
-
-def test_no_knob_is_declared_outside_config_yml():
-    names = set(knobs.load())
-    found = [f"{os.path.relpath(path, knobs.REPO)}:{line or ''} {name}"
-             for path in source_files() if path != str(knobs.CONFIG)
-             for line, name in declarations(path, names)]
+            path = os.path.join(top, name)
+            pattern = declared.get(os.path.splitext(name)[1])
+            if pattern and path != str(knobs.CONFIG):
+                with open(path) as f:
+                    found += [f"{os.path.relpath(path, knobs.REPO)}: {m.group(1)}" for m in pattern.finditer(f.read())]
     assert not found, "knobs declared outside alerts/config.yml (read them with blockstack_deploy.knobs):\n" + \
         "\n".join(found)
 
