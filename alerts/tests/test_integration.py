@@ -1,5 +1,6 @@
 """End to end: the whole stack (blockstack_deploy.stack.Stack: the three exporters, Prometheus with
-alerts/*.rules.yml, Alertmanager with alerts/alertmanager.yml, the page receiver) on loop devices.
+alerts/alerts.rules.yml and recording.rules.yml, Alertmanager with alerts/alertmanager.yml, the
+page receiver) on loop devices.
 
 Two collapses run at once, each flipped on under batched sequential 4 KiB direct reads
 (fio.SEQ_BATCHED_READ) and flipped back:

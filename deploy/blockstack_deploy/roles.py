@@ -5,7 +5,7 @@ standalone (`make up`)
     put Prometheus, Alertmanager and Grafana behind TLS + basic auth (user admin, pki.Secrets).
 agent (`make up-agent`, on every monitored host)
     node_exporter, blockstack-exporter, ebpf_exporter on 127.0.0.1 (stack.py); one Prometheus
-    per replica (A, B, ...) on 127.0.0.1 that scrapes them, evaluates alerts/*.rules.yml next to
+    per replica (A, B, ...) on 127.0.0.1 that scrapes them, evaluates alerts/{alerts,recording}.rules.yml next to
     the data and sends alerts to every central Alertmanager peer; `external_labels: {host,
     replica}`; `replica` is dropped from alerts (alert_relabel_configs) so both replicas' alerts
     are the same alert to Alertmanager; one Thanos sidecar per replica: StoreAPI (gRPC, mutual
