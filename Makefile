@@ -30,11 +30,11 @@ deps:
 
 ## venv: Python virtual environment with the exporter, the stack model (deploy/), the lab kit and test tools
 venv: $(VENV)/.stamp
-$(VENV)/.stamp: exporters/pyproject.toml deploy/pyproject.toml lab/pyproject.toml requirements-dev.txt
+$(VENV)/.stamp: exporters/pyproject.toml deploy/pyproject.toml lab/pyproject.toml alerts/receiver/pyproject.toml requirements-dev.txt
 	@echo ">> creating $(VENV)"
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	@$(VPY) -m pip install -q --upgrade pip
-	@$(VPY) -m pip install -q -r requirements-dev.txt -e exporters -e deploy -e lab
+	@$(VPY) -m pip install -q -r requirements-dev.txt -e exporters -e deploy -e lab -e alerts/receiver
 	@touch $@
 
 ## ebpf-exporter: build cloudflare ebpf_exporter from the Go module proxy against a static libbpf 1.5 (cached)

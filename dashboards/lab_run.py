@@ -29,6 +29,7 @@ import types
 from blockstack_deploy import procs
 from blockstack_deploy.stack import Stack
 from blockstack_lab import fio, loop
+from blockstack_lab.api import Prometheus
 
 PHASES = {"healthy": 20, "fsync": 12}
 HOLD = 420  # longest the collapsed phase lasts (a bound: the context normally exits long before)
@@ -51,19 +52,15 @@ def missing_requirements():
 
 @contextlib.contextmanager
 def collapse(workdir, phases=PHASES, log=print, servers=None):
-    """Yields a namespace, during the collapse: stack (the lab Stack: .url("grafana"), .query() ...),
-    grafana_password, upper and lower (kernel names), mountpoint, start, paged (Unix seconds) and
-    phases {name: (start, end)} (collapsed: (start, None)). servers: which Prometheus and
+    """Yields a namespace, during the collapse: stack (the lab Stack: .url("grafana") ...), prometheus
+    (its API client), grafana_password, upper and lower (kernel names), mountpoint, start, paged
+    (Unix seconds) and phases {name: (start, end)} (collapsed: (start, None)). servers: which Prometheus and
     Alertmanager (blockstack_deploy.stack.SERVERS; default $BLOCKSTACK_SERVERS, else Debian's)."""
     why = missing_requirements()
     if why:
         raise RuntimeError(why)
     with contextlib.ExitStack() as es:
-        lower_dev = es.enter_context(loop.attached(LOWER_SIZE))
-        lower_mnt = es.enter_context(loop.ext4(lower_dev, mkfs_args=loop.NO_DISCARD))
-        backing = os.path.join(lower_mnt, "upper.img")
-        loop.fill(backing, UPPER_SIZE)
-        upper_dev = es.enter_context(loop.attached(path=backing, direct_io=True))
+        lower_dev, upper_dev, _ = es.enter_context(loop.stacked_pair(LOWER_SIZE, UPPER_SIZE))
         upper_mnt = es.enter_context(loop.ext4(upper_dev, mkfs_args=loop.NO_DISCARD + ["-J", "size=4"]))
         upper, lower = loop.name(upper_dev), loop.name(lower_dev)
         log(f">> lab: {upper} (ext4 on {upper_mnt}) on a file on ext4 on {lower}")
@@ -71,7 +68,8 @@ def collapse(workdir, phases=PHASES, log=print, servers=None):
         stack = Stack(workdir, components=COMPONENTS, scrape_interval=SCRAPE_INTERVAL,
                       evaluation_interval=SCRAPE_INTERVAL, servers=servers)
         es.enter_context(stack.running(timeout=120))
-        stack.wait_targets_up(timeout=60)
+        prometheus = Prometheus(stack.url("prometheus"))
+        prometheus.wait_targets_up(timeout=60)
         time.sleep(4)  # two scrapes of the idle stack
 
         read = fio.SEQ_BATCHED_READ + [f"--filename={upper_dev}", "--readonly"]
@@ -92,11 +90,11 @@ def collapse(workdir, phases=PHASES, log=print, servers=None):
         t = time.time()
         es.enter_context(fio.background(read, runtime=HOLD, name="collapsed"))
         times["collapsed"] = (t, None)
-        procs.wait_until(f"the collapse page for {lower}", lambda: stack.query(PAGE % lower), 120, 2)
+        procs.wait_until(f"the collapse page for {lower}", lambda: prometheus.query(PAGE % lower), 120, 2)
         paged = time.time()
         log(f">> lab: paged {paged - t:.0f} s after the flip")
         time.sleep(SETTLE)
-        yield types.SimpleNamespace(stack=stack, grafana_password=stack_password(stack), upper=upper, lower=lower,
+        yield types.SimpleNamespace(stack=stack, prometheus=prometheus, grafana_password=stack_password(stack), upper=upper, lower=lower,
                                     mountpoint=upper_mnt, start=start, paged=paged, phases=times)
 
 

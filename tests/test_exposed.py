@@ -4,7 +4,6 @@ request without credentials, and Prometheus has no lifecycle API left."""
 import base64
 import json
 import os
-import signal
 import ssl
 import subprocess
 import time
@@ -12,15 +11,16 @@ import urllib.error
 import urllib.request
 
 import pytest
+from page_receiver import received
 
 from blockstack_deploy import files, pki, procs
 from blockstack_lab import fio, loop
+from blockstack_lab.api import Prometheus
+from blockstack_lab.view import PAGE_ALERTS
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
-
-PAGE_ALERTS = {"BlockStackMergeCollapse"}
 
 
 def make(target, state, ports, extra=""):
@@ -89,60 +89,37 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     assert answer(prom + "/-/quit", ca=ca, method="POST")[0] == 401
     assert answer(prom + "/-/quit", "admin", password, ca=ca, method="POST")[0] == 403  # no lifecycle API at all
 
-    def api(path):
-        status, body = answer(prom + path, "admin", password, ca=ca)
-        assert status == 200, (path, status, body)
-        return json.loads(body)["data"]
-
+    prometheus = Prometheus(prom, auth=("admin", password), ca=ca)
     # self-scrapes over TLS with the password: every target up
-    procs.wait_until("every target up", lambda: len(api("/api/v1/targets")["activeTargets"]) == 5 and all(
-        t["health"] == "up" for t in api("/api/v1/targets")["activeTargets"]), 60)
+    prometheus.wait_targets_up(count=5)
     # Grafana's provisioned datasource reaches Prometheus (basic auth + our CA)
     status, health = answer(graf + "/api/datasources/uid/blockstack-prometheus/health", "admin", grafana_password, ca=ca)
     assert status == 200 and json.loads(health)["status"] == "OK", health
 
     # `make up` again: its reload (SIGHUP through supervisord) applies
     def last_reload():
-        result = api("/api/v1/query?query=prometheus_config_last_reload_success_timestamp_seconds")["result"]
-        return float(result[0]["value"][1]) if result else 0
+        return prometheus.value("prometheus_config_last_reload_success_timestamp_seconds", 0)
     before = last_reload()
     time.sleep(1.1)
     make("up", state_dir, ports, "--auth")
     procs.wait_until("the reload", lambda: last_reload() > before, 30)
 
-    pages = os.path.join(state_dir, "config", "pages.jsonl")
-
     def firing(device):
-        if not os.path.exists(pages):
-            return []
-        with open(pages) as f:
-            return [a for line in f for a in json.loads(line)["notification"].get("alerts", [])
-                    if a["labels"].get("alertname") in PAGE_ALERTS and a["labels"].get("device") == device
-                    and a["status"] == "firing"]
+        return [a for _, a in received(os.path.join(state_dir, "config", "pages.jsonl")) if a["status"] == "firing"
+                and a["labels"].get("alertname") in PAGE_ALERTS and a["labels"].get("device") == device]
 
-    with loop.attached(256 << 20, directory="/dev/shm") as dev, loop.ext4(dev) as mnt:
+    with fio.reads_on_ext4(runtime=300) as dev:
         name = loop.name(dev)
-        data = os.path.join(mnt, "data")
-        subprocess.run(["fio", "--name=layout", f"--filename={data}", "--size=128m", "--rw=write", "--bs=1m",
-                        "--direct=1", "--output=/dev/null"], check=True, timeout=120)
-        load = subprocess.Popen(["fio", "--name=seq", f"--filename={data}", "--size=128m", *fio.SEQ_BATCHED_READ,
-                                 "--time_based", "--runtime=300", "--output=/dev/null"], start_new_session=True)
-        try:
-            procs.wait_until("request sizes recorded", lambda: api(
-                "/api/v1/query?query=" + urllib.request.quote(
-                    f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'))["result"], 60)
-            assert not firing(name), "paged for healthy sequential I/O"
-            with loop.sysfs_setting(dev, "queue/nomerges", "2"):
-                flipped = time.monotonic()
-                page = procs.wait_until("the page", lambda: firing(name), 90)
-                print(f"page {time.monotonic() - flipped:.0f} s after the flip, through TLS + basic auth")
-            assert page[0]["labels"]["severity"] == "critical"
-        finally:
-            os.killpg(load.pid, signal.SIGTERM)
-            load.wait(30)
+        procs.wait_until("request sizes recorded", lambda: prometheus.query(
+            f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'), 60)
+        assert not firing(name), "paged for healthy sequential I/O"
+        with loop.sysfs_setting(dev, "queue/nomerges", "2"):
+            flipped = time.monotonic()
+            page = procs.wait_until("the page", lambda: firing(name), 90)
+            print(f"page {time.monotonic() - flipped:.0f} s after the flip, through TLS + basic auth")
+        assert page[0]["labels"]["severity"] == "critical"
     # Prometheus -> Alertmanager: nothing dropped (before the fix: every notification 401)
-    errors = api("/api/v1/query?query=sum(prometheus_notifications_errors_total)")["result"]
-    assert errors and float(errors[0]["value"][1]) == 0, errors
+    assert prometheus.value("sum(prometheus_notifications_errors_total)") == 0
 
     # the operator's certificate (from another CA) instead of the generated one
     theirs = os.path.join(state_dir, "operator-pki")
@@ -155,7 +132,5 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
         assert answer(url, user, secret, ca=their_ca)[0] == 200, name
         assert answer(url, ca=their_ca)[0] == 401, name
         assert answer(url, user, secret, ca=ca)[0] == "SSLCertVerificationError", name
-    ca, prom = their_ca, prom.replace("127.0.0.1", "127.0.0.2")
-    procs.wait_until("every target up with the operator's certificate", lambda: all(
-        t["health"] == "up" for t in api("/api/v1/targets")["activeTargets"]), 60)
+    Prometheus(prom.replace("127.0.0.1", "127.0.0.2"), auth=("admin", password), ca=their_ca).wait_targets_up()
     make("down", state_dir, ports)

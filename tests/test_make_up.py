@@ -8,15 +8,17 @@ import subprocess
 import time
 
 import pytest
+from page_receiver import received
 
 from blockstack_deploy import files, grafana, procs
 from blockstack_lab import fio, loop
+from blockstack_lab.api import Alertmanager, Prometheus
+from blockstack_lab.view import PAGE_ALERTS
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")  # conftest.state's ports
-PAGE_ALERTS = {"BlockStackMergeCollapse"}
 
 
 def make(target, state, ports, timeout=600, variables=()):
@@ -41,27 +43,9 @@ def pids(state):
     return out
 
 
-def prom(ports, path, **params):
-    import urllib.parse
-    url = f"http://127.0.0.1:{ports['prometheus']}{path}?" + urllib.parse.urlencode(params)
-    body = json.loads(procs.http_get(url, timeout=20))
-    assert body["status"] == "success", body
-    return body["data"]
-
-
 def notifications(state, device, status):
-    path = os.path.join(state, "config", "pages.jsonl")
-    if not os.path.exists(path):
-        return []
-    found = []
-    with open(path) as f:
-        for line in f:
-            payload = json.loads(line)["notification"]  # the receiver's envelope around the webhook body
-            for alert in payload.get("alerts", []):
-                labels = alert.get("labels", {})
-                if labels.get("alertname") in PAGE_ALERTS and labels.get("device") == device and alert.get("status") == status:
-                    found.append(alert)
-    return found
+    return [a for _, a in received(os.path.join(state, "config", "pages.jsonl")) if a["status"] == status
+            and a["labels"].get("alertname") in PAGE_ALERTS and a["labels"].get("device") == device]
 
 
 def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
@@ -99,65 +83,52 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     assert os.stat(os.path.join(state_dir, "supervisord.conf")).st_mtime == conf_mtime
     print(f"\nmake up: cold {cold:.1f} s, warm {warm:.1f} s")
 
-    # backing file on tmpfs: nothing beneath the loop device, so the page names it alone
-    with loop.attached(256 << 20, directory="/dev/shm") as dev, loop.ext4(dev) as mnt:
+    prometheus = Prometheus(f"http://127.0.0.1:{ports['prometheus']}")
+    with fio.reads_on_ext4(runtime=400) as dev:
         name = loop.name(dev)
-        data = os.path.join(mnt, "data")
-        subprocess.run(["fio", "--name=layout", f"--filename={data}", "--size=128m", "--rw=write", "--bs=1m",
-                        "--direct=1", "--output=/dev/null"], check=True, timeout=120)
-        load = subprocess.Popen(["fio", "--name=seq", f"--filename={data}", "--size=128m", *fio.SEQ_BATCHED_READ,
-                                 "--time_based", "--runtime=400", "--output=/dev/null"],
-                                start_new_session=True)
-        try:
-            procs.wait_until("every target up", lambda: all(
-                t["health"] == "up" for t in prom(ports, "/api/v1/targets")["activeTargets"]) and
-                len(prom(ports, "/api/v1/targets")["activeTargets"]) == 5, 60)
-            # healthy sequential reads: large requests at the loop device, and no page
-            procs.wait_until("request sizes recorded", lambda: prom(ports, "/api/v1/query", query=
-                     f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64')["result"], 60)
+        prometheus.wait_targets_up(count=5)
+        # healthy sequential reads: large requests at the loop device, and no page
+        procs.wait_until("request sizes recorded", lambda: prometheus.query(
+            f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'), 60)
 
-            # faults: kill each component once; the supervisor restarts it
-            first_sample_time = time.time()
-            samples_query = dict(query=f'node_disk_reads_completed_total{{device="{name}"}}',
-                                 start=first_sample_time - 60, end=first_sample_time, step=1)
-            before_kills = prom(ports, "/api/v1/query_range", **samples_query)["result"]
-            assert before_kills and before_kills[0]["values"]
-            for component in COMPONENTS:
-                old = pids(state_dir)[component]
-                os.kill(old, signal.SIGKILL)
-                procs.wait_until(f"{component} restarted", lambda: (pids(state_dir)[component] or old) != old, 30, 0.2)
-            make("up", state_dir, ports)  # waits for every health endpoint again
-            procs.wait_until("every target up after the kills", lambda: all(
-                t["health"] == "up" for t in prom(ports, "/api/v1/targets")["activeTargets"]), 60)
-            # Prometheus kept the samples from before its restart
-            assert prom(ports, "/api/v1/query_range", **samples_query)["result"] == before_kills
+        # faults: kill each component once; the supervisor restarts it
+        first_sample_time = time.time()
+        samples_query = (f'node_disk_reads_completed_total{{device="{name}"}}', first_sample_time - 60,
+                         first_sample_time, 1)
+        before_kills = prometheus.query_range(*samples_query)
+        assert before_kills and before_kills[0]["values"]
+        for component in COMPONENTS:
+            old = pids(state_dir)[component]
+            os.kill(old, signal.SIGKILL)
+            procs.wait_until(f"{component} restarted", lambda: (pids(state_dir)[component] or old) != old, 30, 0.2)
+        make("up", state_dir, ports)  # waits for every health endpoint again
+        prometheus.wait_targets_up()
+        # Prometheus kept the samples from before its restart
+        assert prometheus.query_range(*samples_query) == before_kills
 
-            assert not notifications(state_dir, name, "firing"), "paged for healthy sequential I/O"
-            with loop.sysfs_setting(dev, "queue/nomerges", "2"):
-                flipped = time.monotonic()
-                try:
-                    page = procs.wait_until("the page", lambda: notifications(state_dir, name, "firing"), 60)
-                except TimeoutError:
-                    print("ALERTS:", prom(ports, "/api/v1/query", query="ALERTS")["result"])
-                    print("missed:", prom(ports, "/api/v1/query", query="host_device_operation:ebpf_block_rq_missed_merges:rate")["result"])
-                    print("qd:", prom(ports, "/api/v1/query", query="host_device:node_disk_queue_depth:avg")["result"])
-                    raise
-                to_page = time.monotonic() - flipped
-                labels = page[0]["labels"]
-                assert labels["severity"] == "critical" and labels["host"] and labels["device"] == name
-                assert "nomerges" in json.dumps(page[0]["annotations"])
-            resolved_from = time.monotonic()
-            # the receiver dies right as the collapse ends: Alertmanager retries, the resolve arrives.
-            # (Alertmanager itself was killed before the flip; a SIGKILLed single Alertmanager
-            # forgets which pages it sent, so it could not send their resolves: that is what the
-            # fleet's Alertmanager cluster is for.)
-            os.kill(pids(state_dir)["receiver"], signal.SIGKILL)
-            # the collapse page is held 90 s after its evidence clears (keep_firing_for): ~140 s
-            procs.wait_until("the resolve", lambda: notifications(state_dir, name, "resolved"), 200)
-            print(f"page {to_page:.0f} s after the flip, resolved {time.monotonic() - resolved_from:.0f} s after the flip back")
-        finally:
-            os.killpg(load.pid, signal.SIGTERM)
-            load.wait(30)
+        assert not notifications(state_dir, name, "firing"), "paged for healthy sequential I/O"
+        with loop.sysfs_setting(dev, "queue/nomerges", "2"):
+            flipped = time.monotonic()
+            try:
+                page = procs.wait_until("the page", lambda: notifications(state_dir, name, "firing"), 60)
+            except TimeoutError:
+                for query in ("ALERTS", "host_device_operation:ebpf_block_rq_missed_merges:rate",
+                              "host_device:node_disk_queue_depth:avg"):
+                    print(f"{query}:", prometheus.query(query))
+                raise
+            to_page = time.monotonic() - flipped
+            labels = page[0]["labels"]
+            assert labels["severity"] == "critical" and labels["host"] and labels["device"] == name
+            assert "nomerges" in json.dumps(page[0]["annotations"])
+        resolved_from = time.monotonic()
+        # the receiver dies right as the collapse ends: Alertmanager retries, the resolve arrives.
+        # (Alertmanager itself was killed before the flip; a SIGKILLed single Alertmanager
+        # forgets which pages it sent, so it could not send their resolves: that is what the
+        # fleet's Alertmanager cluster is for.)
+        os.kill(pids(state_dir)["receiver"], signal.SIGKILL)
+        # the collapse page is held 90 s after its evidence clears (keep_firing_for): ~140 s
+        procs.wait_until("the resolve", lambda: notifications(state_dir, name, "resolved"), 200)
+        print(f"page {to_page:.0f} s after the flip, resolved {time.monotonic() - resolved_from:.0f} s after the flip back")
 
     make("down", state_dir, ports)
     assert not subprocess.run(["pgrep", "-f", state_dir], capture_output=True, text=True).stdout.strip()
@@ -172,15 +143,16 @@ def test_make_up_switches_servers(state):
     from blockstack_deploy.stack import ALERTMANAGER_UPSTREAM_VERSION, PROMETHEUS3_VERSION
     state_dir, ports = state
 
+    prometheus = Prometheus(f"http://127.0.0.1:{ports['prometheus']}")
+    alertmanager = Alertmanager(f"http://127.0.0.1:{ports['alertmanager']}")
+
     def versions():
-        am = json.loads(procs.http_get(f"http://127.0.0.1:{ports['alertmanager']}/api/v2/status", timeout=20))
-        return prom(ports, "/api/v1/status/buildinfo")["version"], am["versionInfo"]["version"]
+        return prometheus.buildinfo()["version"], alertmanager.status()["versionInfo"]["version"]
 
     out, _ = make("up", state_dir, ports, variables=["SERVERS=upstream"])
     assert "servers: upstream" in out
     assert versions() == (PROMETHEUS3_VERSION, ALERTMANAGER_UPSTREAM_VERSION)
-    procs.wait_until("every target up", lambda: all(
-        t["health"] == "up" for t in prom(ports, "/api/v1/targets")["activeTargets"]), 60)
+    prometheus.wait_targets_up()
     before = pids(state_dir)
     out, _ = make("up", state_dir, ports, variables=["SERVERS=debian"])
     assert "servers: debian" in out

@@ -222,6 +222,17 @@ class Server(ThreadingHTTPServer):
             self.slots.release()
 
 
+def received(path, since=0.0):
+    """[(record, alert)] for every alert of every notification in a file this receiver wrote,
+    received at or after `since` (Unix seconds), oldest first; [] before the first notification."""
+    try:
+        with open(path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+    return [(r, a) for r in records if r["received_at"] >= since for a in r["notification"]["alerts"]]
+
+
 def serve(listen, out_path, **options):
     host, _, port = listen.rpartition(":")
     return Server((host.strip("[]") or "127.0.0.1", int(port)), out_path, **options)

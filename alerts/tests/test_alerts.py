@@ -10,6 +10,7 @@ import sys
 import threading
 import urllib.request
 
+import page_receiver
 import pytest
 import yaml
 from blockstack_deploy import knobs, stack
@@ -214,11 +215,6 @@ def test_inhibition_names_existing_alerts():
 
 
 def test_receiver_writes_one_json_line_per_notification(tmp_path):
-    sys.path.insert(0, str(ALERTS / "receiver"))
-    try:
-        import page_receiver
-    finally:
-        sys.path.pop(0)
     out = tmp_path / "n.jsonl"
     server = page_receiver.serve("127.0.0.1:0", str(out))
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -17,19 +17,19 @@ prerequisites fail the test, naming the make target that provides them. Every pr
 device is removed on exit (also on failure), and the whole run is bounded (about 2.5 minutes).
 """
 import contextlib
-import json
 import os
 import pathlib
 import shutil
 import subprocess
 import time
-import urllib.parse
 
 import pytest
+from page_receiver import received
 
 from blockstack_deploy import procs
 from blockstack_deploy.stack import SERVERS, Stack
 from blockstack_lab import fio, loop
+from blockstack_lab.api import Alertmanager, Prometheus
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
@@ -49,21 +49,8 @@ def missing_prerequisites(stack):
 
 def find_alert(stack, status, **labels):
     """(record, alert) of the first notification holding an alert with these labels and status."""
-    for record in stack.pages():
-        for alert in record["notification"]["alerts"]:
-            if alert["status"] == status and all(alert["labels"].get(k) == v for k, v in labels.items()):
-                return record, alert
-    return None
-
-
-def write_data(path, size):
-    """Real data (not holes) so that reading the file reads loop0."""
-    block = os.urandom(1 << 20)
-    with open(path, "wb") as f:
-        for _ in range(size >> 20):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
+    return next(((record, alert) for record, alert in received(stack.pages_file) if alert["status"] == status
+                 and all(alert["labels"].get(k) == v for k, v in labels.items())), None)
 
 
 @pytest.mark.parametrize("servers", list(SERVERS))  # Prometheus 2 / Alertmanager 0.25, and 3 / 0.31
@@ -76,11 +63,7 @@ def test_collapse_pages_and_resolves(tmp_path, servers):
 
     with contextlib.ExitStack() as cleanup:
         # --- the lab: loop0 <- ext4 <- file <- loop1, and loop2 alone, all on tmpfs.
-        dev0 = cleanup.enter_context(loop.attached(768 << 20, directory="/dev/shm"))
-        mnt = cleanup.enter_context(loop.ext4(dev0))
-        backing = pathlib.Path(mnt) / "loop1.img"
-        write_data(backing, 512 << 20)
-        dev1 = cleanup.enter_context(loop.attached(path=str(backing), direct_io=True))
+        dev0, dev1, _ = cleanup.enter_context(loop.stacked_pair(768 << 20, 512 << 20, directory="/dev/shm"))
         dev2 = cleanup.enter_context(loop.attached(256 << 20, directory="/dev/shm"))
         name0, name1, name2 = loop.name(dev0), loop.name(dev1), loop.name(dev2)
         for dev in (dev0, dev1, dev2):
@@ -91,7 +74,8 @@ def test_collapse_pages_and_resolves(tmp_path, servers):
 
         # --- the stack, then healthy load on both.
         cleanup.enter_context(stack.running())
-        stack.wait_targets_up()
+        prometheus, alertmanager = Prometheus(stack.url("prometheus")), Alertmanager(stack.url("alertmanager"))
+        prometheus.wait_targets_up()
         for dev in (dev1, dev2):
             cleanup.enter_context(procs.running(
                 ["fio", f"--name=itest-{loop.name(dev)}", f"--filename={dev}", "--time_based",
@@ -101,10 +85,10 @@ def test_collapse_pages_and_resolves(tmp_path, servers):
         # Healthy baseline: Prometheus sees loop1 and loop0 side by side with large requests
         # (and loop2 merging), and nothing pages.
         def healthy_lineup():
-            return stack.query('host_device_lower_operation:node_disk_request_size_sectors:lower'
-                               f'{{host="{host}",device="{name1}",lower="{name0}",operation="read"}} > 64') and \
-                stack.query('host_device_operation:node_disk_request_size_sectors:avg'
-                            f'{{host="{host}",device="{name2}",operation="read"}} > 64')
+            return prometheus.query('host_device_lower_operation:node_disk_request_size_sectors:lower'
+                                    f'{{host="{host}",device="{name1}",lower="{name0}",operation="read"}} > 64') and \
+                prometheus.query('host_device_operation:node_disk_request_size_sectors:avg'
+                                 f'{{host="{host}",device="{name2}",operation="read"}} > 64')
         procs.wait_until("a healthy lineup of loop1 over loop0 in Prometheus", healthy_lineup, 60)
         assert find_alert(stack, "firing", alertname="BlockStackMergeCollapse") is None
 
@@ -145,16 +129,14 @@ def test_collapse_pages_and_resolves(tmp_path, servers):
             changed = time.time()
             with loop.sysfs_setting(dev2, "queue/max_sectors_kb", 512):
                 time.sleep(20)
-                assert not [r for r in stack.pages() if r["received_at"] >= changed
-                            for a in r["notification"]["alerts"]
+                assert not [a for _, a in received(stack.pages_file, changed)
                             if a["status"] == "resolved" and a["labels"].get("device") == name2]
-                firing = stack.query(f'ALERTS{{alertname="BlockStackMergeCollapse",alertstate="firing",device="{name2}"}}')
+                firing = prometheus.query(f'ALERTS{{alertname="BlockStackMergeCollapse",alertstate="firing",device="{name2}"}}')
                 assert len(firing) == 1, firing
 
             # One alert per collapsed device and operation in Alertmanager, nothing else paging on
             # the test's devices (the machine's other loop devices are not ours to judge).
-            am_alerts = json.loads(procs.http_get(stack.url("alertmanager", "/api/v2/alerts?" + urllib.parse.urlencode(
-                {"filter": 'severity="critical"'}))))
+            am_alerts = alertmanager.alerts(filter='severity="critical"')
             keys = sorted((a["labels"]["alertname"], a["labels"]["device"], a["labels"]["operation"]) for a in am_alerts
                           if a["labels"].get("device") in (name0, name1, name2))
             assert keys == sorted({("BlockStackMergeCollapse", name0, "read"), ("BlockStackMergeCollapse", name2, "read")}), keys

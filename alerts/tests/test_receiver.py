@@ -10,21 +10,16 @@ import os
 import pathlib
 import re
 import subprocess
-import sys
 import threading
 import time
 
+import abuse  # alerts/receiver/abuse.py: the clients of the abuse benchmark
+import page_receiver  # for its limits only: every test talks to the process
 import pytest
 
 from blockstack_lab import loop
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "receiver"))
-import abuse  # alerts/receiver/abuse.py: the clients of the abuse benchmark
-import page_receiver  # for its limits only: every test talks to the process
-
 pytestmark = [pytest.mark.root]
-
-sys.path.pop(0)
 
 
 def records(out):

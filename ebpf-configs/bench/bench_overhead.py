@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from blockstack_deploy import procs
 from blockstack_lab import fio, loop
 
@@ -112,12 +114,9 @@ def foreign_programs():
 
 def program_ids(url):
     """Ids of the exporter's programs, from its ebpf_exporter_ebpf_program_info metric."""
-    ids = {}
-    for line in procs.http_get(url).splitlines():
-        if line.startswith("ebpf_exporter_ebpf_program_info{"):
-            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.index("}")].split(","))
-            ids[int(labels["id"].strip('"'))] = f'{labels["config"].strip(chr(34))}:{labels["program"].strip(chr(34))}'
-    return ids
+    return {int(s.labels["id"]): f'{s.labels["config"]}:{s.labels["program"]}'
+            for family in text_string_to_metric_families(procs.http_get(url)) for s in family.samples
+            if s.name == "ebpf_exporter_ebpf_program_info"}
 
 
 def prog_stats(ids):

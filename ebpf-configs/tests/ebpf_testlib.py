@@ -4,8 +4,9 @@ The configs must be built first (`make ebpf-build`, which `make test` and `make 
 ebpf_exporter in BUILD/bin, every NAME.bpf.o + NAME.yaml in BUILD/ebpf-configs.
 """
 import os
-import re
 import subprocess
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from blockstack_deploy import procs
 
@@ -51,23 +52,13 @@ def selected_configs():
 
 
 # --- Prometheus text format ---------------------------------------------------------------------
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
 class Scrape:
     """Samples of one scrape: {(name, frozenset(labels.items())): value}."""
 
     def __init__(self, text):
         self.text = text
-        self.samples = {}
-        for line in text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            m = _SAMPLE.match(line)
-            if m:
-                labels = frozenset(_LABEL.findall(m.group(2) or ""))
-                self.samples[(m.group(1), labels)] = float(m.group(3))
+        self.samples = {(s.name, frozenset(s.labels.items())): s.value
+                        for family in text_string_to_metric_families(text) for s in family.samples}
 
     def value(self, name, **labels):
         """Sum of the samples of `name` whose labels include `labels` (0 if none)."""

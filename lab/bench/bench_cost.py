@@ -29,6 +29,7 @@ import time
 
 from blockstack_lab import cli, scenarios
 from blockstack_deploy.stack import COMPONENTS, REPO
+from blockstack_lab.lab import Lab, install_signal_handlers
 
 PY = sys.executable
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -101,7 +102,7 @@ def stack_costs(scenario):
     state = tempfile.mkdtemp(prefix="blockstack-bench-cost-")
     lines = []
     try:
-        with cli.lab_stack(state) as view, scenarios.Lab(say=cli.say) as lab:
+        with cli.lab_stack(state) as view, Lab(say=cli.say) as lab:
             runner = scenarios.Runner(lab, view, say=cli.say)
             p = pids(state)
             sampler = Sampler(p)
@@ -110,9 +111,9 @@ def stack_costs(scenario):
             costs, dt = sampler.finish()
             dev = lab.name("single" if scenario != "stack-split" else "lower")
             series = {r["metric"].get("job", ""): int(float(r["value"][1]))
-                      for r in view.query(f'count by (job) ({{device="{dev}"}})')}
-            devices = int(float(view.query('count(count by (device) (node_disk_reads_completed_total{job="node"}))')[0]["value"][1]))
-            total = {r["metric"].get("job", "(recording rules)"): int(float(r["value"][1])) for r in view.query(
+                      for r in view.prometheus.query(f'count by (job) ({{device="{dev}"}})')}
+            devices = int(float(view.prometheus.query('count(count by (device) (node_disk_reads_completed_total{job="node"}))')[0]["value"][1]))
+            total = {r["metric"].get("job", "(recording rules)"): int(float(r["value"][1])) for r in view.prometheus.query(
                 'count by (job) ({job=~"node|blockstack|ebpf", device!=""})')}
         load = os.getloadavg()[0]
         lines.append(f"components during {scenario} ({dt:.0f} s, {checks[0].observed}; load {load:.1f} on {os.cpu_count()} CPUs):")
@@ -146,7 +147,7 @@ def main():
     problems = cli.missing_requirements()
     if problems:
         sys.exit("cannot run: " + "; ".join(problems))
-    scenarios.install_signal_handlers()
+    install_signal_handlers()
     start = time.time()
     load0 = os.getloadavg()[0]
     summary = []

@@ -20,7 +20,8 @@ import sys
 import tempfile
 import time
 
-from blockstack_lab import cli, corpus, scenarios
+from blockstack_lab import cli, corpus, report
+from blockstack_lab.lab import install_signal_handlers
 
 
 def main():
@@ -32,7 +33,7 @@ def main():
     args = p.parse_args()
     names = args.scenario or ["healthy", "sick"]
     state = args.state or tempfile.mkdtemp(prefix="blockstack-bench-detection-")
-    scenarios.install_signal_handlers()
+    install_signal_handlers()
     load = os.getloadavg()
     start = time.time()
     try:
@@ -48,7 +49,7 @@ def main():
     print(f"detection benchmark, {time.strftime('%Y-%m-%d %H:%M', time.localtime(start))}, "
           f"{(time.time() - start) / 60:.1f} min, kernel {os.uname().release}, {os.cpu_count()} CPUs, "
           f"load at start {load[0]:.1f}, at end {os.getloadavg()[0]:.1f}")
-    print(scenarios.table(checks))
+    print(report.table(checks))
     pages = [s for c in checks for s in getattr(c, "page_seconds", {}).values()] or \
         [c.seconds for c in checks if c.seconds is not None and c.expected.startswith("page")]
     wrong = [c for c in checks if not c.correct]

@@ -25,18 +25,20 @@ import sys
 import tempfile
 import time
 
+from page_receiver import received
+
 from blockstack_deploy import procs
 from blockstack_deploy.stack import SERVERS, Stack, program
 from blockstack_lab import fio, loop
+from blockstack_lab.api import Prometheus
 
 PAGES = (("BlockStackMergeCollapse", "layered"), ("BlockStackMergeCollapse", "single"))
 TIMEOUT = 120
 
 
 def fired(stack, alertname, device, status, since):
-    return [r["received_at"] for r in stack.pages() if r["received_at"] >= since and any(
-        a["status"] == status and a["labels"].get("alertname") == alertname and a["labels"].get("device") == device
-        for a in r["notification"]["alerts"])]
+    return [r["received_at"] for r, a in received(stack.pages_file, since) if a["status"] == status
+            and a["labels"].get("alertname") == alertname and a["labels"].get("device") == device]
 
 
 def main():
@@ -52,11 +54,7 @@ def main():
     load = os.getloadavg()[0]
     with contextlib.ExitStack() as es:
         es.callback(subprocess.run, ["rm", "-rf", work], timeout=60)  # last, also on failure
-        dev0 = es.enter_context(loop.attached(768 << 20, directory="/dev/shm"))
-        mnt = es.enter_context(loop.ext4(dev0, mkfs_args=loop.NO_DISCARD))
-        backing = os.path.join(mnt, "loop1.img")
-        loop.fill(backing, 512 << 20)
-        dev1 = es.enter_context(loop.attached(path=backing, direct_io=True))
+        dev0, dev1, _ = es.enter_context(loop.stacked_pair(768 << 20, 512 << 20, directory="/dev/shm"))
         dev2 = es.enter_context(loop.attached(256 << 20, directory="/dev/shm"))
         subprocess.run(["sync"], check=True, timeout=60)
         pathlib.Path("/proc/sys/vm/drop_caches").write_text("1")
@@ -75,7 +73,7 @@ def main():
                                                    log_path=os.path.join(s.workdir, f"{name}.log")))
             stacks[n] = s
         for s in stacks.values():
-            s.wait_targets_up()
+            Prometheus(s.url("prometheus")).wait_targets_up()
         for dev in (dev1, dev2):
             es.enter_context(procs.running(
                 ["fio", f"--name=bench-{loop.name(dev)}", f"--filename={dev}", "--time_based",

@@ -24,6 +24,7 @@ import tempfile
 import time
 
 from blockstack_lab import cli, fio, scenarios
+from blockstack_lab.lab import Lab, install_signal_handlers
 
 SEQ_READ = [*fio.SEQ_BATCHED_READ, "--readonly", "--rate=150m"]
 
@@ -50,11 +51,11 @@ def main():
     problems = cli.missing_requirements()
     if problems:
         sys.exit("cannot run: " + "; ".join(problems))
-    scenarios.install_signal_handlers()
+    install_signal_handlers()
     state = args.state or tempfile.mkdtemp(prefix="blockstack-soak-")
     load0 = os.getloadavg()[0]
     try:
-        with cli.lab_stack(state) as view, scenarios.Lab(say=cli.say) as lab:
+        with cli.lab_stack(state) as view, Lab(say=cli.say) as lab:
             runner = scenarios.Runner(lab, view, scenarios.Timing(narrate_every=60), say=cli.say)
             with contextlib.ExitStack() as es:
                 for argv, name in workloads(lab):

@@ -30,7 +30,9 @@ import time
 from blockstack_deploy import procs
 from blockstack_deploy.stack import COMPONENTS, REPO
 
-from . import corpus, scenarios
+from . import corpus, report, scenarios
+from .lab import LAB_ROOT, Lab, Terminated, install_signal_handlers, signals_deferred, sweep_stale
+from .view import StackView
 
 DEFAULT_STATE = os.path.join(REPO, ".state-lab")
 
@@ -43,8 +45,8 @@ def missing_requirements(with_stack=True):
     problems = [] if os.geteuid() == 0 else ["needs root (loop devices, mounts, sysfs, BPF)"]
     problems += [f"{tool} is not installed (run make deps)" for tool in ("fio", "losetup", "mkfs.ext4", "make")
                  if shutil.which(tool) is None]
-    if not os.path.isdir(scenarios.LAB_ROOT):
-        problems.append(f"{scenarios.LAB_ROOT} is missing (the lab keeps its backing files there)")
+    if not os.path.isdir(LAB_ROOT):
+        problems.append(f"{LAB_ROOT} is missing (the lab keeps its backing files there)")
     if with_stack and not os.access(os.path.join(REPO, ".venv", "bin", "python"), os.X_OK):
         problems.append("no .venv (run make venv)")
     return problems
@@ -82,12 +84,12 @@ def lab_stack(state, keep=False):
         out = make("up", state, up_args)
         for line in out.splitlines():
             say(f"  {line}")
-        view = scenarios.StackView.from_state(state)
-        view.wait_targets_up(timeout=90)
+        view = StackView.from_state(state)
+        view.prometheus.wait_targets_up(timeout=90)
         yield view
     finally:
         if not was_running and not keep:
-            with scenarios.signals_deferred():
+            with signals_deferred():
                 say(f"stack: make down (it was not running before; data kept in {state})")
                 with contextlib.suppress(Exception):
                     make("down", state, timeout=180)
@@ -102,7 +104,7 @@ def run(names, state, no_stack=False, keep=False, timing=None, say=say):
         raise SystemExit("cannot run the lab: " + "; ".join(problems))
     with contextlib.ExitStack() as es:
         view = None if no_stack else es.enter_context(lab_stack(state, keep))
-        lab = es.enter_context(scenarios.Lab(say=say))
+        lab = es.enter_context(Lab(say=say))
         runner = scenarios.Runner(lab, view, timing, say=say)
         checks = corpus.run(runner, names)
     return checks
@@ -133,11 +135,11 @@ def main(argv=None):
         return 0
 
     if args.command == "sweep":
-        swept = scenarios.sweep_stale(say=say)
+        swept = sweep_stale(say=say)
         say(f"swept {len(swept)} stale lab(s)")
         return 0
 
-    scenarios.install_signal_handlers()
+    install_signal_handlers()
     timing = scenarios.Timing()
     if args.warmup is not None:
         timing.warmup = timing.corpus_warmup = args.warmup
@@ -146,14 +148,14 @@ def main(argv=None):
     names = list(scenarios.SCENARIOS) if args.command == "all" else args.scenario
     try:
         checks = run(names, args.state, args.no_stack, args.keep_stack, timing)
-    except scenarios.Terminated:
+    except Terminated:
         say("terminated (SIGTERM); everything the lab made is undone")
         return 143
     except KeyboardInterrupt:
         say("interrupted; everything the lab made is undone")
         return 130
     print()
-    print(scenarios.table(checks))
+    print(report.table(checks))
     if any(c.scenario in corpus.CASES for c in checks):
         print(corpus.format_summary(corpus.summary(checks)))
     if args.json:

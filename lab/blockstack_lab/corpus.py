@@ -20,10 +20,12 @@ lands in the next. Resolve times are read from the receiver's file at the end of
 """
 import contextlib
 import dataclasses
-import os
 import time
 
+from blockstack_deploy import procs
+
 from . import loop, scenarios
+from .lab import CleanupStack
 
 SINGLE2_SIZE = 1536 << 20
 STACK_ROLES = {"upper": "lower", "upper2": "lower2"}
@@ -201,32 +203,10 @@ def extend(lab):
     if "single2" in lab.devices:
         return
     lab.devices["single2"] = lab.enter(loop.attached(SINGLE2_SIZE, directory=lab.dir))
-    lower = lab.enter(loop.attached(scenarios.LOWER_SIZE, directory=lab.dir))
-    lab.devices["lower2"] = lower
-    lower_mnt = lab.enter(loop.ext4(lower, loop.NO_DISCARD, directory=lab.dir))
-    lab.mounts["lower2"] = lower_mnt
-    backing = os.path.join(lower_mnt, "upper2.img")
-    loop.fill(backing, scenarios.UPPER_SIZE)
-    lab.devices["upper2"] = lab.enter(loop.attached(path=backing, direct_io=True))
-    lab.mounts["upper2"] = lab.enter(loop.ext4(lab.devices["upper2"], loop.NO_DISCARD, directory=lab.dir))
-    if "lower" not in lab.mounts:
-        lab.mounts["lower"] = mountpoint(lab.devices["lower"])
-    for role in ("single2", "lower2", "upper2"):
-        lab.baseline(role)
+    lab.baseline("single2")
+    lab.enter(lab.pair("upper2", "lower2"))
     lab.say(f"lab: {lab.name('single2')} alone; {lab.name('upper2')} (direct-io, ext4) on a file on ext4 on "
             f"{lab.name('lower2')}")
-
-
-def mountpoint(dev):
-    """Where the block device dev is mounted (the first mount), from /proc/self/mountinfo."""
-    st = os.stat(dev)
-    want = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            p = line.split()
-            if p[2] == want:
-                return p[4].encode().decode("unicode_escape")
-    raise RuntimeError(f"{dev} is not mounted")
 
 
 def fio_args(lab, target, args, index):
@@ -246,7 +226,7 @@ def run_case(r, case):
     extend(lab)
     devices = {lab.name(role) for role in case.roles()}
     settle(r, devices)
-    with scenarios.CleanupStack() as es:
+    with CleanupStack() as es:
         for (role, attr), value in case.settings.items():
             es.enter_context(lab.setting(role, attr, value))
         for i, (target, args) in enumerate(case.workloads):
@@ -282,7 +262,7 @@ def run_case(r, case):
 
 @contextlib.contextmanager
 def fault(lab, case):
-    with scenarios.CleanupStack() as es:
+    with CleanupStack() as es:
         for (role, attr), value in case.fault.items():
             es.enter_context(lab.setting(role, attr, value))
         yield
@@ -297,7 +277,7 @@ def settle(r, devices):
     def quiet():
         return not [a for a in r.view.alerts(sorted(devices), with_severity=True) if a[3] == "critical"]
     try:
-        scenarios.procs.wait_until("pages on the case's devices to clear", quiet, r.t.settle_timeout, interval=2)
+        procs.wait_until("pages on the case's devices to clear", quiet, r.t.settle_timeout, interval=2)
     except TimeoutError:
         r.say(f"still paging after {r.t.settle_timeout:.0f} s on {sorted(devices)}")
 
@@ -391,7 +371,7 @@ def resolves(r, checks, timeout=200):
                 c.resolved_seconds = max(done.values()) - c.fixed_at
         return all(c.resolved_seconds is not None for c in pending)
     try:
-        scenarios.procs.wait_until("the last resolves", fill, timeout, interval=5)
+        procs.wait_until("the last resolves", fill, timeout, interval=5)
     except TimeoutError:
         r.say(f"some resolves did not arrive within {timeout} s")
 

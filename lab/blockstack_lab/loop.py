@@ -112,6 +112,24 @@ def fill(path, size_bytes, chunk_bytes=4 << 20):
         os.fsync(f.fileno())
 
 
+@contextlib.contextmanager
+def stacked_pair(lower_size, upper_size, directory=None, mount_directory=None, sparse=False):
+    """The stacked pair of the NVMe incident: an upper loop device (direct-io) over a file on ext4
+    on a lower loop device over a sparse file in `directory`. The upper's file is written in full,
+    so that reads of it reach the lower device (sparse=True: a hole, for a filesystem to be made
+    on the upper). Yields (lower, upper, the lower's mountpoint); all undone on exit."""
+    with contextlib.ExitStack() as es:
+        lower = es.enter_context(attached(lower_size, directory=directory))
+        mnt = es.enter_context(ext4(lower, NO_DISCARD, directory=mount_directory))
+        backing = os.path.join(mnt, "upper.img")
+        if sparse:
+            with open(backing, "wb") as f:
+                f.truncate(upper_size)
+        else:
+            fill(backing, upper_size)
+        yield lower, es.enter_context(attached(path=backing, direct_io=True)), mnt
+
+
 def attached_devices():
     """{'/dev/loopN': backing file} for every attached loop device (losetup's view)."""
     out = subprocess.run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],

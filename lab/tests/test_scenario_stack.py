@@ -7,6 +7,8 @@ import pytest
 
 from blockstack_lab import scenarios
 from blockstack_deploy.stack import Stack
+from blockstack_lab.lab import Lab
+from blockstack_lab.view import StackView
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
@@ -15,18 +17,12 @@ def test_random_4k_is_seen_and_does_not_page(lab_prerequisites, tmp_path):
     stack = Stack(str(tmp_path / "stack"), scrape_interval="2s", evaluation_interval="2s")
     missing = stack.missing()
     assert not missing, "the stack needs: " + "; ".join(missing)
-    lines = []
-
-    def say(msg):
-        print(msg)
-        lines.append(msg)
-
     timing = scenarios.Timing(quiet=30, narrate_every=10, settle_timeout=30)
     with stack.running(timeout=120):
-        view = scenarios.StackView.from_stack(stack)
-        view.wait_targets_up(timeout=60)
-        with scenarios.Lab(say=say) as lab:
-            runner = scenarios.Runner(lab, view, timing, say=say)
+        view = StackView.from_stack(stack)
+        view.prometheus.wait_targets_up(timeout=60)
+        with Lab() as lab:
+            runner = scenarios.Runner(lab, view, timing)
             checks = scenarios.run(runner, ["random-4k"])
             single = lab.name("single")
             lineup = view.lineup([single])
@@ -38,7 +34,8 @@ def test_random_4k_is_seen_and_does_not_page(lab_prerequisites, tmp_path):
     for op in ("read", "write"):
         rate, sectors = lineup[single][op]
         assert rate > 50 and 7 <= sectors <= 9, lineup
-    assert any("lineup (Prometheus)" in line and single in line for line in lines), lines
+    # and the narration showed Prometheus's lineup of it
+    assert any(n["source"] == "Prometheus" and n["lineup"].get(single) for n in runner.narration), runner.narration
     # only the lab's devices: the machine's other loop devices (other users' tests) may page
     assert not [n for n in view.notifications() if n.path == "/page" and n.device in ours], "paged for random 4 KiB I/O"
     assert not os.path.exists(lab_dir)

@@ -60,11 +60,7 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
         fleet_hosts = {}
         for h, (ns, addr) in nets.items():
             host = fleet_hosts[h] = Host(h, ns, addr)
-            lower = es.enter_context(loop.attached(LOWER_SIZE, directory="/dev/shm"))
-            mnt = es.enter_context(loop.ext4(lower, mkfs_args=loop.NO_DISCARD))
-            backing = os.path.join(mnt, "upper.img")
-            loop.fill(backing, UPPER_SIZE)
-            upper = es.enter_context(loop.attached(path=backing, direct_io=True))
+            lower, upper, _ = es.enter_context(loop.stacked_pair(LOWER_SIZE, UPPER_SIZE, directory="/dev/shm"))
             host.upper, host.lower = loop.name(upper), loop.name(lower)
             for _ in range(plain_devices.get(h, 0)):
                 dev = es.enter_context(loop.attached(PLAIN_SIZE, directory="/dev/shm"))

@@ -15,28 +15,31 @@ Alertmanager 0.31, `make upstream-servers`); `FLEET_SERVERS=debian,upstream` run
 """
 import collections
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 
 import pytest
+from page_receiver import received
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "dashboards"))
 
 import netns  # noqa: E402
-from blockstack_deploy import procs, roles  # noqa: E402
+from blockstack_deploy import roles  # noqa: E402
 from blockstack_deploy.procs import wait_until  # noqa: E402
 from blockstack_lab import fio, loop  # noqa: E402
+from blockstack_lab.api import Prometheus  # noqa: E402
+from blockstack_lab.view import PAGE_ALERTS  # noqa: E402
 from fleet_lab import fleet_lab  # noqa: E402
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
-PAGE_ALERTS = {"BlockStackMergeCollapse"}
 PAGE_TIMEOUT = 120      # rate window 20 s + for 15 s + group_wait 5 s, on a loaded 2-core machine
 DUPLICATE_WINDOW = 25   # a second Alertmanager peer would send after --cluster.peer-timeout (15 s)
 LINEUP = "host_device_lower_operation:node_disk_completed:lower_rate"
@@ -68,11 +71,7 @@ def fleet(request):
 
 
 def query(f, promql, dedup=True):
-    url = f.central.query_url("/api/v1/query?" + urllib.parse.urlencode(
-        {"query": promql, "dedup": str(dedup).lower()}))
-    body = json.loads(procs.http_get(url, timeout=30))
-    assert body["status"] == "success", body
-    return body["data"]["result"]
+    return Prometheus(f.central.query_url()).query(promql, dedup=str(dedup).lower())
 
 
 def _all_targets_up(f):
@@ -83,18 +82,8 @@ def _all_targets_up(f):
 
 def pages(f, predicate):
     """Page notifications (receiver page) holding a firing alert that matches predicate(labels)."""
-    if not os.path.exists(f.central.pages_file):
-        return []
-    found = []
-    with open(f.central.pages_file) as fh:
-        for line in fh:
-            record = json.loads(line)
-            n = record["notification"]
-            if n["receiver"] != "page":
-                continue
-            if any(a["status"] == "firing" and predicate(a["labels"]) for a in n["alerts"]):
-                found.append(record)
-    return found
+    return list({id(r): r for r, a in received(f.central.pages_file) if r["notification"]["receiver"] == "page"
+                 and a["status"] == "firing" and predicate(a["labels"])}.values())
 
 
 def collapse_pages(f, host, dev):
@@ -142,23 +131,27 @@ def test_thanos_query_returns_each_hosts_lineup_once(fleet):
 
 
 def test_dashboard_unchanged_against_thanos_query(fleet):
+    """The dashboard's queries, with h1's upper as the stack (the device variable: the upper and its
+    lower, or one device in the repeated panels), over the last 2 minutes at the 5 s scrape
+    interval ($__rate_interval 20 s, Grafana's 4 x scrape), as Grafana sends them to Thanos Query.
+    That Grafana itself renders them is dashboards/tests/test_grafana.py's."""
     import blockstack_dashboard
-    from grafana_sim import Grafana
     with open(blockstack_dashboard.OUTPUT) as fh:
         dashboard = json.load(fh)
-    end = time.time()
-    g = Grafana(fleet.central.query_url(), dashboard, end - 120, end, scrape_interval=5)
-    g.choose("datasource", blockstack_dashboard.CONFIG["datasource_uid"])
-    assert g.variable_options("host") == sorted(fleet.hosts), "the host variable must span the fleet"
+    thanos = Prometheus(fleet.central.query_url())
+    end = math.ceil(time.time() / 5) * 5
+    host = next(v for v in dashboard["templating"]["list"] if v["name"] == "host")["query"]["query"]
+    match, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", host).groups()
+    assert sorted(thanos.label_values(label, match, start=end - 120, end=end)) == sorted(fleet.hosts), \
+        "the host variable must span the fleet"
     h1 = fleet.hosts["h1"]
-    g.choose("host", "h1")
-    g.choose("stack", h1.upper)
-    g.choose("device", "$__all")
     ran = with_data = 0
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
-            overrides = {"device": h1.upper} if panel.get("repeat") == "device" else None
-            text, _, result = g.query_range(target["expr"], panel.get("maxDataPoints"), overrides)
+            device = h1.upper if panel.get("repeat") == "device" else f"({h1.upper}|{h1.lower})"
+            text = target["expr"].replace("$__rate_interval", "20s").replace("$host", "h1") \
+                .replace("$stack", h1.upper).replace("$device", device)
+            result = thanos.query_range(text, end - 120, end, 5)
             ran += 1
             keys = [tuple(sorted(s["metric"].items())) for s in result]
             assert len(keys) == len(set(keys)), f"{panel['title']}: duplicate series through Thanos: {text}"
@@ -191,8 +184,8 @@ def test_cost_per_host(fleet):
     for h in sorted(series):
         print(f"{h}: {devices[h]} devices, {per_device[h]} series with a device label "
               f"({per_device[h] / devices[h]:.0f} per device), {series[h] - per_device[h]} without")
-    wurl = f"http://127.0.0.1:{fleet.central.ports['watcher-A']}/api/v1/query?query=count(%7B__name__%3D~%22.%2B%22%7D)"
-    print(f"watcher: {json.loads(procs.http_get(wurl))['data']['result'][0]['value'][1]} series for "
+    watched = Prometheus(f"http://127.0.0.1:{fleet.central.ports['watcher-A']}").value('count({__name__=~".+"})')
+    print(f"watcher: {watched:.0f} series for "
           f"{sum(len(a.replicas) for a in fleet.agents.values())} agent replicas")
     for h in sorted(series):
         print(f"{h}: {series[h]} series ({scraped[h]} scraped, {series[h] - scraped[h]} from rules), "

@@ -1,0 +1,88 @@
+"""The HTTP APIs of Prometheus (and Thanos Query) and Alertmanager, for the tests, the benchmarks
+and the lab: https://prometheus.io/docs/prometheus/latest/querying/api/ and Alertmanager's
+/api/v2. Basic auth and a CA file for the exposed mode (`make up --auth`)."""
+import base64
+import json
+import ssl
+import urllib.parse
+import urllib.request
+
+from blockstack_deploy import procs
+
+
+class Client:
+    """GET url + path?params, JSON decoded; `auth` (user, password) and `ca` (a CA file) for https."""
+
+    def __init__(self, url, auth=None, ca=None, timeout=30):
+        self.url, self.auth, self.timeout = url.rstrip("/"), auth, timeout
+        self.context = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
+
+    def get(self, path, **params):
+        url = self.url + path + ("?" + urllib.parse.urlencode(params, doseq=True) if params else "")
+        req = urllib.request.Request(url)
+        if self.auth:
+            req.add_header("Authorization", "Basic " + base64.b64encode(":".join(self.auth).encode()).decode())
+        with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as r:
+            return json.loads(r.read())
+
+
+class Prometheus(Client):
+    """Prometheus's /api/v1: every call returns the answer's `data` (raises unless `success`)."""
+
+    def api(self, path, **params):
+        body = self.get(path, **params)
+        if body.get("status") != "success":
+            raise RuntimeError(f"{path} {params}: {body}")
+        return body["data"]
+
+    def query(self, promql, **params):
+        return self.api("/api/v1/query", query=promql, **params)["result"]
+
+    def query_range(self, promql, start, end, step, **params):
+        return self.api("/api/v1/query_range", query=promql, start=start, end=end, step=step, **params)["result"]
+
+    def value(self, promql, default=None):
+        """The value of a one-series instant query as a float (`default` if it has none)."""
+        result = self.query(promql)
+        return float(result[0]["value"][1]) if result else default
+
+    def series(self, match, **params):
+        return self.api("/api/v1/series", **{"match[]": match}, **params)
+
+    def label_values(self, label, match=None, **params):
+        return self.api(f"/api/v1/label/{label}/values", **({"match[]": match} if match else {}), **params)
+
+    def targets(self):
+        return self.api("/api/v1/targets")["activeTargets"]
+
+    def rules(self, **params):
+        return self.api("/api/v1/rules", **params)["groups"]
+
+    def alerts(self):
+        return self.api("/api/v1/alerts")["alerts"]
+
+    def buildinfo(self):
+        return self.api("/api/v1/status/buildinfo")
+
+    def wait_targets_up(self, count=None, timeout=60):
+        """Until every scrape target (and `count` of them, if given) reports up; returns them."""
+        def up():
+            targets = self.targets()
+            return targets if targets and all(t["health"] == "up" for t in targets) and \
+                count in (None, len(targets)) else None
+        try:
+            return procs.wait_until("every scrape target up", up, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"targets not all up after {timeout} s: "
+                               f"{[(t['labels']['job'], t['health'], t['lastError']) for t in self.targets()]}")
+
+
+class Alertmanager(Client):
+    """Alertmanager's /api/v2."""
+
+    def alerts(self, **params):
+        return self.get("/api/v2/alerts", **params)
+
+    def status(self):
+        return self.get("/api/v2/status")
+
