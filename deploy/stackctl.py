@@ -22,7 +22,7 @@ turns the same on for the loopback listeners (docs/deploy.md "Security"). Exposu
 only, never from the environment. Exporters always stay on loopback.
 
 Roles (docs/fleet.md; blockstack_deploy/roles.py): `--role agent` runs the exporters, one
-Prometheus per `--replica` evaluating alerts/*.rules.yml and a Thanos sidecar each on `--listen`
+Prometheus per `--replica` evaluating alerts/alerts.rules.yml + recording.rules.yml and a Thanos sidecar each on `--listen`
 (TLS + basic auth, gRPC mutual TLS); `--role central` runs Thanos Query (Grafana's datasource),
 two Alertmanager peers in a cluster on `--listen` (TLS + basic auth), the watcher Prometheus
 (BlockStackHostDown) and the page receiver. The default role is the single-host stack above.

@@ -6,12 +6,10 @@ the lab start them directly (Stack.running).
 """
 import contextlib
 import glob
-import json
 import os
 import shutil
 import socket
 import subprocess
-import time
 import urllib.parse
 
 import yaml
@@ -274,32 +272,3 @@ class Stack:
                 stack.enter_context(procs.running(argv, env=env, health_url=health, timeout=timeout,
                                                   log_path=os.path.join(self.workdir, f"{name}.log")))
             yield self
-
-    # -- queries ---------------------------------------------------------------------
-
-    def api(self, path, **params):
-        url = self.url("prometheus", path) + ("?" + urllib.parse.urlencode(params) if params else "")
-        body = json.loads(procs.http_get(url, timeout=30))
-        if body.get("status") != "success":
-            raise RuntimeError(f"{path}: {body}")
-        return body["data"]
-
-    def query(self, promql, **params):
-        return self.api("/api/v1/query", query=promql, **params)["result"]
-
-    def wait_targets_up(self, timeout=60):
-        """Until every scrape target reports up, bounded by timeout."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            targets = self.api("/api/v1/targets")["activeTargets"]
-            if targets and all(t["health"] == "up" for t in targets):
-                return targets
-            time.sleep(1)
-        raise TimeoutError(f"targets not all up: {[(t['labels']['job'], t['health'], t['lastError']) for t in targets]}")
-
-    def pages(self):
-        """Every notification the receiver wrote, oldest first."""
-        if not os.path.exists(self.pages_file):
-            return []
-        with open(self.pages_file) as f:
-            return [json.loads(line) for line in f if line.strip()]
