@@ -302,8 +302,9 @@ def lineup_panels(k):
 def distribution_panels(k):
     EB = f'{k["ebpf_selector"]}, {SEL}'
 
-    def bucket_rate(metric, extra=""):
-        return (f"sum by (le) (rate({metric}_bucket{{{EB}{extra}}}[$__rate_interval]))")
+    def buckets(metric, extra=""):
+        return q(f"sum by (le) (rate({metric}_bucket{{{EB}{extra}}}[$__rate_interval]))", legend="{{le}}",
+                 fmt=pm.PromQueryFormat.HEATMAP)
 
     bio = heat(
         "Bio size at submission - $device",
@@ -312,23 +313,19 @@ def distribution_panels(k):
         "reads and the lab's fio); on a lower device, the requests of the layer above (128 KiB in the lab). Sick: the "
         "same picture as healthy when the collapse happens in this device's queue (compare with the request sizes at "
         "driver issue); 4 KiB bios on a lower device mean a layer above split them (a snapshot's 4 KiB chunks).",
-        q(bucket_rate("ebpf_exporter_block_bio_size_bytes"), legend="{{le}}", fmt=pm.PromQueryFormat.HEATMAP),
-        "bytes")
+        buckets("ebpf_exporter_block_bio_size_bytes"), "bytes")
     rq = heat(
         "Request size at driver issue - $device",
         "Sizes of the requests this device issues to its driver (block_rq_issue), after merging and splitting. "
         "Healthy: the mass sits at 128-512 KiB for sequential I/O (bios merged up to max_sectors_kb). Sick: the mass "
         "drops to the 4 KiB row (8 sectors, nomerges=2 or max_sectors_kb=4) - the NVMe incident's 8-sector requests.",
-        q(bucket_rate("ebpf_exporter_block_rq_size_bytes"), legend="{{le}}", fmt=pm.PromQueryFormat.HEATMAP),
-        "bytes")
+        buckets("ebpf_exporter_block_rq_size_bytes"), "bytes")
     lat = heat(
         "Service latency (issue to complete) - $device",
         "Time from driver issue to completion per request (block_rq_issue -> block_rq_complete). Healthy: a tight "
         "band (NVMe incident, healthy: 0.36-5.9 ms per 512-sector request). Sick: more, slower requests as the queue "
         "saturates (snapshot case: up to 24.8 ms, 98% of requests slower, 64x as many requests: 131194 vs 2049).",
-        q(bucket_rate("ebpf_exporter_block_rq_latency_seconds", ', stage="service"'), legend="{{le}}",
-          fmt=pm.PromQueryFormat.HEATMAP),
-        "s")
+        buckets("ebpf_exporter_block_rq_latency_seconds", ', stage="service"'), "s")
     pct_expr = ("histogram_quantile({q}, sum by (host, device, operation, le) "
                 "(rate(ebpf_exporter_block_rq_latency_seconds_bucket{{{sel}, stage=\"{stage}\"}}[$__rate_interval])))")
     pcts = ts(

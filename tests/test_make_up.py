@@ -11,6 +11,7 @@ import pytest
 from page_receiver import received
 
 from blockstack_deploy import files, grafana, procs
+from blockstack_deploy.supervisor import Supervisor
 from blockstack_lab import fio, loop
 from blockstack_lab.api import Alertmanager, Prometheus
 from blockstack_lab.view import PAGE_ALERTS
@@ -30,17 +31,8 @@ def make(target, state, ports, timeout=600, variables=()):
     return r.stdout, time.monotonic() - start
 
 
-def ctl(state, *args):
-    return subprocess.run([os.path.join(REPO, ".venv/bin/supervisorctl"), "-c", os.path.join(state, "supervisord.conf"), *args],
-                          capture_output=True, text=True, timeout=60)
-
-
 def pids(state):
-    out = {}
-    for name in COMPONENTS:
-        r = ctl(state, "pid", name)
-        out[name] = int(r.stdout.strip()) if r.stdout.strip().isdigit() else None
-    return out
+    return {name: Supervisor(state).program_pid(name) for name in COMPONENTS}
 
 
 def notifications(state, device, status):

@@ -53,6 +53,20 @@ def find_alert(stack, status, **labels):
                  and all(alert["labels"].get(k) == v for k, v in labels.items())), None)
 
 
+def wait_page(stack, what, device, upper, flipped):
+    """The BlockStackMergeCollapse page of device (the stack under `upper`) at the receiver; its
+    annotations. Identity: host, device, operation, stack; the settings and the upper are annotations."""
+    record, alert = procs.wait_until(f"the {what} page", lambda: find_alert(
+        stack, "firing", alertname="BlockStackMergeCollapse", device=device), PAGE_TIMEOUT)
+    print(f"{what} collapse paged {record['received_at'] - flipped:.1f}s after the flip")
+    assert record["path"] == "/page"
+    assert record["notification"]["receiver"] == "page"
+    assert record["notification"]["groupLabels"] == {"host": stack.host, "stack": upper}
+    assert alert["labels"] == {"alertname": "BlockStackMergeCollapse", "severity": "critical",
+                               "host": stack.host, "device": device, "operation": "read", "stack": upper}
+    return alert["annotations"]
+
+
 @pytest.mark.parametrize("servers", list(SERVERS))  # Prometheus 2 / Alertmanager 0.25, and 3 / 0.31
 def test_collapse_pages_and_resolves(tmp_path, servers):
     stack = Stack(tmp_path / "stack", servers=servers)
@@ -96,16 +110,7 @@ def test_collapse_pages_and_resolves(tmp_path, servers):
         with loop.sysfs_setting(dev0, "queue/max_sectors_kb", 4), loop.sysfs_setting(dev2, "queue/nomerges", 2):
             flipped = time.time()
 
-            record, alert = procs.wait_until("the BlockStackMergeCollapse page", lambda: find_alert(
-                stack, "firing", alertname="BlockStackMergeCollapse", device=name0), PAGE_TIMEOUT)
-            print(f"layered collapse paged {record['received_at'] - flipped:.1f}s after the flip")
-            assert record["path"] == "/page"
-            assert record["notification"]["receiver"] == "page"
-            assert record["notification"]["groupLabels"] == {"host": host, "stack": name1}
-            # identity: host, device, operation, stack; the settings and the upper are annotations
-            assert alert["labels"] == {"alertname": "BlockStackMergeCollapse", "severity": "critical",
-                                       "host": host, "device": name0, "operation": "read", "stack": name1}
-            annotations = alert["annotations"]
+            annotations = wait_page(stack, "layered", name0, name1, flipped)
             assert f"{name0} serves read requests of" in annotations["description"]
             assert "max_sectors_kb=4 " in annotations["description"]
             assert f"Above it {name1} averages" in annotations["description"]
@@ -113,17 +118,10 @@ def test_collapse_pages_and_resolves(tmp_path, servers):
             assert annotations["proves"]
             assert annotations["runbook_url"].endswith("#blockstackmergecollapse")
 
-            record, alert = procs.wait_until("the single-device page", lambda: find_alert(
-                stack, "firing", alertname="BlockStackMergeCollapse", device=name2), PAGE_TIMEOUT)
-            print(f"single-device collapse paged {record['received_at'] - flipped:.1f}s after the flip")
-            assert record["path"] == "/page"
-            assert record["notification"]["receiver"] == "page"
-            assert record["notification"]["groupLabels"] == {"host": host, "stack": name2}
-            assert alert["labels"] == {"alertname": "BlockStackMergeCollapse", "severity": "critical",
-                                       "host": host, "device": name2, "operation": "read", "stack": name2}
-            assert "nomerges=2" in alert["annotations"]["description"]
-            assert alert["annotations"]["proves"].startswith("Merging refused")
-            assert f"echo 0 > /sys/block/{name2}/queue/nomerges" in alert["annotations"]["confirm"]
+            annotations = wait_page(stack, "single-device", name2, name2, flipped)
+            assert "nomerges=2" in annotations["description"]
+            assert annotations["proves"].startswith("Merging refused")
+            assert f"echo 0 > /sys/block/{name2}/queue/nomerges" in annotations["confirm"]
 
             # A setting changed during the page: the same alert goes on (no resolve, one alert).
             changed = time.time()

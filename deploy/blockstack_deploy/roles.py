@@ -199,10 +199,12 @@ class Standalone(Role):
 class FleetRole(Role):
     """What the agent and the central side share: the fleet's secrets (user fleet), its summary."""
 
-    def _summary(self, elapsed, extra=()):
+    extra = ()  # lines the role adds to the summary
+
+    def summary(self, elapsed):
         lines = [f"Block Stack Merges {self.name} role is up ({elapsed:.1f} s), state in {self.state}"]
         lines += [f"  {name:<22} {url}" for name, (_, _, url) in self.commands().items()]
-        lines += list(extra)
+        lines += self.extra
         if self.secure:
             lines.append(f"  TLS + basic auth: user fleet, password in {self.secrets.password_file}")
         return lines
@@ -223,8 +225,7 @@ class Agent(FleetRole):
              "sidecar-B-grpc": 10911, "sidecar-B-http": 10912}
 
     def __init__(self, state, host, alertmanagers, secrets=None, replicas=("A",), listen="127.0.0.1",
-                 ports=None, devices=None, scrape_interval="5s", ebpf_configs=None,
-                 components=("node", "blockstack", "ebpf")):
+                 ports=None, devices=None, scrape_interval="5s", ebpf_configs=None):
         """alertmanagers: ["ADDR:PORT", ...] every central peer. secrets: a pki.Secrets with this
         host's certificate named `host` (needed when listen is not loopback). devices: a regex
         of the block devices this host owns; only for simulated hosts sharing one kernel (the
@@ -233,10 +234,11 @@ class Agent(FleetRole):
         self.host, self.replicas = host, list(replicas)
         self.alertmanagers, self.secrets, self.devices = list(alertmanagers), secrets, devices
         self.reloads = tuple(f"prometheus-{r}" for r in self.replicas)
-        self.exporters = Stack(self.config, host=host, components=components, scrape_interval=scrape_interval,
+        exporters = ("node", "blockstack", "ebpf")
+        self.exporters = Stack(self.config, host=host, components=exporters, scrape_interval=scrape_interval,
                                evaluation_interval=scrape_interval, ebpf_configs=ebpf_configs,
                                ebpf_cache=os.path.join(self.state, "ebpf-configs.txt"),
-                               ports={c: self.ports[c] for c in components}, data_dir=self.data)
+                               ports={c: self.ports[c] for c in exporters}, data_dir=self.data)
         if self.secure and secrets is None:
             raise ValueError("an agent listening beyond loopback needs the fleet secrets (TLS, basic auth)")
 
@@ -282,9 +284,6 @@ class Agent(FleetRole):
             self.secrets.web_config(os.path.join(self.config, "web-config.yml"), cert_name=self.host)
         return []
 
-    def url(self, name, path=""):
-        return f"http://127.0.0.1:{self.ports[name]}{path}"
-
     def commands(self):
         cmds = self.exporters.commands()
         w, d = self.config, self.data
@@ -296,7 +295,7 @@ class Agent(FleetRole):
                  # Thanos: fixed 2 h blocks, so a sidecar with an object store uploads every block.
                  "--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h",
                  f"--web.listen-address=127.0.0.1:{prom}", "--web.enable-lifecycle"],
-                {}, self.url(f"prometheus-{r}", "/-/ready"))
+                {}, f"http://127.0.0.1:{prom}/-/ready")
             argv = [thanos(), "sidecar", f"--prometheus.url=http://127.0.0.1:{prom}",
                     f"--tsdb.path={d}/prometheus-{r}",
                     f"--grpc-address={self.listen}:{self.ports[f'sidecar-{r}-grpc']}",
@@ -310,9 +309,6 @@ class Agent(FleetRole):
             cmds[f"sidecar-{r}"] = (argv, {}, f"{scheme}://{self.listen}:{self.ports[f'sidecar-{r}-http']}/-/ready")
         return cmds
 
-    def summary(self, elapsed):
-        return self._summary(elapsed)
-
 
 class Central(FleetRole):
     """The central side: receiver, Alertmanager cluster, Thanos Query, the watcher Prometheus, Grafana."""
@@ -323,14 +319,14 @@ class Central(FleetRole):
              "alertmanager-2": 9095, "alertmanager-2-cluster": 9096, "grafana": 3000}
 
     def __init__(self, state, inventory, secrets, listen="127.0.0.1", ports=None, peers=2, cluster_peers=(),
-                 watchers=("A",), scrape_interval="5s", host_down_for=None, cert_name="central", grafana_server=None):
+                 watchers=("A",), scrape_interval="5s", host_down_for=None, grafana_server=None):
         """inventory: the file_sd file of every agent sidecar. listen: the address agents reach
         the Alertmanager peers on (TLS + basic auth when not loopback). cluster_peers: Alertmanager
         peers on other machines (ADDR:PORT of their cluster listener)."""
         super().__init__(state, ports, listen, grafana_server)
         self.inventory, self.secrets = os.path.abspath(inventory), secrets
         self.peers, self.cluster_peers, self.watchers = peers, list(cluster_peers), list(watchers)
-        self.scrape_interval, self.host_down_for, self.cert_name = scrape_interval, host_down_for, cert_name
+        self.scrape_interval, self.host_down_for = scrape_interval, host_down_for
         self.reloads = tuple(f"watcher-{r}" for r in self.watchers)
         for i in range(1, peers + 1):
             self.ports.setdefault(f"alertmanager-{i}", 9093 + 2 * (i - 1))
@@ -347,9 +343,6 @@ class Central(FleetRole):
     def alertmanager_addresses(self):
         return [f"{self.listen}:{self.ports[f'alertmanager-{i}']}" for i in range(1, self.peers + 1)]
 
-    def alertmanager_url(self, i, path=""):
-        return f"{'https' if self.secure else 'http'}://{self.listen}:{self.ports[f'alertmanager-{i}']}{path}"
-
     def query_url(self, path=""):
         return f"http://127.0.0.1:{self.ports['query-http']}{path}"
 
@@ -365,8 +358,7 @@ class Central(FleetRole):
                                         "action": "keep"}],
         }
         if self.secrets:
-            agent_job.update(self.secrets.client_http(tls=True) if self.secure else
-                             {"basic_auth": self.secrets.client_http(tls=False)["basic_auth"]})
+            agent_job.update(self.secrets.client_http(tls=self.secure))
         am = {"static_configs": [{"targets": self.alertmanager_addresses()}], "timeout": "10s"}
         if self.secrets and self.secure:
             am.update(self.secrets.client_http(tls=True))
@@ -394,7 +386,7 @@ class Central(FleetRole):
         for r in self.watchers:
             write_yaml(os.path.join(self.config, f"watcher-{r}.yml"), self.watcher_config(r), SOURCE)
         if self.secure:
-            self.secrets.web_config(os.path.join(self.config, "web-config.yml"), cert_name=self.cert_name)
+            self.secrets.web_config(os.path.join(self.config, "web-config.yml"), cert_name="central")
         return self._render_grafana(self.query_url())
 
     def commands(self):
@@ -411,7 +403,8 @@ class Central(FleetRole):
             argv += [f"--cluster.peer={peer}" for peer in self.cluster_peers]
             if self.secure:
                 argv.append(f"--web.config.file={w}/web-config.yml")
-            cmds[f"alertmanager-{i}"] = (argv, {}, self.alertmanager_url(i, "/-/healthy"))
+            scheme = "https" if self.secure else "http"
+            cmds[f"alertmanager-{i}"] = (argv, {}, f"{scheme}://{self.listen}:{p[f'alertmanager-{i}']}/-/healthy")
         for r in self.watchers:
             cmds[f"watcher-{r}"] = ([program("prometheus"), f"--config.file={w}/watcher-{r}.yml",
                                      f"--storage.tsdb.path={d}/watcher-{r}", f"--storage.tsdb.retention.time={RETENTION}",
@@ -429,11 +422,12 @@ class Central(FleetRole):
             cmds["grafana"] = self._grafana_command()
         return cmds
 
-    def summary(self, elapsed):
-        extra = [f"  pages file             {self.pages_file}",
-                 f"  inventory              {self.inventory}  (add hosts here; no restart)",
-                 f"  Grafana datasource     {self.query_url()}  (Thanos Query, replica label `replica`)"]
-        return self._summary(elapsed, extra + ([] if self.grafana else [GRAFANA_HINT]))
+    @property
+    def extra(self):
+        return [f"  pages file             {self.pages_file}",
+                f"  inventory              {self.inventory}  (add hosts here; no restart)",
+                f"  Grafana datasource     {self.query_url()}  (Thanos Query, replica label `replica`)",
+                *([] if self.grafana else [GRAFANA_HINT])]
 
 
 ROLES = {"standalone": Standalone, "agent": Agent, "central": Central}

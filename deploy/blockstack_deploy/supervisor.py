@@ -64,6 +64,11 @@ class Supervisor:
         except (FileNotFoundError, ValueError, ProcessLookupError):
             return None
 
+    def program_pid(self, name):
+        """The pid of a running program, or None."""
+        out = self.ctl("pid", name, check=False).stdout.strip()
+        return int(out) if out.isdigit() else None
+
     def ctl(self, *args, check=True):
         return subprocess.run([os.path.join(VENV_BIN, "supervisorctl"), "-c", self.conf, *args],
                               capture_output=True, text=True, timeout=120, check=check)

@@ -27,8 +27,9 @@ import tempfile
 import threading
 import time
 
-from blockstack_lab import cli, scenarios
+from blockstack_lab import cli, corpus, scenarios
 from blockstack_deploy.stack import COMPONENTS, REPO
+from blockstack_deploy.supervisor import Supervisor
 from blockstack_lab.lab import Lab, install_signal_handlers
 
 PY = sys.executable
@@ -47,13 +48,8 @@ def sub_bench(title, argv, keep=None, timeout=1800):
 
 
 def pids(state):
-    out = {}
-    for name in COMPONENTS:
-        r = subprocess.run([os.path.join(REPO, ".venv/bin/supervisorctl"), "-c", os.path.join(state, "supervisord.conf"),
-                            "pid", name], capture_output=True, text=True, timeout=60)
-        if r.stdout.strip().isdigit():
-            out[name] = int(r.stdout.strip())
-    return out
+    running = {name: Supervisor(state).program_pid(name) for name in COMPONENTS}
+    return {name: pid for name, pid in running.items() if pid}
 
 
 def cpu_seconds(pid):
@@ -107,7 +103,7 @@ def stack_costs(scenario):
             p = pids(state)
             sampler = Sampler(p)
             sampler.start()
-            checks = scenarios.run(runner, [scenario])
+            checks = corpus.run(runner, [scenario])
             costs, dt = sampler.finish()
             dev = lab.name("single" if scenario != "stack-split" else "lower")
             series = {r["metric"].get("job", ""): int(float(r["value"][1]))

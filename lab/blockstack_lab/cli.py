@@ -29,6 +29,7 @@ import time
 
 from blockstack_deploy import procs
 from blockstack_deploy.stack import COMPONENTS, REPO
+from blockstack_deploy.supervisor import Supervisor
 
 from . import corpus, report, scenarios
 from .lab import LAB_ROOT, Lab, Terminated, install_signal_handlers, signals_deferred, sweep_stale
@@ -52,15 +53,6 @@ def missing_requirements(with_stack=True):
     return problems
 
 
-def supervisord_running(state):
-    try:
-        with open(os.path.join(state, "supervisord.pid")) as f:
-            os.kill(int(f.read().strip()), 0)
-        return True
-    except (OSError, ValueError):
-        return False
-
-
 def make(target, state, up_args="", timeout=900):
     argv = ["make", "-s", "-C", REPO, target, f"STATE_DIR={state}"] + ([f"UP_ARGS={up_args}"] if up_args else [])
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -74,7 +66,7 @@ def lab_stack(state, keep=False):
     """`make up` in `state` (free ports the first time); yields a StackView. Stops it on exit
     (`make down`, data kept) if it was not running before and keep is false."""
     state = os.path.abspath(state)
-    was_running = supervisord_running(state)
+    was_running = Supervisor(state).pid() is not None
     up_args = ""
     if not os.path.exists(os.path.join(state, "ports.json")):
         # not the defaults: a developer's own `make up` may hold 9090, 9093, ...
@@ -93,7 +85,7 @@ def lab_stack(state, keep=False):
                 say(f"stack: make down (it was not running before; data kept in {state})")
                 with contextlib.suppress(Exception):
                     make("down", state, timeout=180)
-        elif supervisord_running(state):
+        elif Supervisor(state).pid() is not None:
             say(f"stack: still running in {state} (make down STATE_DIR={state} to stop it)")
 
 

@@ -320,13 +320,3 @@ SCENARIOS = {
 
 def describe(name):
     return " ".join(SCENARIOS[name].__doc__.split())
-
-
-def run(runner, names):
-    """Run scenarios in order on one lab; returns every Check."""
-    checks = []
-    for name in names:
-        runner.say(f"== {name}: {describe(name)}")
-        runner.settle()
-        checks += SCENARIOS[name](runner)
-    return checks

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from blockstack_lab import scenarios
+from blockstack_lab import corpus, scenarios
 from blockstack_deploy.stack import Stack
 from blockstack_lab.lab import Lab
 from blockstack_lab.view import StackView
@@ -23,7 +23,7 @@ def test_random_4k_is_seen_and_does_not_page(lab_prerequisites, tmp_path):
         view.prometheus.wait_targets_up(timeout=60)
         with Lab() as lab:
             runner = scenarios.Runner(lab, view, timing)
-            checks = scenarios.run(runner, ["random-4k"])
+            checks = corpus.run(runner, ["random-4k"])
             single = lab.name("single")
             lineup = view.lineup([single])
             ours = set(lab.names().values())
