@@ -94,6 +94,11 @@ def q(expr, legend="", ref="A", fmt=None, instant=False, interval=None):
     return t
 
 
+def table_q(expr, ref="A"):
+    """An instant query whose result a table panel shows."""
+    return q(expr, ref=ref, fmt=pm.PromQueryFormat.TABLE, instant=True)
+
+
 def steps(*pairs):
     return db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(
         [dm.Threshold(value=v, color=c) for v, c in pairs])
@@ -190,7 +195,7 @@ def alert_panels(k):
             "of this stack is splitting or not merging requests (the NVMe incident: dm-3 at 512 sectors per request "
             "over nvme1n1 at 8, 27x slower reads); its runbook link is in the alert's annotations. The lineup panels "
             "below carry a red annotation for each such page.")
-        .with_target(q(firing, ref="A", fmt=pm.PromQueryFormat.TABLE, instant=True))
+        .with_target(table_q(firing))
         .with_transformation(organize(exclude=["Time", "Value", "__name__", "alertstate", "job", "instance"],
                                       order=["alertname", "severity", "host", "device"]))
         .no_value("No alert is firing for this stack.")
@@ -200,19 +205,14 @@ def alert_panels(k):
 def stack_table(k):
     BS = f'{k["blockstack_selector"]}, {SEL}'
     kb = "/ 1024"
-    targets = [
-        q(LAYERS, ref="A", fmt=pm.PromQueryFormat.TABLE, instant=True),
-        q(f"max by (host, device) (blockstack_queue_nomerges{{{BS}}})", ref="B",
-          fmt=pm.PromQueryFormat.TABLE, instant=True),
-        q(f"max by (host, device) (blockstack_queue_max_sectors_bytes{{{BS}}}) {kb}", ref="C",
-          fmt=pm.PromQueryFormat.TABLE, instant=True),
-        q(f"max by (host, device) (blockstack_queue_max_hw_sectors_bytes{{{BS}}}) {kb}", ref="D",
-          fmt=pm.PromQueryFormat.TABLE, instant=True),
-        q(f"max by (host, device, scheduler) (blockstack_queue_scheduler_info{{{BS}}} == 1)", ref="E",
-          fmt=pm.PromQueryFormat.TABLE, instant=True),
-        q(f"max by (host, device) (blockstack_queue_rotational{{{BS}}})", ref="F",
-          fmt=pm.PromQueryFormat.TABLE, instant=True),
-    ]
+    targets = [table_q(expr, ref) for ref, expr in zip("ABCDEF", [
+        LAYERS,
+        f"max by (host, device) (blockstack_queue_nomerges{{{BS}}})",
+        f"max by (host, device) (blockstack_queue_max_sectors_bytes{{{BS}}}) {kb}",
+        f"max by (host, device) (blockstack_queue_max_hw_sectors_bytes{{{BS}}}) {kb}",
+        f"max by (host, device, scheduler) (blockstack_queue_scheduler_info{{{BS}}} == 1)",
+        f"max by (host, device) (blockstack_queue_rotational{{{BS}}})",
+    ])]
     p = (table.Panel().title("The stack at a glance: layers from top to physical disk").datasource(DS)
          .span(24).height(7)
          .description(
@@ -384,8 +384,7 @@ def snapshot_panels(k):
                  "Current state of each snapshot: valid, merging (snapshot-merge running), or invalid / overflow / "
                  "merge_failed. Healthy: valid or merging. Sick: invalid or overflow - the COW store filled up (100% "
                  "in the COW use panel) and the snapshot is lost; merge_failed needs lvconvert --merge to be retried.")
-             .with_target(q(f"max by (host, device, name, state) (blockstack_dm_snapshot_state{{{sel}}} == 1)",
-                            ref="A", fmt=pm.PromQueryFormat.TABLE, instant=True))
+             .with_target(table_q(f"max by (host, device, name, state) (blockstack_dm_snapshot_state{{{sel}}} == 1)"))
              .with_transformation(organize(exclude=["Time", "Value", "host"], order=["device", "name", "state"]))
              .override_by_name("state", [
                  prop("mappings", [m.to_json() for m in value_map({
@@ -406,8 +405,8 @@ def ext4_panels(k):
                    "journal large enough for the writers (credit waits below 1 ms). Sick: with dioread_nolock, fsync-heavy "
                    "random buffered writes fell from 20,026 to 315 IOPS on a 128 MiB journal; the fixes were "
                    "dioread_lock, nodelalloc (disables dioread_nolock) or a 1 GiB journal.")
-               .with_target(q(f"max by (host, device, mountpoint, option, value) (blockstack_ext4_option_info{{{sel}}})",
-                              ref="A", fmt=pm.PromQueryFormat.TABLE, instant=True))
+               .with_target(table_q(
+                   f"max by (host, device, mountpoint, option, value) (blockstack_ext4_option_info{{{sel}}})"))
                .with_transformation(organize(exclude=["Time", "Value", "host"],
                                              order=["device", "mountpoint", "option", "value"]))
                .override_by_name("option", [

@@ -1,57 +1,33 @@
 """`make up --auth`: the exposed mode's TLS + basic auth (here on 127.0.0.1: the same code path as
 `--listen ADDR`, never a non-loopback address in a test) delivers a page, every listener refuses a
 request without credentials, and Prometheus has no lifecycle API left."""
-import base64
 import json
 import os
-import ssl
-import subprocess
 import time
 import urllib.error
-import urllib.request
 
 import pytest
 from page_receiver import received
 
 from blockstack_deploy import files, pki, procs
 from blockstack_lab import fio, loop
-from blockstack_lab.api import Prometheus
+from blockstack_lab.api import Prometheus, request
 from blockstack_lab.view import PAGE_ALERTS
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
 
-def make(target, state, ports, extra=""):
-    args = " ".join(f"--port {name}={port}" for name, port in ports.items()) + " " + extra
-    r = subprocess.run(["make", "-s", target, f"STATE_DIR={state}", f"UP_ARGS={args}"], cwd=REPO,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"make {target} failed:\n{r.stdout}\n{r.stderr}"
-    return r.stdout
-
-
-def answer(url, user=None, password=None, ca=None, method="GET", body=None):
+def answer(url, user=None, password=None, ca=None, method=None, body=None):
     """The HTTP status, or the name of the TLS/connection error, of one request."""
-    ctx = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if user:
-        req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
     try:
-        with urllib.request.urlopen(req, timeout=20, context=ctx) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
+        return request(url, (user, password) if user else None, ca, body, method, timeout=20)
     except urllib.error.URLError as e:
         return type(e.reason).__name__, str(e.reason)
 
 
 def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
-    state_dir, ports = state
-    out = make("up", state_dir, ports, "--auth")
+    state_dir, ports, make = state
+    out, _ = make("up", "--auth")
     secrets = os.path.join(state_dir, "secrets")
     ca, password_file = os.path.join(secrets, "ca.crt"), os.path.join(secrets, "admin-password")
     with open(password_file) as f:
@@ -101,7 +77,7 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
         return prometheus.value("prometheus_config_last_reload_success_timestamp_seconds", 0)
     before = last_reload()
     time.sleep(1.1)
-    make("up", state_dir, ports, "--auth")
+    make("up", "--auth")
     procs.wait_until("the reload", lambda: last_reload() > before, 30)
 
     def firing(device):
@@ -126,11 +102,11 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     their_ca = pki.make_ca(theirs, name="operator-ca")
     # on one address (a loopback alias here: --listen ADDR's code path), where the stack's own clients go too
     crt, key = pki.make_cert(theirs, "web", ["127.0.0.2"])
-    make("up", state_dir, ports, f"--listen 127.0.0.2 --tls-cert {crt} --tls-key {key} --tls-ca {their_ca}")
+    make("up", f"--listen 127.0.0.2 --tls-cert {crt} --tls-key {key} --tls-ca {their_ca}")
     for name, (url, user, secret) in checks.items():
         url = url.replace("127.0.0.1", "127.0.0.2")
         assert answer(url, user, secret, ca=their_ca)[0] == 200, name
         assert answer(url, ca=their_ca)[0] == 401, name
         assert answer(url, user, secret, ca=ca)[0] == "SSLCertVerificationError", name
     Prometheus(prom.replace("127.0.0.1", "127.0.0.2"), auth=("admin", password), ca=their_ca).wait_targets_up()
-    make("down", state_dir, ports)
+    make("down")

@@ -10,25 +10,15 @@ import time
 import pytest
 from page_receiver import received
 
-from blockstack_deploy import files, grafana, procs
+from blockstack_deploy import files, procs
 from blockstack_deploy.supervisor import Supervisor
 from blockstack_lab import fio, loop
-from blockstack_lab.api import Alertmanager, Prometheus
+from blockstack_lab.api import Alertmanager, Prometheus, request
 from blockstack_lab.view import PAGE_ALERTS
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")  # conftest.state's ports
-
-
-def make(target, state, ports, timeout=600, variables=()):
-    args = " ".join(f"--port {name}={port}" for name, port in ports.items())
-    start = time.monotonic()
-    r = subprocess.run(["make", "-s", target, f"STATE_DIR={state}", f"UP_ARGS={args}", *variables], cwd=REPO,
-                       capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, f"make {target} failed:\n{r.stdout}\n{r.stderr}"
-    return r.stdout, time.monotonic() - start
 
 
 def pids(state):
@@ -41,8 +31,8 @@ def notifications(state, device, status):
 
 
 def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
-    state_dir, ports = state
-    out, cold = make("up", state_dir, ports)
+    state_dir, ports, make = state
+    out, cold = make("up")
     assert "Prometheus" in out and f":{ports['prometheus']}" in out
     assert "Grafana" in out  # either its URL or the one line on how to add it
     before = pids(state_dir)
@@ -53,15 +43,11 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     password_file = os.path.join(state_dir, "secrets", "grafana-admin-password")
     assert f"127.0.0.1:{ports['grafana']}/d/blockstack-merges" in out and password_file in out
     assert oct(os.stat(password_file).st_mode & 0o777) == "0o600"
-    gurl = f"http://127.0.0.1:{ports['grafana']}"
-    status, found = grafana.api(gurl, "/api/dashboards/uid/blockstack-merges", files.secret(password_file))
-    assert status == 200 and found["meta"]["provisioned"], found
-    assert grafana.api(gurl, "/api/dashboards/uid/blockstack-merges", "wrong")[0] == 401
-    try:
-        procs.http_get(gurl + "/api/dashboards/uid/blockstack-merges")
-        raise AssertionError("anonymous access to Grafana's API")
-    except OSError as e:
-        assert "401" in str(e)
+    dashboard = f"http://127.0.0.1:{ports['grafana']}/api/dashboards/uid/blockstack-merges"
+    status, found = request(dashboard, ("admin", files.secret(password_file)))
+    assert status == 200 and json.loads(found)["meta"]["provisioned"], found
+    assert request(dashboard, ("admin", "wrong"))[0] == 401
+    assert request(dashboard)[0] == 401, "anonymous access to Grafana's API"
     with open(os.path.join(state_dir, "config", "grafana.ini")) as f:
         ini = f.read()
     for off in ("reporting_enabled = false", "check_for_updates = false", "check_for_plugin_updates = false",
@@ -70,7 +56,7 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
         assert off in ini
     assert os.path.exists(os.path.join(state_dir, "grafana", "data", "grafana.db"))
 
-    out, warm = make("up", state_dir, ports)
+    out, warm = make("up")
     assert pids(state_dir) == before, "a second make up restarted something"
     assert os.stat(os.path.join(state_dir, "supervisord.conf")).st_mtime == conf_mtime
     print(f"\nmake up: cold {cold:.1f} s, warm {warm:.1f} s")
@@ -93,7 +79,7 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
             old = pids(state_dir)[component]
             os.kill(old, signal.SIGKILL)
             procs.wait_until(f"{component} restarted", lambda: (pids(state_dir)[component] or old) != old, 30, 0.2)
-        make("up", state_dir, ports)  # waits for every health endpoint again
+        make("up")  # waits for every health endpoint again
         prometheus.wait_targets_up()
         # Prometheus kept the samples from before its restart
         assert prometheus.query_range(*samples_query) == before_kills
@@ -122,7 +108,7 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
         procs.wait_until("the resolve", lambda: notifications(state_dir, name, "resolved"), 200)
         print(f"page {to_page:.0f} s after the flip, resolved {time.monotonic() - resolved_from:.0f} s after the flip back")
 
-    make("down", state_dir, ports)
+    make("down")
     assert not subprocess.run(["pgrep", "-f", state_dir], capture_output=True, text=True).stdout.strip()
     assert os.path.isdir(os.path.join(state_dir, "data", "prometheus")), "make down must keep data"
     assert os.path.exists(os.path.join(state_dir, "grafana", "data", "grafana.db")), "make down must keep Grafana's database"
@@ -133,7 +119,7 @@ def test_make_up_switches_servers(state):
     SERVERS=debian` on the same state switches back, restarting only those two (the collapse ->
     page on each set is alerts/tests/test_integration.py's)."""
     from blockstack_deploy.stack import ALERTMANAGER_UPSTREAM_VERSION, PROMETHEUS3_VERSION
-    state_dir, ports = state
+    state_dir, ports, make = state
 
     prometheus = Prometheus(f"http://127.0.0.1:{ports['prometheus']}")
     alertmanager = Alertmanager(f"http://127.0.0.1:{ports['alertmanager']}")
@@ -141,15 +127,15 @@ def test_make_up_switches_servers(state):
     def versions():
         return prometheus.buildinfo()["version"], alertmanager.status()["versionInfo"]["version"]
 
-    out, _ = make("up", state_dir, ports, variables=["SERVERS=upstream"])
+    out, _ = make("up", variables=["SERVERS=upstream"])
     assert "servers: upstream" in out
     assert versions() == (PROMETHEUS3_VERSION, ALERTMANAGER_UPSTREAM_VERSION)
     prometheus.wait_targets_up()
     before = pids(state_dir)
-    out, _ = make("up", state_dir, ports, variables=["SERVERS=debian"])
+    out, _ = make("up", variables=["SERVERS=debian"])
     assert "servers: debian" in out
     prometheus2, alertmanager025 = versions()
     assert prometheus2.startswith("2.") and alertmanager025.startswith("0.25"), (prometheus2, alertmanager025)
     after = pids(state_dir)
     assert {c for c in COMPONENTS if after[c] != before[c]} == {"prometheus", "alertmanager"}
-    make("down", state_dir, ports)
+    make("down")

@@ -12,16 +12,12 @@ Where Grafana comes from, in this order:
    (sha256 checked against the .sha256 file beside it) into .build/grafana-VERSION/.
 Nothing is ever downloaded.
 """
-import base64
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 
 import yaml
 
@@ -195,24 +191,6 @@ def command(binary, home, ini_path, port, scheme="http", host="127.0.0.1"):
     argv += [f"--homepath={home}", f"--config={ini_path}"]
     env = {} if os.path.isdir("/usr/share/zoneinfo") else {"ZONEINFO": os.path.join(home, "tools", "zoneinfo.zip")}
     return argv, env, f"{scheme}://{host}:{port}/api/health"
-
-
-def api(url, path, password_, body=None, method=None, timeout=60):
-    """Grafana's HTTP API as admin (basic auth): (status, decoded JSON or text)."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method or ("POST" if data else "GET"))
-    req.add_header("Authorization", "Basic " + base64.b64encode(f"admin:{password_}".encode()).decode())
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, raw = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read().decode()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw
 
 
 def main():

@@ -4,26 +4,43 @@ and the lab: https://prometheus.io/docs/prometheus/latest/querying/api/ and Aler
 import base64
 import json
 import ssl
+import urllib.error
 import urllib.parse
 import urllib.request
 
 from blockstack_deploy import procs
 
 
+def request(url, auth=None, ca=None, body=None, method=None, timeout=30):
+    """(HTTP status, answer text) of one request: `auth` (user, password) as basic auth, `body` sent
+    as JSON, https verified against `ca` (a CA file; None: the system's CAs). Raises URLError when
+    nothing answers."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    context = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
 class Client:
     """GET url + path?params, JSON decoded; `auth` (user, password) and `ca` (a CA file) for https."""
 
     def __init__(self, url, auth=None, ca=None, timeout=30):
-        self.url, self.auth, self.timeout = url.rstrip("/"), auth, timeout
-        self.context = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
+        self.url, self.auth, self.ca, self.timeout = url.rstrip("/"), auth, ca, timeout
 
     def get(self, path, **params):
         url = self.url + path + ("?" + urllib.parse.urlencode(params, doseq=True) if params else "")
-        req = urllib.request.Request(url)
-        if self.auth:
-            req.add_header("Authorization", "Basic " + base64.b64encode(":".join(self.auth).encode()).decode())
-        with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as r:
-            return json.loads(r.read())
+        status, text = request(url, self.auth, self.ca, timeout=self.timeout)
+        if status >= 400:
+            raise RuntimeError(f"{url}: HTTP {status}: {text}")
+        return json.loads(text)
 
 
 class Prometheus(Client):
