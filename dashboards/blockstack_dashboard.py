@@ -467,23 +467,22 @@ def ext4_panels(k):
 def variables():
     ds = (db.DatasourceVariable("datasource").label("Data source").type("prometheus")
           .current(dm.VariableOption(selected=True, text="Prometheus", value=CONFIG["datasource_uid"])))
-    host = (db.QueryVariable("host").label("Host").datasource(DS)
-            .query({"query": "label_values(blockstack_device_info, host)", "refId": "host"})
-            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
-            .description("The `host` label every scrape target carries."))
-    stack = (db.QueryVariable("stack").label("Stack (top device)").datasource(DS)
-             .query({"query": one_line(STACK_QUERY), "refId": "stack"})
-             .regex('/name="([^"]+)"/')
-             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
-             .description("A device with nothing above it (blockstack_device_holders == 0), by its dm/LVM name "
-                          "(the kernel name for other devices). Unattached loop devices are left out."))
-    device = (db.QueryVariable("device").label("Device (layer)").datasource(DS)
-              .query({"query": one_line(DEVICE_QUERY), "refId": "device"})
-              .regex('/device="([^"]+)"/')
-              .multi(True).include_all(True)
-              .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"]))
-              .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
-              .description("The kernel names of the stack's layers: the top and everything beneath it."))
+
+    def query_variable(name, label, query, description):
+        """Re-queried when the time range changes, options sorted."""
+        return (db.QueryVariable(name).label(label).datasource(DS).query({"query": query, "refId": name})
+                .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
+                .description(description))
+    host = query_variable("host", "Host", "label_values(blockstack_device_info, host)",
+                          "The `host` label every scrape target carries.")
+    stack = query_variable(
+        "stack", "Stack (top device)", one_line(STACK_QUERY),
+        "A device with nothing above it (blockstack_device_holders == 0), by its dm/LVM name (the kernel name "
+        "for other devices). Unattached loop devices are left out.").regex('/name="([^"]+)"/')
+    device = (query_variable("device", "Device (layer)", one_line(DEVICE_QUERY),
+                             "The kernel names of the stack's layers: the top and everything beneath it.")
+              .regex('/device="([^"]+)"/').multi(True).include_all(True)
+              .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"])))
     return [ds, host, stack, device]
 
 

@@ -27,6 +27,7 @@ import time
 import types
 
 from blockstack_deploy import procs
+from blockstack_deploy.files import secret
 from blockstack_deploy.stack import Stack
 from blockstack_lab import fio, loop
 from blockstack_lab.api import Prometheus
@@ -76,13 +77,12 @@ def collapse(workdir, phases=PHASES, log=print, servers=None):
         times = {}
         start = time.time()
         log(f">> lab: healthy phase, {phases['healthy']} s")
-        fio.run(read, runtime=phases["healthy"], timeout=phases["healthy"] + 60, name="healthy")
+        fio.run(read, runtime=phases["healthy"], name="healthy")
         times["healthy"] = (start, time.time())
         log(f">> lab: fsync phase, {phases['fsync']} s")
         t = time.time()
         fio.run(["--rw=randwrite", "--bs=4k", "--ioengine=psync", "--fsync=1", "--size=32m", "--numjobs=4",
-                 f"--directory={upper_mnt}", "--group_reporting"], runtime=phases["fsync"],
-                timeout=phases["fsync"] + 60, name="fsync")
+                 f"--directory={upper_mnt}", "--group_reporting"], runtime=phases["fsync"], name="fsync")
         times["fsync"] = (t, time.time())
         log(f">> lab: collapsed phase (nomerges=2, max_sectors_kb=4 on {lower}) until the page")
         es.enter_context(loop.sysfs_setting(lower_dev, "queue/nomerges", "2"))
@@ -94,10 +94,5 @@ def collapse(workdir, phases=PHASES, log=print, servers=None):
         paged = time.time()
         log(f">> lab: paged {paged - t:.0f} s after the flip")
         time.sleep(SETTLE)
-        yield types.SimpleNamespace(stack=stack, prometheus=prometheus, grafana_password=stack_password(stack), upper=upper, lower=lower,
-                                    mountpoint=upper_mnt, start=start, paged=paged, phases=times)
-
-
-def stack_password(stack):
-    with open(stack.grafana_password_file) as f:
-        return f.read().strip()
+        yield types.SimpleNamespace(stack=stack, prometheus=prometheus, grafana_password=secret(stack.grafana_password_file),
+                                    upper=upper, lower=lower, mountpoint=upper_mnt, start=start, paged=paged, phases=times)

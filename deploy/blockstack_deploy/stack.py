@@ -115,11 +115,6 @@ def _mtime(path):
         return 0
 
 
-def rule_files():
-    """The rules evaluated next to a host's data (not the fleet watcher's)."""
-    return [str(p) for p in knobs.HOST_RULES]
-
-
 class Stack:
     """Configuration and commands for one stack in `workdir`, every port on 127.0.0.1."""
 
@@ -186,7 +181,7 @@ class Stack:
                 })
         config = {
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.evaluation_interval},
-            "rule_files": rule_files(),
+            "rule_files": [str(p) for p in knobs.HOST_RULES],  # not the fleet watcher's
             "scrape_configs": scrape_configs,
         }
         if "alertmanager" in self.components:

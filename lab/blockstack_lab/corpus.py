@@ -297,8 +297,7 @@ def wait_pages(r, case, onset):
 
 
 def pages_since(r, onset, devices):
-    return [n for n in r.view.notifications(onset) if n.path == "/page" and n.status == "firing"
-            and n.device in devices and n.starts_at >= onset - 1]
+    return [n for n in r.new_firing(onset, devices) if n.path == "/page"]
 
 
 def judge(r, case, onset, devices, watch):

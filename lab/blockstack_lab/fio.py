@@ -15,18 +15,17 @@ SEQ_BATCHED_READ = ["--rw=read", "--bs=4k", "--direct=1", "--ioengine=libaio", "
 RANDOM_4K_READ = ["--rw=randread", "--bs=4k", "--direct=1", "--ioengine=libaio", "--iodepth=16"]
 
 
-def run(args, runtime=3, timeout=None, name="lab"):
+def run(args, runtime=3, name="lab"):
     """Run fio for `runtime` seconds (time_based) and return its parsed JSON report."""
-    argv = ["fio", f"--name={name}", "--output-format=json", "--time_based", f"--runtime={runtime}",
-            *args]
-    out = subprocess.run(argv, check=True, capture_output=True, text=True,
-                         timeout=timeout or runtime + 60).stdout
+    argv = ["fio", f"--name={name}", "--output-format=json", "--time_based", f"--runtime={runtime}", *args]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=runtime + 60).stdout
     # fio may print warnings before the JSON document.
     return json.loads(out[out.index("{"):])
 
 
 def iops(report, op="read"):
     return sum(job[op]["iops"] for job in report["jobs"])
+
 
 @contextlib.contextmanager
 def background(args, runtime=3600, name="lab", output="/dev/null"):

@@ -111,7 +111,8 @@ class Runner:
 
     # observation
 
-    def _new_firing(self, onset, devices):
+    def new_firing(self, onset, devices):
+        """The firing alerts on these devices notified since onset that started after it."""
         return [n for n in self.view.notifications(onset) if n.status == "firing" and n.device in devices
                 and n.starts_at >= onset - 1]
 
@@ -144,7 +145,7 @@ class Runner:
             timeout = self.t.page_timeout if expect.kind == "page" else self.t.alert_timeout
 
             def arrived():
-                return [n for n in self._new_firing(onset, devices)
+                return [n for n in self.new_firing(onset, devices)
                         if n.path == path and n.alertname == expect.alertname and n.device == target]
             hit = self.watch(timeout, roles, onset, until=arrived)
             if hit:
@@ -155,7 +156,7 @@ class Runner:
                     if hit[0].annotations.get(key):
                         self.say(f"    {key}: {' '.join(hit[0].annotations[key].split())}")
                 time.sleep(self.t.linger)
-        got = self._new_firing(onset, devices)
+        got = self.new_firing(onset, devices)
         # what reached the receiver: the verdict
         seen = {(n.alertname, n.device, "page" if n.path == "/page" else "alert") for n in got}
         # what Prometheus has that did not: a pending or firing page, or a firing warning, that
