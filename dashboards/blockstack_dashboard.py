@@ -82,16 +82,13 @@ DEVICE_QUERY = """query_result(max by (device) (
 
 # --- Small helpers ---------------------------------------------------------------------------------
 
-def q(expr, legend="", ref="A", fmt=None, instant=False, interval=None):
+def q(expr, legend="", ref="A", fmt=None, instant=False):
     t = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DS)
     if legend:
         t = t.legend_format(legend)
     if fmt:
         t = t.format(fmt)
-    t = t.instant() if instant else t.range()
-    if interval:
-        t = t.interval(interval)
-    return t
+    return t.instant() if instant else t.range()
 
 
 def table_q(expr, ref="A"):
