@@ -97,9 +97,7 @@ def run(names, state, no_stack=False, keep=False, timing=None, say=say):
     with contextlib.ExitStack() as es:
         view = None if no_stack else es.enter_context(lab_stack(state, keep))
         lab = es.enter_context(Lab(say=say))
-        runner = scenarios.Runner(lab, view, timing, say=say)
-        checks = corpus.run(runner, names)
-    return checks
+        return corpus.run(scenarios.Runner(lab, view, timing, say=say), names)
 
 
 def main(argv=None):
