@@ -36,7 +36,7 @@ import yaml
 
 from . import grafana, knobs, pki
 from .files import write_if_changed, write_yaml
-from .stack import COMPONENTS, REPO, RETENTION, Stack, program, servers_name
+from .stack import COMPONENTS, REPO, RETENTION, Stack, program, servers_name, which
 
 THANOS = os.path.join(REPO, ".build", "bin", "thanos")
 GRAFANA_HINT = grafana.HINT + "; everything else runs, and `make up` picks Grafana up next time."
@@ -44,9 +44,7 @@ SOURCE = "blockstack_deploy/roles.py"
 
 
 def thanos():
-    if not os.access(THANOS, os.X_OK):
-        raise FileNotFoundError(f"{THANOS} not found (run make thanos)")
-    return THANOS
+    return which(THANOS, target="thanos")
 
 
 def loopback(addr):
