@@ -126,6 +126,7 @@ class Scrape:
         self._mounts = None
         self._dm = None
         self._backing = {}
+        self._names = {}  # device number -> kernel name, as read from DEV/dev this scrape
         self._recording = None
 
     def error(self, message, reason="parse", subject=None, count=1):
@@ -209,12 +210,18 @@ class Scrape:
             raise value
         return value
 
+    def name_of_devno(self, majmin):
+        """'253:3' -> 'dm-3': a number whose DEV/dev was read this scrape (identity) is not
+        looked up again through /sys/dev/block."""
+        return self._names.get(majmin) or devices.name_of_devno(self.paths.sysfs, majmin)
+
     def identity(self, dev):
         """What makes a device the same device from one scrape to the next: its device number,
         and for a dm device its uuid, for a loop device its backing file (a loop device keeps
         its number when detached and attached to another file). None if it cannot be told."""
         try:
             devt = self.attributes.read_text(f"{dev.path}/dev")
+            self._names[devt] = dev.name
             if dev.name.startswith("dm-"):
                 return devt, self.dm.get(dev.name, ("", None))[1]
             if dev.name.startswith("loop"):

@@ -234,6 +234,8 @@ def test_unknown_targets_get_target_info_only_and_no_key_material(fake):
     assert r.get("blockstack_dm_target_info", device="dm-3", name="frob-test", target="frobnicate") == 1
     assert len([l for l in r.series("blockstack_dm_target_info") if l["device"] == "dm-3"]) == 1
     assert "logon" not in r.text and "aes-xts" not in r.text
+    # no snapshot, snapshot-merge or thin-pool target: nothing to read in `dmsetup status`
+    assert [c.split(" ", 1)[1] for c in fake.calls()] == ["dmsetup table"]
 
 
 def test_garbage_is_counted_and_the_rest_is_published(fake, caplog):

@@ -1,6 +1,7 @@
 """device-mapper tables and status, read through device-mapper itself with `dmsetup`.
 
-Two commands per scrape, and only when sysfs shows dm devices:
+Two commands per scrape, and only when sysfs shows dm devices (the second only when the
+table has a snapshot, snapshot-merge or thin-pool target):
 
     dmsetup table                 NAME: START LENGTH TARGET ARGS...   (one line per target)
     dmsetup status --noflush      NAME: START LENGTH TARGET STATUS...
@@ -43,7 +44,6 @@ import time
 
 from prometheus_client.core import GaugeMetricFamily
 
-from ..devices import name_of_devno
 from ..fs import ParseError, TooLarge, parse_uint
 from ..scrape import CollectorFailed, Reuse
 
@@ -342,11 +342,13 @@ class DmCollector:
         except DmsetupError as e:  # nothing to publish: the collector failed
             scrape.error(str(e), e.reason, subject="dmsetup table")
             raise CollectorFailed() from None
-        try:
-            status_text = self.run(STATUS_ARGS, scrape.remaining())
-        except DmsetupError as e:
-            scrape.error(str(e), e.reason, subject="dmsetup status")  # tables are still published
-            status_text = None
+        status_text = ""  # only snapshot, snapshot-merge and thin-pool targets have a status published
+        if " snapshot" in table_text or " thin-pool" in table_text:  # (a superset of the lines that do)
+            try:
+                status_text = self.run(STATUS_ARGS, scrape.remaining())
+            except DmsetupError as e:
+                scrape.error(str(e), e.reason, subject="dmsetup status")  # tables are still published
+                status_text = None
         # parsed again only when something it depends on changed
         key = (table_text, status_text, tuple(sorted(dm.items())), tuple(scrape.devices))
         return self._reuse.families_for(scrape, key, lambda: self._families(scrape, dm, table_text, status_text))
@@ -466,7 +468,7 @@ class DmCollector:
         return targets
 
     def _device_name(self, scrape, devno):
-        kname = name_of_devno(scrape.paths.sysfs, devno)
+        kname = scrape.name_of_devno(devno)
         if kname is None:
             scrape.error(f"device {devno} is not in /sys/dev/block", "vanished")
             return devno

@@ -11,7 +11,6 @@ import struct
 
 from prometheus_client.core import GaugeMetricFamily
 
-from ..devices import name_of_devno
 from ..fs import BlockingReads, ParseError, listdir, parse_uint, read_text
 from ..scrape import reason_of
 
@@ -139,7 +138,7 @@ class Ext4Collector:
         out = {}
         for m in scrape.mounts:
             if m.fstype == "ext4":
-                name = name_of_devno(scrape.paths.sysfs, m.majmin)
+                name = scrape.name_of_devno(m.majmin)
                 if name and name not in out:
                     out[name] = m
         return out

@@ -166,7 +166,7 @@ class StackCollector:
             return backing, None
         # Files on tmpfs, overlayfs or btrfs sit on anonymous device numbers (major 0):
         # no block device beneath, so no edge.
-        return backing, devmod.name_of_devno(scrape.paths.sysfs, mount.majmin)
+        return backing, scrape.name_of_devno(mount.majmin)
 
 
 def walk_down(edges, top):
