@@ -7,12 +7,11 @@ import time
 import urllib.error
 
 import pytest
-from page_receiver import received
 
 from blockstack_deploy import files, pki, procs
 from blockstack_lab import fio, loop
 from blockstack_lab.api import Prometheus, request
-from blockstack_lab.view import PAGE_ALERTS
+from blockstack_lab.view import StackView
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
@@ -80,20 +79,17 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     make("up", "--auth")
     procs.wait_until("the reload", lambda: last_reload() > before, 30)
 
-    def firing(device):
-        return [a for _, a in received(os.path.join(state_dir, "config", "pages.jsonl")) if a["status"] == "firing"
-                and a["labels"].get("alertname") in PAGE_ALERTS and a["labels"].get("device") == device]
-
+    view = StackView.from_state(state_dir)
     with fio.reads_on_ext4(runtime=300) as dev:
         name = loop.name(dev)
         procs.wait_until("request sizes recorded", lambda: prometheus.query(
             f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'), 60)
-        assert not firing(name), "paged for healthy sequential I/O"
+        assert not view.pages(name), "paged for healthy sequential I/O"
         with loop.sysfs_setting(dev, "queue/nomerges", "2"):
             flipped = time.monotonic()
-            page = procs.wait_until("the page", lambda: firing(name), 90)
+            page = procs.wait_until("the page", lambda: view.pages(name), 90)
             print(f"page {time.monotonic() - flipped:.0f} s after the flip, through TLS + basic auth")
-        assert page[0]["labels"]["severity"] == "critical"
+        assert page[0].labels["severity"] == "critical"
     # Prometheus -> Alertmanager: nothing dropped (before the fix: every notification 401)
     assert prometheus.value("sum(prometheus_notifications_errors_total)") == 0
 

@@ -8,13 +8,12 @@ import subprocess
 import time
 
 import pytest
-from page_receiver import received
 
 from blockstack_deploy import files, procs
 from blockstack_deploy.supervisor import Supervisor
 from blockstack_lab import fio, loop
 from blockstack_lab.api import Alertmanager, Prometheus, request
-from blockstack_lab.view import PAGE_ALERTS
+from blockstack_lab.view import StackView
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
@@ -23,11 +22,6 @@ COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometh
 
 def pids(state):
     return {name: Supervisor(state).program_pid(name) for name in COMPONENTS}
-
-
-def notifications(state, device, status):
-    return [a for _, a in received(os.path.join(state, "config", "pages.jsonl")) if a["status"] == status
-            and a["labels"].get("alertname") in PAGE_ALERTS and a["labels"].get("device") == device]
 
 
 def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
@@ -62,6 +56,7 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     print(f"\nmake up: cold {cold:.1f} s, warm {warm:.1f} s")
 
     prometheus = Prometheus(f"http://127.0.0.1:{ports['prometheus']}")
+    view = StackView.from_state(state_dir)
     with fio.reads_on_ext4(runtime=400) as dev:
         name = loop.name(dev)
         prometheus.wait_targets_up(count=5)
@@ -84,20 +79,20 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
         # Prometheus kept the samples from before its restart
         assert prometheus.query_range(*samples_query) == before_kills
 
-        assert not notifications(state_dir, name, "firing"), "paged for healthy sequential I/O"
+        assert not view.pages(name), "paged for healthy sequential I/O"
         with loop.sysfs_setting(dev, "queue/nomerges", "2"):
             flipped = time.monotonic()
             try:
-                page = procs.wait_until("the page", lambda: notifications(state_dir, name, "firing"), 60)
+                page = procs.wait_until("the page", lambda: view.pages(name), 60)
             except TimeoutError:
                 for query in ("ALERTS", "host_device_operation:ebpf_block_rq_missed_merges:rate",
                               "host_device:node_disk_queue_depth:avg"):
                     print(f"{query}:", prometheus.query(query))
                 raise
             to_page = time.monotonic() - flipped
-            labels = page[0]["labels"]
+            labels = page[0].labels
             assert labels["severity"] == "critical" and labels["host"] and labels["device"] == name
-            assert "nomerges" in json.dumps(page[0]["annotations"])
+            assert "nomerges" in json.dumps(page[0].annotations)
         resolved_from = time.monotonic()
         # the receiver dies right as the collapse ends: Alertmanager retries, the resolve arrives.
         # (Alertmanager itself was killed before the flip; a SIGKILLed single Alertmanager
@@ -105,7 +100,7 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
         # fleet's Alertmanager cluster is for.)
         os.kill(pids(state_dir)["receiver"], signal.SIGKILL)
         # the collapse page is held 90 s after its evidence clears (keep_firing_for): ~140 s
-        procs.wait_until("the resolve", lambda: notifications(state_dir, name, "resolved"), 200)
+        procs.wait_until("the resolve", lambda: view.pages(name, "resolved"), 200)
         print(f"page {to_page:.0f} s after the flip, resolved {time.monotonic() - resolved_from:.0f} s after the flip back")
 
     make("down")

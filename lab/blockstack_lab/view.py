@@ -70,6 +70,10 @@ class StackView:
                          a["labels"], a.get("annotations", {}))
                 for rec, a in received(self.pages_file, since)]
 
+    def pages(self, device, status="firing"):
+        """The paging alerts on this device the receiver got with this status."""
+        return [n for n in self.notifications() if n.status == status and n.alertname in PAGE_ALERTS and n.device == device]
+
     def alerts(self, devices, with_severity=False):
         """[(alertname, device, state[, severity])] pending or firing in Prometheus on these devices."""
         regex = "|".join(devices)
