@@ -28,13 +28,14 @@ deps:
 	@echo ">> installing Debian packages"
 	@scripts/install-deps.sh
 
-## venv: Python virtual environment with the exporter, the stack model (deploy/), the lab kit and test tools
+## venv: Python virtual environment with the exporter, the stack model (deploy/), the rules and dashboard generators, the lab kit and test tools
 venv: $(VENV)/.stamp
-$(VENV)/.stamp: exporters/pyproject.toml deploy/pyproject.toml lab/pyproject.toml alerts/receiver/pyproject.toml requirements-dev.txt
+PACKAGES := exporters deploy lab alerts alerts/receiver dashboards
+$(VENV)/.stamp: $(addsuffix /pyproject.toml,$(PACKAGES)) requirements-dev.txt
 	@echo ">> creating $(VENV)"
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	@$(VPY) -m pip install -q --upgrade pip
-	@$(VPY) -m pip install -q -r requirements-dev.txt -e exporters -e deploy -e lab -e alerts/receiver
+	@$(VPY) -m pip install -q -r requirements-dev.txt $(addprefix -e ,$(PACKAGES))
 	@touch $@
 
 ## ebpf-exporter: build cloudflare ebpf_exporter from the Go module proxy against a static libbpf 1.5 (cached)
@@ -79,7 +80,7 @@ test-alerts: venv upstream-servers
 
 ## metrics-doc: regenerate docs/metrics.md from the exporters' HELP strings and ebpf-configs/*.yaml
 metrics-doc: venv
-	@$(VPY) exporters/tests/metrics_doc.py
+	@PYTHONPATH=exporters/tests $(VPY) exporters/tools/metrics_doc.py
 
 ## update-fixtures: rewrite exporters/tests/e2e-output.txt, the golden scrape, after a reviewed change
 update-fixtures: venv
@@ -92,7 +93,7 @@ bench-exporter: venv
 ## fuzz-exporter: >= 10,000 damaged-input scrapes of the real exporter and HTTP abuse (~15 min; BENCHMARKS.md "Robustness")
 .PHONY: fuzz-exporter
 fuzz-exporter: venv
-	@$(VPY) exporters/tests/fuzz_exporter.py $(FUZZ_ARGS)
+	@PYTHONPATH=exporters/tests $(VPY) exporters/bench/fuzz_exporter.py $(FUZZ_ARGS)
 
 ## bench-ebpf: BPF ns per I/O vs upstream's examples/biolatency, and fio 4 KiB random-read IOPS with all BPF configs attached vs none
 bench-ebpf: venv ebpf-build
@@ -143,18 +144,18 @@ install-systemd: deps venv ebpf-build
 .PHONY: generate
 generate: venv
 	@echo ">> generating rules and dashboards"
-	@$(VPY) -m blockstack_deploy.knobs
+	@$(VPY) -m blockstack_rules.knobs
 	@$(VPY) dashboards/blockstack_dashboard.py
 
 ## dashboard-screenshot: the dashboard in Grafana + chromium during a lab collapse, to docs/dashboard.png (root, ~3 minutes)
 .PHONY: dashboard-screenshot
 dashboard-screenshot: deps venv ebpf-build grafana
-	@$(VPY) dashboards/screenshot.py
+	@$(VPY) dashboards/tools/screenshot.py
 
 ## bench-dashboard: time to every panel loaded in Grafana + chromium, slowest panel query (root, ~5 minutes)
 .PHONY: bench-dashboard
 bench-dashboard: deps venv ebpf-build grafana
-	@$(VPY) dashboards/bench_dashboard.py
+	@$(VPY) dashboards/bench/bench_dashboard.py
 
 ## --- fleet (docs/fleet.md): Thanos + Alertmanager cluster across many hosts ----------------------
 THANOS_VERSION := v0.42.5

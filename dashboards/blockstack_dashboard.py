@@ -5,7 +5,7 @@
     make generate                                                  # the same, and the rules
 
 Never edit the JSON by hand: edit this file and regenerate. Selectors, thresholds and windows
-are the knobs of alerts/config.yml, shared with the rules (blockstack_deploy.knobs); the
+are the knobs of alerts/config.yml, shared with the rules (blockstack_rules.knobs); the
 dashboard's own identity is in CONFIG below. Every panel description quotes the incidents
 (the LVM-snapshot-on-NVMe incident, the ext4 dioread_nolock incident, the lvm2 snapshot
 write-up) so a newcomer knows what healthy and sick look like. See docs/dashboard.md.
@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from blockstack_deploy import knobs
+from blockstack_rules import knobs
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import heatmap, prometheus, stat, table, timeseries

@@ -4,8 +4,8 @@ alerts/config.yml holds them, one comment per knob (node-mixin's config.libsonne
 The rule templates alerts/src/*.rules.yml.in name a knob as ${knob} and are rendered into
 alerts/*.rules.yml; the dashboard generator and the fleet's central role read the same knobs.
 
-    python -m blockstack_deploy.knobs            # rewrite alerts/*.rules.yml
-    python -m blockstack_deploy.knobs --check    # exit 1 if a rule file differs from what it would be
+    python -m blockstack_rules.knobs            # rewrite alerts/*.rules.yml
+    python -m blockstack_rules.knobs --check    # exit 1 if a rule file differs from what it would be
 
 An unknown knob is an error here; a knob that no consumer reads fails alerts/tests/test_knobs.py.
 

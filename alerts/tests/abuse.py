@@ -2,7 +2,7 @@
 """HTTP abuse of the page receiver, as a benchmark: the receiver of a baseline git revision and
 the one in this tree, side by side in one run (alerts/tests/test_receiver.py uses the same clients).
 
-    .venv/bin/python alerts/receiver/abuse.py [--baseline d822752]
+    .venv/bin/python alerts/tests/abuse.py [--baseline d822752]
 
 Prints, for each: how many of 500 concurrent notifications were answered 200 and how many reset;
 the receiver's peak RSS under 10 concurrent 8 MiB and 32 concurrent 1 MiB notifications; the
@@ -24,11 +24,11 @@ import tempfile
 import threading
 import time
 
+import page_receiver
 from blockstack_deploy import procs
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-SCRIPT = os.path.join(HERE, "page_receiver.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = page_receiver.__file__
 
 
 def notification(size=None, alertname="BlockStackMergeCollapse", status="firing"):

@@ -13,7 +13,8 @@ import urllib.request
 import page_receiver
 import pytest
 import yaml
-from blockstack_deploy import knobs, stack
+from blockstack_deploy import stack
+from blockstack_rules import knobs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"
@@ -70,7 +71,7 @@ def test_rule_files_exist():
 
 
 def test_generated_rules_are_current():
-    run([sys.executable, "-m", "blockstack_deploy.knobs", "--check"])
+    run([sys.executable, "-m", "blockstack_rules.knobs", "--check"])
 
 
 @servers_matrix

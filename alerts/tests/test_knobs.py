@@ -1,16 +1,13 @@
-"""One source for every knob: alerts/config.yml, read through blockstack_deploy.knobs by the rule
+"""One source for every knob: alerts/config.yml, read through blockstack_rules.knobs by the rule
 templates and the dashboard generator. Every knob is read, none is declared anywhere else, and no
 threshold, window or selector of a rule template or of the dashboard is written as a literal."""
 import os
 import re
-import sys
 
+import blockstack_dashboard
 import pytest
 import yaml
-from blockstack_deploy import knobs
-
-sys.path.insert(0, str(knobs.REPO / "dashboards"))
-import blockstack_dashboard  # noqa: E402
+from blockstack_rules import knobs
 
 SKIP_DIRS = {".git", ".venv", ".build", ".state", "node_modules", "__pycache__", "fixtures"}
 # Numbers a rule may write out: 0 and 1 (comparisons, `* 0 + 1`, a full COW at ratio 1) and the
@@ -52,7 +49,7 @@ def test_no_knob_is_declared_outside_config_yml():
             if pattern and path != str(knobs.CONFIG):
                 with open(path) as f:
                     found += [f"{os.path.relpath(path, knobs.REPO)}: {m.group(1)}" for m in pattern.finditer(f.read())]
-    assert not found, "knobs declared outside alerts/config.yml (read them with blockstack_deploy.knobs):\n" + \
+    assert not found, "knobs declared outside alerts/config.yml (read them with blockstack_rules.knobs):\n" + \
         "\n".join(found)
 
 

@@ -13,7 +13,7 @@ import subprocess
 import threading
 import time
 
-import abuse  # alerts/receiver/abuse.py: the clients of the abuse benchmark
+import abuse  # alerts/tests/abuse.py: the clients of the abuse benchmark
 import page_receiver  # for its limits only: every test talks to the process
 import pytest
 

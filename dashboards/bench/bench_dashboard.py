@@ -1,8 +1,8 @@
 """How long "Block Stack Merges" takes to load in Grafana + chromium, over the dashboard's default
 time range (now-1h) with the lab's devices ($stack = the lab's upper loop device, $device = All),
-during a lab collapse (dashboards/lab_run.py). A benchmark, not a test: it prints and asserts nothing.
+during a lab collapse (blockstack_lab/dashboard_lab.py). A benchmark, not a test: it prints and asserts nothing.
 
-    sudo .venv/bin/python dashboards/bench_dashboard.py [--rounds 3]     # make bench-dashboard
+    sudo .venv/bin/python dashboards/bench/bench_dashboard.py [--rounds 3]     # make bench-dashboard
 
 A 1600x1000 window, in a fresh browser each round after logging in, scrolled panel by panel as a
 reader does (Grafana queries a panel only once it is in view), waiting for 0.5 s of quiet per panel
@@ -15,15 +15,11 @@ title Grafana sends with it (X-Panel-Title).
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import blockstack_dashboard  # noqa: E402
-import lab_run  # noqa: E402
-from grafana_browser import Browser  # noqa: E402
+import blockstack_dashboard
+from blockstack_lab import dashboard_lab
+from blockstack_lab.grafana_browser import Browser
 
 VIEWPORT = (1600, 1000)
 
@@ -46,7 +42,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
     runs = []
-    with tempfile.TemporaryDirectory(prefix="blockstack-bench-dashboard-") as work, lab_run.collapse(work) as lab:
+    with tempfile.TemporaryDirectory(prefix="blockstack-bench-dashboard-") as work, dashboard_lab.collapse(work) as lab:
         print(f">> lab devices: {lab.upper} over {lab.lower}; load average {os.getloadavg()[0]:.1f}")
         for r in range(args.rounds):
             seconds, (ms, panel), panels, queries = visit(lab)

@@ -1,14 +1,8 @@
-"""Fixtures of the dashboard tests; dashboards/ goes on sys.path for them."""
+"""Fixtures of the dashboard tests."""
 import json
-import os
-import sys
 
+import blockstack_dashboard
 import pytest
-
-DASHBOARDS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, DASHBOARDS)
-
-import blockstack_dashboard  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """The dashboard in a real Grafana (12.4.0, from ../shared/grafana; `make grafana`) during a lab
 collapse, through Grafana's HTTP API and in a real browser (Debian's chromium).
 
-One lab collapse (dashboards/lab_run.py) and one browser visit are shared by the module's tests,
+One lab collapse (blockstack_lab/dashboard_lab.py) and one browser visit are shared by the module's tests,
 once per set of Prometheus-family servers (blockstack_deploy.stack.SERVERS: Debian's Prometheus 2.42
 and Alertmanager 0.25, and the pinned Prometheus 3 and current Alertmanager); every panel query's
 answer must have the same shape on both (label names, lab devices, histogram bounds as numbers):
@@ -27,11 +27,11 @@ import types
 import pytest
 
 import blockstack_dashboard
-import lab_run
-from blockstack_deploy import knobs
+from blockstack_rules import knobs
 from blockstack_deploy.stack import SERVERS
+from blockstack_lab import dashboard_lab
 from blockstack_lab.api import request
-from grafana_browser import Browser
+from blockstack_lab.grafana_browser import Browser
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
@@ -55,10 +55,10 @@ EXPECTED_EMPTY = {
 
 @pytest.fixture(scope="module", params=list(SERVERS))
 def lab(request, tmp_path_factory):
-    why = lab_run.missing_requirements()
+    why = dashboard_lab.missing_requirements()
     if why:  # a core test: fail loudly rather than skip (make test installs and builds all of it)
         pytest.fail(f"lab run impossible here: {why}")
-    with lab_run.collapse(str(tmp_path_factory.mktemp(f"grafana-lab-{request.param}")), servers=request.param) as run:
+    with dashboard_lab.collapse(str(tmp_path_factory.mktemp(f"grafana-lab-{request.param}")), servers=request.param) as run:
         assert run.stack.servers == request.param
         yield run
 

@@ -1,24 +1,22 @@
-"""The README picture from real Grafana: a lab collapse (dashboards/lab_run.py), the dashboard
+"""The README picture from real Grafana: a lab collapse (blockstack_lab/dashboard_lab.py), the dashboard
 opened in Grafana + chromium with $stack on the lab's upper loop device, every panel loaded, and
 the top of the dashboard (firing alerts, the stack table, the lineup) written to a PNG. Only the two
 loop devices are selected ($device): the root disk beneath them carries the rest of the machine's I/O.
 
-    sudo .venv/bin/python dashboards/screenshot.py                    # docs/dashboard.png (~3 minutes)
+    sudo .venv/bin/python dashboards/tools/screenshot.py                   # docs/dashboard.png (~3 minutes)
     make dashboard-screenshot                                         # the same
 """
 import argparse
 import os
-import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+import blockstack_dashboard
+from blockstack_lab import dashboard_lab
+from blockstack_lab.grafana_browser import Browser
 
-import blockstack_dashboard  # noqa: E402
-import lab_run  # noqa: E402
-from grafana_browser import Browser  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-DEFAULT_OUTPUT = os.path.join(os.path.dirname(HERE), "docs", "dashboard.png")
+DEFAULT_OUTPUT = os.path.join(REPO, "docs", "dashboard.png")
 WIDTH = 1500
 LAST_ROW = "Missed merges per layer"  # the picture ends below this panel: the lineup row's last
 
@@ -28,7 +26,7 @@ def main(argv=None):
     ap.add_argument("--output", default=DEFAULT_OUTPUT)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="blockstack-screenshot-") as work, \
-            lab_run.collapse(work) as lab, \
+            dashboard_lab.collapse(work) as lab, \
             Browser(lab.stack.url("grafana"), lab.grafana_password, viewport=(WIDTH, 1900)) as b:
         b.login()
         b.page.evaluate("localStorage.setItem('grafana.navigation.docked', 'false')")  # no side menu

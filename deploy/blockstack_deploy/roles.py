@@ -34,7 +34,9 @@ import urllib.request
 
 import yaml
 
-from . import grafana, knobs, pki
+from blockstack_rules import knobs
+
+from . import grafana, pki
 from .files import write_if_changed, write_yaml
 from .stack import COMPONENTS, REPO, RETENTION, Stack, program, servers_name, which
 

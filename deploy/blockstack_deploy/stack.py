@@ -14,7 +14,9 @@ import urllib.parse
 
 import yaml
 
-from . import grafana, knobs, procs
+from blockstack_rules import knobs
+
+from . import grafana, procs
 from .files import write_yaml
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Robustness of blockstack-exporter: a long fuzz run and HTTP abuse, figures for BENCHMARKS.md.
 
-    fuzz_exporter.py [--iterations 10000] [--promtool-every 10] [--seed 1]
+    make fuzz-exporter FUZZ_ARGS="[--iterations 10000] [--promtool-every 10] [--seed 1]"
+
+It uses the exporter's test helpers (exporters/tests/fuzzing.py, exporter_testlib.py): run it
+with PYTHONPATH=exporters/tests, as the make target does.
 
 Fuzz: the real exporter over HTTP while 1-3 of the files and commands it reads are damaged per
-iteration (fuzzing.py beside it: random bytes, huge, not UTF-8, hundreds or thousands of
+iteration (exporters/tests/fuzzing.py: random bytes, huge, not UTF-8, hundreds or thousands of
 digits, deleted, symlink loops, renamed to bytes that are not UTF-8; dmsetup printing garbage,
 too much, failing or hanging). Every exposition is parsed with prometheus_client's parser,
 every Nth is checked with promtool. Prints iterations, HTTP non-200 answers, failed checks,
@@ -14,7 +17,7 @@ lines per scrape.
 HTTP abuse, against a fresh exporter whose dmsetup takes 0.5 s: 500 concurrent scrapes, 20
 aborted and 20 half-sent requests, 200 connections that never finish their request, and other
 methods and paths; dmsetup's runs count the collections. A benchmark, not a test: it asserts
-nothing (test_fuzz.py and test_hardening.py beside it are the tests).
+nothing (exporters/tests/test_fuzz.py and test_hardening.py are the tests).
 """
 import argparse
 import os

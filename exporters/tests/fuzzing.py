@@ -1,6 +1,6 @@
 """End-to-end fuzzing of the real exporter: damage the files and commands it reads, scrape it
 over HTTP, check the answer, undo the damage. Used by test_fuzz.py (short, in make test) and
-fuzz_exporter.py (>= 10,000 iterations, make fuzz-exporter).
+exporters/bench/fuzz_exporter.py (>= 10,000 iterations, make fuzz-exporter).
 
 Every file the exporter reads in exporter_testlib.full_tree (sysfs attributes and links, device
 names, mountinfo, ext4 options, jbd2 info, superblocks) and both dmsetup commands are targets.

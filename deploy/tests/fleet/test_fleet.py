@@ -27,16 +27,13 @@ import time
 import pytest
 from page_receiver import received
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-sys.path.insert(0, os.path.join(REPO, "dashboards"))
-
-import netns  # noqa: E402
-from blockstack_deploy import roles  # noqa: E402
-from blockstack_deploy.procs import wait_until  # noqa: E402
-from blockstack_lab import fio, loop  # noqa: E402
-from blockstack_lab.api import Prometheus  # noqa: E402
-from blockstack_lab.view import PAGE_ALERTS  # noqa: E402
-from fleet_lab import fleet_lab  # noqa: E402
+import netns
+from blockstack_deploy import roles
+from blockstack_deploy.procs import wait_until
+from blockstack_lab import fio, loop
+from blockstack_lab.api import Prometheus
+from blockstack_lab.view import PAGE_ALERTS
+from fleet_lab import fleet_lab
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
