@@ -20,7 +20,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
