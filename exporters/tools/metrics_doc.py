@@ -163,7 +163,9 @@ def main(argv=None):
             committed = f.read()
         diff = "".join(difflib.unified_diff(committed.splitlines(True), text.splitlines(True),
                                             "docs/metrics.md", "generated"))
-        sys.exit(diff and "docs/metrics.md is stale: run `make metrics-doc`\n" + diff)
+        if diff:
+            sys.exit("docs/metrics.md is stale: run `make metrics-doc`\n" + diff)
+        return
     with open(OUTPUT, "w") as f:
         f.write(text)
     print(f">> wrote {os.path.relpath(OUTPUT, REPO)}")
