@@ -46,10 +46,23 @@ $(EBPF_EXPORTER): scripts/build-ebpf-exporter.sh
 		scripts/build-ebpf-exporter.sh $(BUILD)
 	@touch $@  # the script may find it already built; make must see it fresh
 
-## ebpf-build: compile every BPF program against this kernel's BTF
-ebpf-build: $(EBPF_EXPORTER)
+## ebpf-headers: libbpf's headers and upstream's config schema, no Go build (cached)
+LIBBPF_HEADERS := $(BUILD)/include/bpf/bpf_helpers.h
+EBPF_SCHEMA    := $(BUILD)/share/ebpf_exporter/config-schema.yaml
+.PHONY: ebpf-headers ebpf-objects
+ebpf-headers: $(LIBBPF_HEADERS) $(EBPF_SCHEMA)
+$(LIBBPF_HEADERS) $(EBPF_SCHEMA): scripts/build-ebpf-exporter.sh
+	@EBPF_EXPORTER_VERSION=$(EBPF_EXPORTER_VERSION) LIBBPF_SYS_VERSION=$(LIBBPF_SYS_VERSION) \
+		scripts/build-ebpf-exporter.sh $(BUILD) headers
+	@touch $@
+
+## ebpf-objects: compile every BPF program against this kernel's BTF (what the static checks read)
+ebpf-objects: ebpf-headers
 	@echo ">> compiling BPF programs"
 	@$(MAKE) -s -C ebpf-configs BUILD=$(abspath $(BUILD))
+
+## ebpf-build: the BPF programs and ebpf_exporter to load them
+ebpf-build: $(EBPF_EXPORTER) ebpf-objects
 
 ## grafana: the Grafana server (GRAFANA_HOME, grafana on PATH, or ../shared/grafana's tarball unpacked once into .build/)
 .PHONY: grafana
@@ -61,10 +74,11 @@ test: deps venv ebpf-build thanos grafana upstream-servers
 	@echo ">> running tests"
 	@$(PYTEST)
 
-## test-unit: the fast tier: no root, no servers, under a minute (pytest -m "not root and not servers")
-test-unit: deps venv upstream-servers
+## test-unit: the fast tier: every static check and unit test; no root, no servers, no Go build, under a minute
+UNIT := not root and not servers and not built
+test-unit: deps venv ebpf-objects
 	@echo ">> running unit tests"
-	@$(PYTEST) -m "not root and not servers"
+	@$(PYTEST) -m "$(UNIT)"
 
 ## test-exporter: blockstack-exporter's tests (fixtures, golden scrape, live on loop devices: root)
 test-exporter: venv

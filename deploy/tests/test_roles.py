@@ -27,6 +27,7 @@ def secrets(tmp_path_factory):
     return s.ensure(server_names={"central": ["10.9.0.1"], "db1": ["10.9.0.11"]}, client_names=["query"])
 
 
+@pytest.mark.built  # the agent's commands name ebpf_exporter and the Thanos sidecar
 @servers_matrix
 def test_agent_config(tmp_path, secrets, servers):
     agent = roles.Agent(tmp_path, "db1", ["10.9.0.1:9093", "10.9.0.1:9095"], secrets, replicas=("A", "B"),
@@ -57,6 +58,7 @@ def test_agent_config(tmp_path, secrets, servers):
         "host": "db1", "replica": "B", "__http_address__": "10.9.0.11:10912"}}
 
 
+@pytest.mark.built  # Thanos Query
 @servers_matrix
 def test_central_config(tmp_path, secrets, servers):
     inventory = tmp_path / "inventory.yml"

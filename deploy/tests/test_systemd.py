@@ -9,6 +9,8 @@ import pytest
 
 from blockstack_deploy import grafana, pki, roles, systemd
 
+pytestmark = [pytest.mark.built]  # the units' ExecStart: ebpf_exporter and Thanos must exist
+
 
 def verify(directory, units):
     """systemd-analyze's complaints about the units written into directory ('' when none)."""

@@ -10,8 +10,6 @@ import pytest
 from exporter_testlib import EXPORTER, HOST_LOOP, Scraped, registry_for
 from blockstack_deploy import procs
 
-pytestmark = [pytest.mark.root]
-
 LOOP0_QUEUE = "sys/devices/virtual/block/loop0/queue"
 
 
@@ -77,6 +75,7 @@ def test_empty_tree_is_an_empty_scrape_not_a_crash(tmp_path):
         assert s.success(c) == 1
 
 
+@pytest.mark.root  # drops privileges to nobody with setpriv
 def test_permission_denied_as_an_unprivileged_exporter(tmp_path):
     """Run the real exporter as nobody (root reads everything, so drop privileges) over a tree
     where one queue file is mode 000: the scrape answers, the error is counted."""
