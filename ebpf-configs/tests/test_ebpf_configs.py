@@ -1,10 +1,12 @@
-"""Static checks of every config, then `ebpf_exporter --config.check --config.strict` on each.
+"""Static checks of every config (no root: `make test-unit`), then `ebpf_exporter --config.check
+--config.strict` on each (root).
 
-The programs are compiled with -Wall -Werror by `make ebpf-build` (ebpf-configs/Makefile), which
-`make test` runs first; these tests check what the build produced.
+The programs are compiled with -Wall -Werror by `make ebpf-objects` (ebpf-configs/Makefile), which
+`make test-unit` and `make test` run first; these tests check what the build produced.
 """
 import json
 import os
+import re
 import subprocess
 
 import jsonschema
@@ -13,8 +15,6 @@ import yaml
 
 from ebpf_testlib import (BUILD, CONFIG_DIR, CONFIGS_SRC, cannot_load, config_check, config_names,
                           selected_configs)
-
-pytestmark = [pytest.mark.root]
 
 SCHEMA = os.path.join(BUILD, "share", "ebpf_exporter", "config-schema.yaml")
 NAMES = config_names()
@@ -108,12 +108,62 @@ def test_each_metric_has_its_map_with_matching_key_layout(name):
         assert value_size == 8
 
 
+# --- the buckets of the C source against the YAML ---------------------------------------------------
+def source_with_includes(path, seen=None):
+    """The text of a source and of every "quoted" header it includes (recursively), once each."""
+    seen = set() if seen is None else seen
+    if path in seen:
+        return ""
+    seen.add(path)
+    with open(path) as f:
+        text = f.read()
+    headers = re.findall(r'^#include "([^"]+)"', text, re.M)
+    return text + "".join(source_with_includes(os.path.join(CONFIGS_SRC, h), seen) for h in headers)
+
+
+def defines(text):
+    """{NAME: int} of the #defines whose value is a plain integer."""
+    return {name: int(value, 0) for name, value in re.findall(r"^#define\s+(\w+)\s+(\d+|0x[0-9a-fA-F]+)\s*$", text, re.M)}
+
+
+def observed_buckets(text):
+    """{map: {(min, max), ...}} of every histogram_observe(&map, key, value, min, max) call."""
+    consts = defines(text)
+    calls = re.findall(r"histogram_observe\(\s*&(\w+)\s*,.*?,\s*(\w+)\s*,\s*(\w+)\s*\)\s*;", text, re.S)
+    out = {}
+    for map_name, low, high in calls:
+        out.setdefault(map_name, set()).add(tuple(consts[v] if v in consts else int(v, 0) for v in (low, high)))
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bucket_defines_match_the_yaml(name):
+    """The bucket bounds a program observes with (its #defines, "Must match bucket_min /
+    bucket_max") are the histogram's bucket_min and bucket_max in NAME.yaml: else ebpf_exporter
+    labels every bucket with the wrong le."""
+    observed = observed_buckets(source_with_includes(os.path.join(CONFIGS_SRC, name + ".bpf.c")))
+    for histogram in load_config(name)["metrics"].get("histograms", []):
+        assert histogram["name"] in observed, f"{name}.bpf.c never observes {histogram['name']}"
+        assert observed[histogram["name"]] == {(histogram["bucket_min"], histogram["bucket_max"])}, \
+            f"{histogram['name']}: the source observes with {observed[histogram['name']]}, " \
+            f"{name}.yaml says bucket_min {histogram['bucket_min']}, bucket_max {histogram['bucket_max']}"
+
+
+def test_bucket_check_reads_the_source():
+    """The check above finds a mismatch: a changed #define is seen."""
+    text = source_with_includes(os.path.join(CONFIGS_SRC, "block_io.bpf.c"))
+    assert observed_buckets(text)["block_rq_size_bytes"] == {(9, 27)}
+    changed = re.sub(r"^#define SIZE_BUCKET_MAX \d+", "#define SIZE_BUCKET_MAX 26", text, flags=re.M)
+    assert observed_buckets(changed)["block_rq_size_bytes"] == {(9, 26)}
+
+
 def test_jbd2_variants_export_the_same_metric():
     """Dashboards and alerts work with either variant only if both define the metric alike."""
     assert load_config("jbd2_credit_wait")["metrics"] == load_config("jbd2_credit_wait_fexit")["metrics"]
 
 
 # --- the real exporter loads them -----------------------------------------------------------------
+@pytest.mark.root
 @pytest.mark.parametrize("name", NAMES)
 def test_config_check_strict(name):
     result = config_check(name)
@@ -128,6 +178,7 @@ def test_config_check_strict(name):
     assert "Config check successful" in output
 
 
+@pytest.mark.root
 def test_selected_configs_load_together_and_cover_every_metric_set():
     names = selected_configs().split(",")
     assert "block_io" in names

@@ -20,12 +20,14 @@ import time
 import urllib.request
 
 from blockstack_deploy import procs
+from blockstack_exporter.collectors.queue import FILES as QUEUE_FILES
 
 EXPORTER = os.path.join(os.path.dirname(sys.executable), "blockstack-exporter")
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-QUEUE = {"nomerges": "0", "max_sectors_kb": "128", "max_hw_sectors_kb": "128", "read_ahead_kb": "128",
-         "nr_requests": "1023", "rotational": "0", "logical_block_size": "512", "physical_block_size": "512",
-         "max_segments": "33", "scheduler": "[none] mq-deadline"}
+# Every disk's queue/ is a copy of a real one: the recorded fixture's virtio disk, each file the
+# queue collector reads.
+FIXTURE_QUEUE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures",
+                             "host-loop", "sys", "block", "vda", "queue")
 EXT4_OPTIONS = "rw\nbsddf\nnogrpid\nblock_validity\ndioread_nolock\nnodiscard\ndelalloc\nbarrier\ndata=ordered\ncommit=5\n"
 JBD2_INFO = """120 transactions (118 requested), each up to 8192 blocks
 average: 
@@ -81,8 +83,9 @@ class Tree:
             write(os.path.join(d, "partition"), "1\n")
         else:
             link(os.path.join(self.sys, "block", name), os.path.join("../devices", devpath))
-            for k, v in QUEUE.items():
-                write(os.path.join(d, "queue", k), v + "\n")
+            os.makedirs(os.path.join(d, "queue"))
+            for f in QUEUE_FILES:
+                shutil.copyfile(os.path.join(FIXTURE_QUEUE, f), os.path.join(d, "queue", f))
             os.makedirs(os.path.join(d, "holders"), exist_ok=True)
             os.makedirs(os.path.join(d, "slaves"), exist_ok=True)
             for s in slaves:

@@ -12,8 +12,8 @@ import os
 import shutil
 import sys
 
-QUEUE_FILES = ("nomerges", "max_sectors_kb", "max_hw_sectors_kb", "read_ahead_kb", "nr_requests",
-               "rotational", "logical_block_size", "physical_block_size", "max_segments", "scheduler")
+from blockstack_exporter.collectors.queue import FILES as QUEUE_FILES
+
 DEVICE_FILES = ("dev", "size", "partition", "dm/name", "dm/uuid", "loop/backing_file")
 
 

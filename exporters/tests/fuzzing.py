@@ -23,13 +23,14 @@ import subprocess
 import time
 import urllib.parse
 
+from blockstack_exporter.collectors.queue import SETTINGS
 from exporter_testlib import DM_DEVICES, Scraped, exporter_argv, full_tree, http
 
 # (path relative to the tree, kind): numeric attributes re-read every scrape drop a value when
 # damaged; other files are read too, but a damage there need not drop anything (a device
 # number is only compared, the limits and a superblock are read once per device or mount).
-WRITABLE = ("nomerges", "max_sectors_kb", "read_ahead_kb", "nr_requests", "rotational")
-FIXED = ("logical_block_size", "physical_block_size", "max_hw_sectors_kb", "max_segments")
+WRITABLE = tuple(filename for filename, *_, fixed in SETTINGS if not fixed)
+FIXED = tuple(filename for filename, *_, fixed in SETTINGS if fixed)
 
 
 def targets():

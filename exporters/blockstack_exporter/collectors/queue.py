@@ -31,6 +31,10 @@ SETTINGS = (
     ("physical_block_size", "physical_block_size_bytes", "Smallest unit the device writes without read-modify-write, in bytes.", 1, True),
     ("max_segments", "max_segments", "Most scatter/gather segments in one request.", 1, True),
 )
+# Every file this collector reads in queue/. The fixtures' capture (tests/capture_fixture.py), the
+# fuzzer's targets (tests/fuzzing.py) and the benchmark's tree (bench/bench_scrape.py) use this
+# list: a new setting is one row of SETTINGS.
+FILES = tuple(filename for filename, *_ in SETTINGS) + ("scheduler",)
 
 
 def parse_scheduler(text):
