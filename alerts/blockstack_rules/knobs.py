@@ -17,13 +17,15 @@ in PromQL or Go templates. Only the braced form is a placeholder here: a bare $ 
 so $labels, $value, $1 of label_replace and Grafana's $__rate_interval need no $$ escape.
 """
 import argparse
+import os
 import pathlib
 import string
 import sys
 
 import yaml
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+# The project's files: BLOCKSTACK_HOME (as blockstack_deploy.paths), default the checkout this sits in
+REPO = pathlib.Path(os.environ.get("BLOCKSTACK_HOME") or pathlib.Path(__file__).resolve().parents[2])
 CONFIG = REPO / "alerts" / "config.yml"
 TEMPLATES = REPO / "alerts" / "src"
 # What each Prometheus evaluates: a host's (standalone or agent) and the fleet's central watcher.

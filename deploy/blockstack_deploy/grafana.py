@@ -8,7 +8,7 @@ Where Grafana comes from, in this order:
 1. GRAFANA_HOME (an unpacked release tarball: GRAFANA_HOME/bin/grafana);
 2. `grafana` or `grafana-server` on PATH (Grafana's APT package; its home is /usr/share/grafana);
 3. ../shared/grafana/grafana-VERSION.linux-amd64.tar.xz beside the repository ($SHARED_DIR/grafana
-   if set), unpacked once
+   if set; paths.py), unpacked once
    (sha256 checked against the .sha256 file beside it) into .build/grafana-VERSION/.
 Nothing is ever downloaded.
 """
@@ -22,13 +22,10 @@ import tempfile
 import yaml
 
 from .files import secret, write_if_changed, write_yaml
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from .paths import BUILD, REPO, SHARED
 VERSION = "12.4.0"  # the build in ../shared/grafana, and the only version the tests have run against
-# shared/ sits beside the repository (a CI clone has it there); SHARED_DIR points elsewhere (a git worktree)
-SHARED = os.environ.get("SHARED_DIR") or os.path.join(REPO, "..", "shared")
 TARBALL = os.path.join(SHARED, "grafana", f"grafana-{VERSION}.linux-amd64.tar.xz")
-CACHE = os.path.join(REPO, ".build", f"grafana-{VERSION}")
+CACHE = os.path.join(BUILD, f"grafana-{VERSION}")
 APT_HOME = "/usr/share/grafana"
 PROVISIONING = os.path.join(REPO, "deploy", "grafana", "provisioning")
 DASHBOARDS = os.path.join(REPO, "dashboards")

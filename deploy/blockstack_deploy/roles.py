@@ -38,9 +38,9 @@ from blockstack_rules import knobs
 
 from . import grafana, pki
 from .files import write_if_changed, write_yaml
-from .stack import COMPONENTS, REPO, RETENTION, Stack, program, servers_name, which
+from .stack import BUILD, COMPONENTS, RETENTION, Stack, program, servers_name, which
 
-THANOS = os.path.join(REPO, ".build", "bin", "thanos")
+THANOS = os.path.join(BUILD, "bin", "thanos")
 GRAFANA_HINT = grafana.HINT + "; everything else runs, and `make up` picks Grafana up next time."
 SOURCE = "blockstack_deploy/roles.py"
 

@@ -18,10 +18,7 @@ from blockstack_rules import knobs
 
 from . import grafana, procs
 from .files import write_yaml
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BUILD = os.path.join(REPO, ".build")
-VENV_BIN = os.path.join(REPO, ".venv", "bin")
+from .paths import BUILD, REPO, VENV_BIN
 EBPF_EXPORTER = os.path.join(BUILD, "bin", "ebpf_exporter")
 EBPF_CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
 # node_exporter's default --collector.diskstats.device-exclude drops loop devices and
