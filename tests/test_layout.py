@@ -1,0 +1,84 @@
+"""Each file in its room: every installable package declares what its modules import, and no code
+edits sys.path (a module is found because it is installed, or because pytest or the make target
+put its directory there)."""
+import ast
+import importlib.metadata
+import pathlib
+import re
+import sys
+import tomllib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PROJECTS = sorted(p.parent for p in ROOT.glob("*/**/pyproject.toml")
+                  if not {".venv", ".build", "node_modules"} & set(p.relative_to(ROOT).parts))
+
+
+def canonical(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def project(directory):
+    data = tomllib.loads((directory / "pyproject.toml").read_text())
+    setuptools = data["tool"]["setuptools"]
+    modules = [directory / p.replace(".", "/") for p in setuptools.get("packages", [])]
+    modules += [directory / f"{m}.py" for m in setuptools.get("py-modules", [])]
+    meta = data["project"]
+    requires = meta.get("dependencies", []) + [d for extra in meta.get("optional-dependencies", {}).values()
+                                               for d in extra]
+    declared = {canonical(re.split(r"[\s<>=!~\[;]", d, maxsplit=1)[0]) for d in requires}
+    return canonical(meta["name"]), modules, declared
+
+
+def own_modules():
+    """{top-level module: project name} of the projects in this tree."""
+    out = {}
+    for directory in PROJECTS:
+        name, modules, _ = project(directory)
+        for m in modules:
+            out[m.name.removesuffix(".py")] = name
+    return out
+
+
+def imported(paths):
+    """Top-level names of every absolute import in the files."""
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_projects_are_found():
+    names = {project(d)[0] for d in PROJECTS}
+    assert {"blockstack-exporter", "blockstack-deploy", "blockstack-lab", "blockstack-rules",
+            "blockstack-dashboard", "blockstack-page-receiver"} <= names
+
+
+@pytest.mark.parametrize("directory", PROJECTS, ids=lambda d: str(d.relative_to(ROOT)))
+def test_a_package_declares_what_it_imports(directory):
+    name, modules, declared = project(directory)
+    files = [f for m in modules for f in ([m] if m.suffix == ".py" else sorted(m.rglob("*.py")))]
+    assert files, f"{name}: no modules found"
+    ours = own_modules()
+    third_party = importlib.metadata.packages_distributions()
+    missing = []
+    for module in sorted(imported(files) - set(sys.stdlib_module_names)):
+        if ours.get(module) == name:
+            continue
+        provider = ours.get(module) or next(iter(third_party.get(module, [])), None)
+        if provider is None or canonical(provider) not in declared:
+            missing.append(f"{module} ({provider or 'not installed'})")
+    assert not missing, f"{directory.relative_to(ROOT)}/pyproject.toml does not declare: {', '.join(missing)}"
+
+
+def test_no_code_edits_sys_path():
+    edits = [f"{p.relative_to(ROOT)}:{n}" for p in ROOT.rglob("*.py")
+             if not {".venv", ".build", ".git", "node_modules"} & set(p.relative_to(ROOT).parts)
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"\bsys\.path\.(insert|append|extend)\(|\bsys\.path\s*[+]?=", line)]
+    assert not edits, edits
