@@ -9,7 +9,7 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Every Markdown file we write; docs/metrics.md is generated from the exporters (its own test).
 DOCS = sorted(p for p in ROOT.glob("**/*.md")
-              if not {".git", ".venv", ".build", "node_modules", "fixtures"} & set(p.relative_to(ROOT).parts)
+              if not any(part.startswith(".") or part in ("node_modules", "fixtures") for part in p.relative_to(ROOT).parts)
               and p != ROOT / "docs" / "metrics.md")
 PACKAGES = {"blockstack_exporter", "blockstack_deploy", "blockstack_lab", "blockstack_rules", "blockstack_dashboard"}
 

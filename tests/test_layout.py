@@ -11,8 +11,12 @@ import tomllib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PROJECTS = sorted(p.parent for p in ROOT.glob("*/**/pyproject.toml")
-                  if not {".venv", ".build", "node_modules"} & set(p.relative_to(ROOT).parts))
+def ours(path):
+    """A file of the project's own, not of a build, a virtual environment or a state directory."""
+    return not any(part.startswith(".") or part == "node_modules" for part in path.relative_to(ROOT).parts)
+
+
+PROJECTS = sorted(p.parent for p in ROOT.glob("*/**/pyproject.toml") if ours(p))
 
 
 def canonical(name):
@@ -77,8 +81,7 @@ def test_a_package_declares_what_it_imports(directory):
 
 
 def test_no_code_edits_sys_path():
-    edits = [f"{p.relative_to(ROOT)}:{n}" for p in ROOT.rglob("*.py")
-             if not {".venv", ".build", ".git", "node_modules"} & set(p.relative_to(ROOT).parts)
+    edits = [f"{p.relative_to(ROOT)}:{n}" for p in ROOT.rglob("*.py") if ours(p)
              for n, line in enumerate(p.read_text().splitlines(), 1)
              if re.search(r"\bsys\.path\.(insert|append|extend)\(|\bsys\.path\s*[+]?=", line)]
     assert not edits, edits
