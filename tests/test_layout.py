@@ -68,13 +68,13 @@ def test_a_package_declares_what_it_imports(directory):
     name, modules, declared = project(directory)
     files = [f for m in modules for f in ([m] if m.suffix == ".py" else sorted(m.rglob("*.py")))]
     assert files, f"{name}: no modules found"
-    ours = own_modules()
+    own = own_modules()
     third_party = importlib.metadata.packages_distributions()
     missing = []
     for module in sorted(imported(files) - set(sys.stdlib_module_names)):
-        if ours.get(module) == name:
+        if own.get(module) == name:
             continue
-        provider = ours.get(module) or next(iter(third_party.get(module, [])), None)
+        provider = own.get(module) or next(iter(third_party.get(module, [])), None)
         if provider is None or canonical(provider) not in declared:
             missing.append(f"{module} ({provider or 'not installed'})")
     assert not missing, f"{directory.relative_to(ROOT)}/pyproject.toml does not declare: {', '.join(missing)}"
