@@ -20,7 +20,7 @@ from grafana_browser import Browser  # noqa: E402
 
 DEFAULT_OUTPUT = os.path.join(os.path.dirname(HERE), "docs", "dashboard.png")
 WIDTH = 1500
-LAST_ROW = "Missed merges per layer"  # the picture ends below this panel: the lineup row's last
+LAST_ROW = "Merge ratio per layer"  # the picture ends below this panel: the lineup row's last
 
 
 def main(argv=None):
