@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+import yaml
 from blockstack_rules import knobs
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
@@ -34,9 +35,11 @@ CONFIG = {
     # Stable identity: links, provisioning and alert runbooks point at this uid. Never change it.
     "uid": "blockstack-merges",
     "title": "Block Stack Merges",
-    # uid of the provisioned Prometheus datasource (deploy/grafana/provisioning/datasources/).
-    # Only the default of the $datasource variable; any Prometheus datasource can be picked.
+    # uid and name of the provisioned Prometheus datasource (deploy/grafana/provisioning/datasources/).
+    # The $datasource variable starts on the datasource of this name in a provisioned copy, and on
+    # the one chosen for the DS_PROMETHEUS input in an imported copy; any Prometheus can be picked.
     "datasource_uid": "blockstack-prometheus",
+    "datasource_name": "Prometheus (Block Stack Merges)",
     # Alert names whose firing draws an annotation on the lineup panels (a regex): the merge
     # collapse page of alerts/alerts.rules.yml. Change it with it.
     "collapse_alerts": "BlockStackMergeCollapse.*",
@@ -80,7 +83,28 @@ DEVICE_QUERY = """query_result(max by (device) (
 ))"""
 
 
+# The ebpf_exporter configs whose histograms the quantile panels read (bucket bounds).
+BLOCK_IO = os.path.join(os.path.dirname(HERE), "ebpf-configs", "block_io.yaml")
+JBD2 = os.path.join(os.path.dirname(HERE), "ebpf-configs", "jbd2_credit_wait.yaml")
+
+
 # --- Small helpers ---------------------------------------------------------------------------------
+
+def histogram_top(config, name):
+    """Lower bound of the top finite bucket of an exp2 histogram of an ebpf_exporter config, in its
+    unit: ebpf_exporter's exp2 maps put every value above the top bound into the top bucket, so a
+    quantile that lands there (or in +Inf) is only "at least this", never a measured value."""
+    with open(config) as f:
+        metrics = yaml.safe_load(f)["metrics"]["histograms"]
+    (h,) = [m for m in metrics if m["name"] == name]
+    assert h["bucket_type"] == "exp2", h
+    return 2 ** (h["bucket_max"] - 1) * float(h.get("bucket_multiplier", 1))
+
+
+def in_range(q, buckets, name, config=BLOCK_IO):
+    """histogram_quantile(q, buckets) where there were observations and the quantile falls below the
+    top bucket (histogram_top): no line for an idle layer, none pinned at the histogram's top."""
+    return f"(\n  histogram_quantile({q}, {buckets})\n    <= {histogram_top(config, name)!r}\n)"
 
 def q(expr, legend="", ref="A", fmt=None, instant=False):
     t = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DS)
@@ -101,15 +125,17 @@ def steps(*pairs):
         [dm.Threshold(value=v, color=c) for v, c in pairs])
 
 
-def legend_table(calcs=("mean", "max", "lastNotNull")):
+def legend_table(calcs=("mean", "max", "lastNotNull"), placement=cm.LegendPlacement.RIGHT):
     return (cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE)
-            .placement(cm.LegendPlacement.RIGHT).show_legend(True).calcs(list(calcs)))
+            .placement(placement).show_legend(True).calcs(list(calcs)))
 
 
 def ts(title, description, targets, unit, w=12, h=8, **kw):
     p = (timeseries.Panel().title(title).description(description).datasource(DS)
          .unit(unit).span(w).height(h).line_width(2).fill_opacity(10)
-         .legend(legend_table()).tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
+         # narrow panels: the legend beneath the graph, else it leaves no room for the lines
+         .legend(legend_table(placement=cm.LegendPlacement.RIGHT if w >= 12 else cm.LegendPlacement.BOTTOM))
+         .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
                                          .sort(cm.SortOrder.DESCENDING)))
     for t in targets:
         p = p.with_target(t)
@@ -185,7 +211,7 @@ def alert_panels(k):
     firing = ('ALERTS{alertstate="firing", host="$host", device=~"$device"}\n'
               '  or ALERTS{alertstate="firing", host="$host", device=""}')
     return [
-        table.Panel().title("Firing alerts").datasource(DS).span(24).height(5)
+        table.Panel().title("Firing alerts").datasource(DS).span(12).height(5)
         .description(
             "Alerts firing now for this host: those about a device of the selected stack, and those about the host "
             "as a whole (an exporter down). Healthy: the table is empty. Sick: BlockStackMergeCollapse* means a layer "
@@ -195,8 +221,32 @@ def alert_panels(k):
         .with_target(table_q(firing))
         .with_transformation(organize(exclude=["Time", "Value", "__name__", "alertstate", "job", "instance"],
                                       order=["alertname", "severity", "host", "device"]))
-        .no_value("No alert is firing for this stack.")
+        .no_value("No alert is firing for this stack."),
+        findings_panel(k),
     ]
+
+
+def findings_panel(k):
+    """blockstack_finding{device, check, severity}: 1 per active misconfiguration finding of the
+    exporter's checks (the table blockstack-doctor prints)."""
+    return (table.Panel().title("Findings").datasource(DS).span(12).height(5)
+            .description(
+                "Misconfigurations the exporter finds on the stack's devices now (the checks of blockstack-doctor: "
+                "one row per device and check). Healthy: no finding. Sick: e.g. nomerges 2 beneath a stack (the NVMe "
+                "incident: nvme1n1 with QUEUE_FLAG_NOMERGES, 8-sector requests, 27x slower reads), a max_sectors_kb "
+                "far below max_hw_sectors_kb, 4 KiB snapshot chunks (LVM2 write-up: 625 s vs 55 s for 1 GB), or "
+                "dioread_nolock with a small journal (ext4 incident: 20,026 -> 315 IOPS). `blockstack-doctor "
+                "--device DEV` prints each finding's evidence and fix.")
+            .with_target(table_q(f"max by (host, device, check, severity) "
+                                 f"(blockstack_finding{{{k['blockstack_selector']}, {SEL}}} == 1)"))
+            .with_transformation(organize(exclude=["Time", "Value", "host"], order=["device", "check", "severity"]))
+            .with_transformation(sort_by("device"))
+            .override_by_name("severity", [
+                prop("mappings", [m.to_json() for m in value_map({"critical": ("critical", "red"),
+                                                                  "warning": ("warning", "orange"),
+                                                                  "info": ("info", "blue")})]),
+                color_cells()])
+            .no_value("No finding: the checks found no misconfiguration on this stack."))
 
 
 def stack_table(k):
@@ -258,10 +308,8 @@ def lineup_panels(k):
         "loop devices: ~256). Sick: the top stays large while a lower layer drops to 8 sectors (one 4 KiB page) - "
         "the incident: dm-3 at 512 over dm-1 and nvme1n1 at 8.00, 3000 r/s for 12 MB/s, %util 100. The dashed line "
         f"is the collapse threshold ({k['collapse_max_sectors']} sectors); red marks are collapse pages.",
-        [q(f"host_device_operation:node_disk_request_size_sectors:avg{{{SEL}}}\n"
-           f"  * on (host, device) group_left (depth, name)\n{LAYERS}",
-           legend="L{{depth}} {{name}} {{operation}}")],
-        "none", w=24, h=9, min=1, log=2,
+        [q(per_layer(f"host_device_operation:node_disk_request_size_sectors:avg{{{SEL}}}"), legend=LAYER_LEGEND)],
+        "none", w=12, h=9, min=1, log=2,
         thresholds=steps((None, "transparent"), (k["collapse_max_sectors"], "red")))
     iops = ts(
         "IOPS per layer",
@@ -269,14 +317,14 @@ def lineup_panels(k):
         "completes about as many requests as the layer above it (NVMe incident, healthy: 409.6 r/s on every layer for "
         "104857 kB/s). Sick: the lower layer's IOPS explode while throughput falls (3000 r/s on nvme1n1 for 12000 kB/s).",
         [q(f"host_device_operation:node_disk_completed:rate{{{SEL}}}", legend="{{device}} {{operation}}")],
-        "iops")
+        "iops", w=8)
     tput = ts(
         "Throughput per layer",
         "Bytes per second per device and operation (iostat rkB/s, wkB/s). Healthy: the same bytes flow through each "
         "layer (104857 kB/s on nvme1n1, dm-1 and dm-0 in the NVMe incident). Sick: throughput drops by an order of "
         "magnitude on every layer at once while IOPS rise (12000 kB/s, 27x slower reads).",
         [q(f"host_device_operation:node_disk_bytes:rate{{{SEL}}}", legend="{{device}} {{operation}}")],
-        "Bps")
+        "Bps", w=8)
     ratio = ts(
         "Merge ratio per layer",
         "Share of submitted I/Os merged into another request: merged / (merged + completed), iostat %rrqm / 100. "
@@ -284,16 +332,47 @@ def lineup_panels(k):
         "256 KiB request = 0.98). Sick: 0 on the layer that should merge (nomerges=2: btrace shows no M events, every "
         "8-sector request is issued on its own).",
         [q(f"host_device_operation:node_disk_merge_ratio:ratio{{{SEL}}}", legend="{{device}} {{operation}}")],
-        "percentunit", min=0, max=1)
-    missed = ts(
-        "Missed merges per layer",
-        "Small (<= 32 KiB) requests issued to the driver right after the previous request on the same device, which a "
-        "merge would have joined (ebpf_exporter, block_rq_issue). Healthy: ~0 (random I/O is never adjacent; sequential "
-        "I/O is merged before issue). Sick: about equal to the layer's IOPS - every request is a missed merge "
-        "(the NVMe incident's 3000 8-sector r/s on nvme1n1).",
-        [q(f"host_device_operation:ebpf_block_rq_missed_merges:rate{{{SEL}}}", legend="{{device}} {{operation}}")],
-        "reqps", min=0)
-    return [size, iops, tput, ratio, missed]
+        "percentunit", w=8, min=0, max=1)
+    refused = layer_rate(
+        "Refused merges per layer",
+        "New requests made for a bio contiguous with a request of the same device and operation still waiting in the "
+        "queue, where a merge would have fitted (ebpf_exporter, ebpf_exporter_block_rq_missed_merges_total): the merges "
+        "the layer refused. Layers with I/O only. Healthy: ~0 (sequential I/O is merged before issue; random I/O is "
+        "never adjacent). Sick: about equal to the layer's IOPS - nomerges=2 refuses every merge (the NVMe incident's "
+        f"3000 8-sector r/s on nvme1n1). The dashed line is the page's floor ({k['missed_merges_min_rate']}/s).",
+        "host_device_operation:ebpf_block_rq_missed_merges:rate", k["missed_merges_min_rate"])
+    splits = layer_rate(
+        "Splits per layer",
+        "Pieces split off bios to fit the layer's limits (max_sectors_kb, segments; ebpf_exporter, "
+        "ebpf_exporter_block_bio_splits_total): each is an extra request. Layers with I/O only. Healthy: 0 when "
+        "bios fit, or a few large pieces (a 1 MiB write cut at 128 KiB); a dm snapshot splits every bio into "
+        "chunks (51,200 splits per 200 MiB at 4 KiB chunks, merged back beneath when nomerges=0). Sick: about "
+        "the layer's IOPS in tiny pieces (max_sectors_kb=4: 127 of every 128 requests). The dashed line is the "
+        f"page's floor ({k['split_min_rate']}/s).",
+        "host_device_operation:ebpf_block_bio_splits:rate", k["split_min_rate"])
+    return [size, refused, splits, iops, tput, ratio]
+
+
+def layer_rate(title, description, record, floor):
+    """A narrow lineup panel: the recording rule `record` (events per second) per layer with I/O, and a
+    dashed red line at the page's floor."""
+    return ts(title, description, [q(per_layer(with_traffic(f"{record}{{{SEL}}}")), legend=LAYER_LEGEND)],
+              "reqps", w=6, h=9, min=0, thresholds=steps((None, "transparent"), (floor, "red")))
+
+
+LAYER_LEGEND = "L{{depth}} {{name}} {{operation}}"
+
+
+def per_layer(expr):
+    """expr's series with the layer's depth below the top and its name (legend LAYER_LEGEND)."""
+    return f"{expr}\n  * on (host, device) group_left (depth, name)\n{LAYERS}"
+
+
+def with_traffic(expr):
+    """expr for the devices and operations that issued requests (ebpf_exporter, block_rq_issue), 0 where
+    it has no series (an ebpf_exporter counter appears only once it counts)."""
+    issued = f"host_device_operation:ebpf_block_rq:rate{{{SEL}}}"
+    return f"(\n  ({expr} or {issued} * 0)\n    and on (host, device, operation) ({issued} > 0)\n)"
 
 
 def distribution_panels(k):
@@ -323,16 +402,20 @@ def distribution_panels(k):
         "band (NVMe incident, healthy: 0.36-5.9 ms per 512-sector request). Sick: more, slower requests as the queue "
         "saturates (snapshot case: up to 24.8 ms, 98% of requests slower, 64x as many requests: 131194 vs 2049).",
         buckets("ebpf_exporter_block_rq_latency_seconds", ', stage="service"'), "s")
-    pct_expr = ("histogram_quantile({q}, sum by (host, device, operation, le) "
-                "(rate(ebpf_exporter_block_rq_latency_seconds_bucket{{{sel}, stage=\"{stage}\"}}[$__rate_interval])))")
+    def quantile(q, stage):
+        return per_layer(in_range(q, f"sum by (host, device, le) (rate(ebpf_exporter_block_rq_latency_seconds_bucket"
+                                     f'{{{EB}, stage="{stage}"}}[$__rate_interval]))', "block_rq_latency_seconds"))
     pcts = ts(
         "Latency p50 / p99 per layer",
-        "Per device and operation: p50 and p99 of service time (issue to complete) and p99 of queue time (request made to "
-        "issue; devices with an I/O scheduler only). Healthy: p99 within a few ms on SSD/NVMe (NVMe incident, healthy max 5.9 ms). Sick: p99 climbs with "
-        "the queue full of small requests (24.8 ms in the snapshot case; await 10 ms at avgqu-sz 30).",
-        [q(pct_expr.format(q=0.5, sel=EB, stage="service"), legend="p50 service {{device}} {{operation}}", ref="A"),
-         q(pct_expr.format(q=0.99, sel=EB, stage="service"), legend="p99 service {{device}} {{operation}}", ref="B"),
-         q(pct_expr.format(q=0.99, sel=EB, stage="queue"), legend="p99 queue {{device}} {{operation}}", ref="C")],
+        "Per layer with requests (reads and writes together): p50 and p99 of service time (issue to complete) and p99 "
+        "of queue time (request made to issue; devices with an I/O scheduler only). A quantile is drawn only where "
+        "it falls inside the histogram's range: one in the top bucket (all waits longer than its lower bound, "
+        f"{histogram_top(BLOCK_IO, 'block_rq_latency_seconds'):g} s) has no value to draw. Healthy: p99 within a few "
+        "ms on SSD/NVMe (NVMe incident, healthy max 5.9 ms). Sick: p99 climbs with the queue full of small requests "
+        "(24.8 ms in the snapshot case; await 10 ms at avgqu-sz 30).",
+        [q(quantile(0.5, "service"), legend="p50 service L{{depth}} {{name}}", ref="A"),
+         q(quantile(0.99, "service"), legend="p99 service L{{depth}} {{name}}", ref="B"),
+         q(quantile(0.99, "queue"), legend="p99 queue L{{depth}} {{name}}", ref="C")],
         "s", w=24, h=8, log=10)
     return [bio, rq, lat, pcts]
 
@@ -348,7 +431,7 @@ def snapshot_panels(k):
         [q(f"host_device:blockstack_dm_snapshot_cow_used:ratio{{{SEL}}}", legend="{{name}}")],
         "percentunit", w=8, min=0, max=1,
         thresholds=steps((None, "transparent"), (k["snapshot_cow_used_orange_ratio"], "orange"),
-                         (k["snapshot_cow_used_red_ratio"], "red")))
+                         (k["snapshot_cow_used_red_ratio"], "red"))).no_value(NO_SNAPSHOT)
     cow_bytes = ts(
         "Snapshot COW bytes used / size",
         "Bytes of the COW device in use (data and metadata) against its size. Healthy: used grows only with writes "
@@ -357,7 +440,7 @@ def snapshot_panels(k):
         "chunks took 625 s against 55 s with 512 KiB chunks.",
         [q(f"blockstack_dm_snapshot_cow_used_bytes{{{sel}}}", legend="used {{name}}", ref="A"),
          q(f"blockstack_dm_snapshot_cow_size_bytes{{{sel}}}", legend="size {{name}}", ref="B")],
-        "bytes", w=8, min=0)
+        "bytes", w=8, min=0).no_value(NO_SNAPSHOT)
     w = k["snapshot_fill_window"]
     ttf = ts(
         "Snapshot time until COW full",
@@ -366,7 +449,7 @@ def snapshot_panels(k):
         "becomes invalid.",
         [q(f"(blockstack_dm_snapshot_cow_size_bytes{{{sel}}} - blockstack_dm_snapshot_cow_used_bytes{{{sel}}})\n"
            f"  / (deriv(blockstack_dm_snapshot_cow_used_bytes{{{sel}}}[{w}]) > 0)", legend="{{name}}")],
-        "s", w=8, min=0)
+        "s", w=8, min=0).no_value(f"{NO_SNAPSHOT}, or none filling")
     chunk = stat_panel(
         "Snapshot chunk size",
         "The unit a snapshot copies on first write and the size of the requests it sends down. Healthy for write "
@@ -376,6 +459,9 @@ def snapshot_panels(k):
         [q(f"blockstack_dm_snapshot_chunk_size_bytes{{{sel}}}", legend="{{name}}")],
         "bytes", w=12, h=5,
         thresholds=steps((None, "red"), (k["snapshot_chunk_min_bytes"], "orange"), (k["snapshot_chunk_good_bytes"], "green")))
+    # no snapshot is no alarm: its empty state neutral (the thresholds' base colour would paint it red)
+    chunk = chunk.no_value(NO_SNAPSHOT).mappings([dm.SpecialValueMap(dm.DashboardSpecialValueMapOptions(
+        match=dm.SpecialValueMatch.NULL_AND_NAN, result=dm.ValueMappingResult(text=NO_SNAPSHOT, color="transparent", index=0)))])
     state = (table.Panel().title("Snapshot state").datasource(DS).span(12).height(5)
              .description(
                  "Current state of each snapshot: valid, merging (snapshot-merge running), or invalid / overflow / "
@@ -387,8 +473,12 @@ def snapshot_panels(k):
                  prop("mappings", [m.to_json() for m in value_map({
                      "valid": ("valid", "green"), "merging": ("merging", "blue"), "invalid": ("invalid", "red"),
                      "overflow": ("overflow", "red"), "merge_failed": ("merge_failed", "red")})]),
-                 color_cells()]))
+                 color_cells()])
+             .no_value(NO_SNAPSHOT))
     return [use, cow_bytes, ttf, chunk, state]
+
+
+NO_SNAPSHOT = "No dm snapshot on this stack"
 
 
 def ext4_panels(k):
@@ -410,7 +500,9 @@ def ext4_panels(k):
                    prop("mappings", [m.to_json() for m in value_map({
                        "dioread_nolock": ("dioread_nolock", "orange"), "dioread_lock": ("dioread_lock", "green"),
                        "nodelalloc": ("nodelalloc", "green")})]),
-                   color_cells()]))
+                   color_cells(),
+                   # the other options uncoloured (the cells would take the default thresholds' green)
+                   prop("thresholds", {"mode": "absolute", "steps": [{"value": None, "color": "transparent"}]})]))
     journal = stat_panel(
         "ext4 journal size",
         "Size of each ext4 filesystem's internal journal. Healthy under fsync-heavy writers: large enough that handles "
@@ -428,11 +520,11 @@ def ext4_panels(k):
         "s", w=12, h=8, repeat=False)
     wait_p99 = ts(
         "jbd2 credit wait p99 / average",
-        "p99 and average credit wait per filesystem device. Healthy: average well under 1 ms (0.27 ms in the ext4 "
+        "p99 (drawn only below the histogram's top bucket) and average credit wait per filesystem device. Healthy: average well under 1 ms (0.27 ms in the ext4 "
         "incident with dioread_lock). Sick: average ~154 ms (the incident with dioread_nolock and a 128 MiB journal); "
         "p99 of hundreds of ms to seconds.",
-        [q("histogram_quantile(0.99, sum by (host, device, le) (rate(ebpf_exporter_jbd2_credit_wait_seconds_bucket"
-           f"{{{EB}}}[$__rate_interval])))", legend="p99 {{device}}", ref="A"),
+        [q(in_range(0.99, "sum by (host, device, le) (rate(ebpf_exporter_jbd2_credit_wait_seconds_bucket"
+                    f"{{{EB}}}[$__rate_interval]))", "jbd2_credit_wait_seconds", JBD2), legend="p99 {{device}}", ref="A"),
          q(f"host_device:ebpf_jbd2_credit_wait_seconds:avg{{{SEL}}}", legend="average {{device}}", ref="B")],
         "s", w=12, h=8, log=10)
     tx = ts(
@@ -463,7 +555,9 @@ def ext4_panels(k):
 
 def variables():
     ds = (db.DatasourceVariable("datasource").label("Data source").type("prometheus")
-          .current(dm.VariableOption(selected=True, text="Prometheus", value=CONFIG["datasource_uid"])))
+          # value: the import input (replaced by the uid chosen on import, see INPUTS); a provisioned copy
+          # keeps the placeholder, matches no uid, and Grafana picks the option named `text` instead
+          .current(dm.VariableOption(selected=True, text=CONFIG["datasource_name"], value="${DS_PROMETHEUS}")))
 
     def query_variable(name, label, query, description):
         """Re-queried when the time range changes, options sorted."""
@@ -503,12 +597,25 @@ def collapse_annotation(panel_ids):
     return a, extra
 
 
+# The datasource input of an import (Dashboards > New > Import, or POST /api/dashboards/import), as
+# dashboards shared on grafana.com declare it: Grafana asks for a Prometheus datasource and writes
+# its uid wherever ${DS_PROMETHEUS} stands. File provisioning ignores both fields.
+INPUTS = [{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource", "pluginId": "prometheus",
+           "pluginName": "Prometheus",
+           "description": "The Prometheus that scrapes node_exporter, blockstack-exporter and ebpf_exporter "
+                          "and evaluates alerts/recording.rules.yml"}]
+REQUIRES = [{"type": "grafana", "id": "grafana", "name": "Grafana", "version": "12.4.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"}] + [
+    {"type": "panel", "id": p, "name": name, "version": ""}
+    for p, name in [("heatmap", "Heatmap"), ("stat", "Stat"), ("table", "Table"), ("timeseries", "Time series")]]
+
+
 # --- Assembly --------------------------------------------------------------------------------------
 
 ROWS = [
     ("Alert state", alert_panels),
     ("The stack at a glance", stack_table),
-    ("The lineup: request sizes, IOPS, throughput and merges per layer", lineup_panels),
+    ("The lineup: request sizes, refused merges, splits, IOPS, throughput and merges per layer", lineup_panels),
     ("Distributions: sizes at bio submission and driver issue, latency", distribution_panels),
     ("LVM snapshots", snapshot_panels),
     ("ext4 / jbd2", ext4_panels),
@@ -522,7 +629,8 @@ def build(k=None):
     d = (db.Dashboard(CONFIG["title"]).uid(CONFIG["uid"])
          .description("Linux block-layer merge regressions across a device stack (dm/LVM, loop, md, partitions, "
                       "disks). Generated by dashboards/blockstack_dashboard.py - do not edit the JSON.")
-         .tags(["blockstack", "block-layer", "generated"]).editable()
+         # read-only: the JSON is generated (an edit could not be saved to a provisioned copy anyway)
+         .tags(["blockstack", "block-layer", "generated"]).readonly()
          .time(CONFIG["time_from"], "now").refresh(CONFIG["refresh"]).timezone("browser")
          .tooltip(dm.DashboardCursorSync.CROSSHAIR)
          .link(db.DashboardLink("Runbook").type(dm.DashboardLinkType.LINK)
@@ -559,6 +667,7 @@ def build(k=None):
     for p in model["panels"]:
         if p.get("repeat"):
             p["maxPerRow"] = 3
+    model["__inputs"], model["__requires"] = INPUTS, REQUIRES
     return model
 
 

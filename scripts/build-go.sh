@@ -18,7 +18,12 @@
 #   --tags     build tags (upstream's release tags from .promu.yml, adapted; see the Makefile)
 #   --version  what `NAME --version` reports (prometheus/common/version.Version, which every
 #              binary here uses); default VERSION without the v. Prometheus 3.X.Y is module
-#              version v0.3XX.Y, hence --version for it.
+#              version v0.3XX.Y, hence --version for it. `--version -`: the binary has no
+#              --version flag (dashboard-linter); only `go version -m` is checked.
+#   --sum Z,M  the module's own checksums (h1: of its zip, h1: of its go.mod), pinned here for a
+#              version the checksum database does not list (a pseudo-version of dashboard-linter):
+#              written into the wrapper's go.sum, so Go verifies the download against them
+#   NAME=.     the module's root package (dashboard-linter's main is at its root)
 #
 # Results, all under BUILD_DIR: bin/NAME for each NAME=PACKAGE; src/BASENAME-build/ (scratch: the
 # wrapper module). Idempotent: a NAME is skipped when bin/NAME reports --version and `go version -m`
@@ -36,11 +41,13 @@ MOD_VERSION=${2##*@}
 [ "$MOD" != "$2" ] || usage
 shift 2
 TAGS=netgo
+SUM=
 VERSION=${MOD_VERSION#v}
 while [ $# -gt 0 ]; do
   case $1 in
     --tags) TAGS=$2; shift 2 ;;
     --version) VERSION=$2; shift 2 ;;
+    --sum) SUM=$2; shift 2 ;;
     *=*) break ;;
     *) usage ;;
   esac
@@ -54,7 +61,7 @@ export PATH="$PATH:/usr/local/go/bin"
 has_version() {
   local bin=$1
   [ -x "$bin" ] || return 1
-  "$bin" --version 2>&1 | grep -qF "version $VERSION " || return 1
+  [ "$VERSION" = - ] || "$bin" --version 2>&1 | grep -qF "version $VERSION " || return 1
   ! command -v go >/dev/null ||
     { GOTOOLCHAIN=local go version -m "$bin" | grep -qE "^\s+(mod|dep)\s+$MOD\s+$MOD_VERSION(\s|$)" &&
       GOTOOLCHAIN=local go version -m "$bin" | grep -qE "^\s+build\s+-tags=$TAGS$"; }
@@ -77,6 +84,7 @@ echo ">> fetching $MOD@$MOD_VERSION from the module proxy"
 # `go mod download -json` prints the path of the cached go.mod (GoMod) and source (Dir).
 printf 'module blockstack/%s-build\n\ngo 1.21\n' "$NAME" >"$MOD_DIR/go.mod"
 rm -f "$MOD_DIR/go.sum"
+[ -z "$SUM" ] || printf '%s %s %s\n%s %s/go.mod %s\n' "$MOD" "$MOD_VERSION" "${SUM%,*}" "$MOD" "$MOD_VERSION" "${SUM#*,}" >"$MOD_DIR/go.sum"
 INFO=$(cd "$MOD_DIR" && go mod download -json "$MOD@$MOD_VERSION")
 UP_GOMOD=$(printf '%s' "$INFO" | sed -n 's/^\s*"GoMod": "\(.*\)",\?$/\1/p')
 UP_DIR=$(printf '%s' "$INFO" | sed -n 's/^\s*"Dir": "\(.*\)",\?$/\1/p')
@@ -94,11 +102,13 @@ UP_GO=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$UP_GOMOD" | head -n1)
   ' "$UP_GOMOD"
 } >"$MOD_DIR/go.mod"
 install -m 0644 "$UP_DIR/go.sum" "$MOD_DIR/go.sum"
+[ -z "$SUM" ] || printf '%s %s %s\n%s %s/go.mod %s\n' "$MOD" "$MOD_VERSION" "${SUM%,*}" "$MOD" "$MOD_VERSION" "${SUM#*,}" >>"$MOD_DIR/go.sum"
 
 V=github.com/prometheus/common/version
 for spec in "${todo[@]}"; do
   out=${spec%%=*}
   pkg=$MOD/${spec#*=}
+  [ "${spec#*=}" != . ] || pkg=$MOD
   bin="$BUILD/bin/$out"
   echo ">> go build $pkg@$MOD_VERSION (tags $TAGS) with $GOTOOLCHAIN -> bin/$out"
   (cd "$MOD_DIR" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -tags "$TAGS" \

@@ -107,8 +107,9 @@ def test_collapse_annotation_targets_the_lineup_panels(dashboard):
     assert len(ann) == 1
     titles = {p["id"]: p["title"] for p in data_panels(dashboard)}
     assert ann[0]["filter"]["exclude"] is False
-    assert {titles[i] for i in ann[0]["filter"]["ids"]} == {"Average request size per layer (upper vs lower)", "IOPS per layer",
-                                           "Throughput per layer", "Merge ratio per layer", "Missed merges per layer"}
+    assert {titles[i] for i in ann[0]["filter"]["ids"]} == {
+        "Average request size per layer (upper vs lower)", "Refused merges per layer", "Splits per layer",
+        "IOPS per layer", "Throughput per layer", "Merge ratio per layer"}
     assert 'ALERTS{alertname=~"' in ann[0]["expr"] and "BlockStackMergeCollapse" in ann[0]["expr"]
 
 
@@ -139,7 +140,9 @@ def test_datasource_provisioning(dashboard):
     assert ds["uid"] == blockstack_dashboard.CONFIG["datasource_uid"]
     assert re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", ds["uid"])  # Grafana's uid rule
     default = next(v for v in dashboard["templating"]["list"] if v["name"] == "datasource")
-    assert default["current"]["value"] == ds["uid"] and default["query"] == ds["type"]
+    # provisioned, the variable starts on the datasource of this name (the uid is the import's input)
+    assert default["current"]["text"] == ds["name"] == blockstack_dashboard.CONFIG["datasource_name"]
+    assert default["query"] == ds["type"]
     assert re.fullmatch(r"\d+s", ds["jsonData"]["timeInterval"])
 
 
@@ -160,3 +163,25 @@ def test_variable_queries_are_one_line(dashboard):
         if v["type"] == "query":
             query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
             assert "\n" not in query and re.fullmatch(r"(query_result|label_values)\(.+\)", query), v["name"]
+
+
+def test_the_datasource_is_an_import_input(dashboard):
+    """As dashboards shared on grafana.com: one datasource input, DS_PROMETHEUS, which is the default
+    of the $datasource variable and the only ${...} that is not a variable of the dashboard."""
+    (ds_input,) = dashboard["__inputs"]
+    assert ds_input["name"] == "DS_PROMETHEUS" and ds_input["type"] == "datasource"
+    assert ds_input["pluginId"] == "prometheus"
+    default = next(v for v in dashboard["templating"]["list"] if v["name"] == "datasource")
+    assert default["current"]["value"] == "${DS_PROMETHEUS}"
+    names = {v["name"] for v in dashboard["templating"]["list"]}
+    used = set(re.findall(r"\$\{(\w+)", json.dumps({k: v for k, v in dashboard.items() if k != "__inputs"})))
+    assert used - names == {"DS_PROMETHEUS"}, used - names
+    assert {r["id"] for r in dashboard["__requires"] if r["type"] == "panel"} == {p["type"] for p in data_panels(dashboard)}
+
+
+def test_histogram_quantiles_stay_inside_the_histogram(dashboard):
+    """No line pinned at the top bucket: every histogram_quantile is cut below the histogram's top."""
+    for p in data_panels(dashboard):
+        for t in p["targets"]:
+            if "histogram_quantile" in t["expr"]:
+                assert re.search(r"histogram_quantile\(.*\)\s*<=\s*[\d.]+", t["expr"], re.S), (p["title"], t["expr"])

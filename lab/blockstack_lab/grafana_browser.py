@@ -178,6 +178,19 @@ class Browser:
         return self.page.get_by_test_id("data-testid template variable").filter(
             has=self.page.get_by_test_id(f"data-testid Dashboard template variables submenu Label {label}"))
 
+    def screenshot(self, path):
+        """The whole dashboard as a reader sees it, into the PNG `path`: the viewport made as tall as the
+        page, so that every panel is in view and drawn (Grafana scrolls an inner container; a
+        full-page capture of the usual viewport leaves virtualised tables outside it blank)."""
+        height = self.page.evaluate("() => Math.max(...Array.from(document.querySelectorAll('*'), e => e.scrollHeight))")
+        self.page.set_viewport_size({"width": self.viewport[0], "height": height + 100})
+        try:
+            self.page.mouse.wheel(0, -height)
+            self.page.wait_for_timeout(3000)
+            self.page.screenshot(path=path)
+        finally:
+            self.page.set_viewport_size({"width": self.viewport[0], "height": self.viewport[1]})
+
     def panel(self, title):
         return self.page.locator(f'[data-testid="{PANEL_PREFIX}{title}"]')
 
@@ -190,6 +203,55 @@ class Browser:
 
     def annotations(self, title):
         return self.panel(title).locator(ANNOTATION).count()
+
+    def table_rows(self, title):
+        """The data rows a table panel renders: [[cell texts]] (header rows left out)."""
+        return self.panel(title).locator('[role="row"]').evaluate_all(
+            "rows => rows.filter(r => !r.querySelector('[role=\"columnheader\"]'))"
+            ".map(r => Array.from(r.querySelectorAll('[role=\"gridcell\"], [role=\"cell\"]'))"
+            ".map(c => c.textContent.trim()))")
+
+    def red(self, title):
+        """What a panel paints red, as a reader sees it: [(text, text of its table row or "")] of every
+        visible element whose background (colour or gradient) or text is red (hue within 30 degrees of
+        red, saturated), the row's cells joined by " | ". Canvas drawings (graph lines, threshold lines)
+        are not elements and not seen; elements of at most 24x24 px (legend swatches, annotation
+        markers) or at most 8 px high (annotation regions) are left out."""
+        return self.panel(title).evaluate(RED_JS)
+
+
+# Grafana's reds (#F2495C, #E02F44, #C4162A, #FF7383 ...) by hue; orange (#FF9830) and the rest are not.
+RED_JS = r"""panel => {
+  // every colour of the value red: hue within 30 degrees of pure red, saturated, opaque enough (a
+  // stat's gradient shifts its colour's hue a little: orange's reddest stop stays above 12 degrees)
+  const red = c => {
+    const parts = c.replace(/rgba?\(|\)/g, '').split(',').map(Number);
+    const [r, g, b] = parts.slice(0, 3).map(v => v / 255), a = parts.length > 3 ? parts[3] : 1;
+    const max = Math.max(r, g, b), min = Math.min(r, g, b);
+    if (a < 0.5 || max - min < 0.35 || max < 0.6) return false;
+    const hue = max === r ? (60 * (g - b) / (max - min) + 360) % 360 : 180;
+    return hue <= 12 || hue >= 330;
+  };
+  const reds = text => {
+    const colours = text.match(/rgba?\([^)]*\)/g) || [];
+    return colours.length > 0 && colours.every(red);
+  };
+  const out = [];
+  for (const el of panel.querySelectorAll('*')) {
+    const style = getComputedStyle(el), box = el.getBoundingClientRect();
+    // small or thin ones are legend swatches and annotation markers and regions: series colours and
+    // the pages' own marks
+    if ((box.width <= 24 && box.height <= 24) || box.height <= 8 || box.width === 0
+        || style.visibility === 'hidden') continue;
+    const painted = reds(style.backgroundColor) || reds(style.backgroundImage)
+      || (el.childElementCount === 0 && el.textContent.trim() && reds(style.color));
+    if (!painted) continue;
+    const row = el.closest('[role="row"]');
+    const cells = row ? Array.from(row.querySelectorAll('[role="gridcell"], [role="cell"]')) : [];
+    out.push([el.textContent.trim(), cells.map(c => c.textContent.trim()).join(' | ')]);
+  }
+  return out;
+}"""
 
 
 def _text(locator):
