@@ -290,7 +290,9 @@ def render_text(report, host):
         lines.append(f"problem: {message}")
     total = len(report["findings"])
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    lines.append(f"{len(host.devices)} devices in {len(report['stacks'])} stacks: "
+    shown_stacks = len(report["stacks"])
+    scope = f"{len(host.devices)} devices, {shown_stacks} stack{'s' if shown_stacks != 1 else ''}"
+    lines.append(f"{scope}{' shown' if report['narrowed'] else ''}: "
                  f"{total} finding{'s' if total != 1 else ''}{f' ({summary})' if summary else ''}")
     return "\n".join(lines) + "\n"
 
@@ -385,7 +387,7 @@ def run(args, out=sys.stdout):
     now = second or first
     host = now.host or checks.Host()
     host.lvm_conf = doctor.lvm_conf()
-    report = {"lineup": None, "ebpf": bool(args.ebpf)}
+    report = {"lineup": None, "ebpf": bool(args.ebpf), "narrowed": bool(args.device)}
     extra = []
     if second:
         elapsed = second.when - first.when
