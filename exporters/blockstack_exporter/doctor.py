@@ -208,16 +208,21 @@ def collapse_findings(host, rows, k):
                 evidence.append(f"ebpf: {splits:.0f} split pieces/s of {row['rps']:.0f} requests/s")
             if not proves:
                 continue
-            q = host.queue.get(host.queue_owner(dev), {})
             owner = host.queue_owner(dev)
+            q = host.queue.get(owner, {})
+            if q.get("nomerges"):
+                fix = f"echo 0 > /sys/block/{owner}/queue/nomerges"
+            elif q.get("max_sectors", 0) < k["max_sectors_floor_bytes"]:
+                fix = f"echo {min(q.get('max_hw_sectors', 0), 1280 * 1024) // 1024} > /sys/block/{owner}/queue/max_sectors_kb"
+            else:
+                fix = "neither nomerges nor max_sectors_kb: look at the layer in between (snapshot chunk size, dm-crypt)"
             out.append(checks.Finding(
                 "merge_collapse", dev, "critical",
                 f"{proves}: {dev} {op}s {row['sectors']:.0f}-sector requests at {row['rps']:.0f}/s",
                 [f"{dev}: {row['rps']:.0f} {op}s/s, {row['kbps']:.0f} kB/s, {row['merges_ps']:.0f} merges/s", *evidence,
                  f"/sys/block/{owner}/queue: nomerges {q.get('nomerges', 0):.0f}, max_sectors_kb "
                  f"{q.get('max_sectors', 0) / 1024:.0f}"],
-                f"echo 0 > /sys/block/{owner}/queue/nomerges (if not 0); raise max_sectors_kb if small; "
-                "else the layer in between (snapshot chunk size, dm-crypt)",
+                fix,
                 "see the setting's own finding; docs/runbook.md#blockstackmergecollapse",
                 checks.NVME_WRITEUP))
     return out
@@ -418,7 +423,7 @@ def run(args, out=sys.stdout):
     return report["exit"]
 
 
-INTERVAL_KNOBS = ("collapse_max_sectors", "collapse_upper_min_sectors", "collapse_min_split_ratio",
+INTERVAL_KNOBS = ("max_sectors_floor_bytes", "collapse_max_sectors", "collapse_upper_min_sectors", "collapse_min_split_ratio",
                   "collapse_min_iops", "collapse_min_upper_share", "missed_merges_min_rate",
                   "missed_merges_min_ratio", "split_min_rate", "split_min_ratio")
 

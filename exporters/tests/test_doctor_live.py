@@ -105,3 +105,30 @@ def test_interval_shows_each_layers_requests_and_the_collapse(pair):
     assert ("max_sectors_low", lower) in named(report)
     collapse = named(report)[("merge_collapse", lower)]
     assert collapse["severity"] == "critical" and collapse["what"].startswith("layered")
+
+
+@pytest.mark.servers
+def test_ebpf_adds_splits_to_the_lineup(pair, tmp_path):
+    """With the real ebpf_exporter (block_io: bio splits, refused merges) the lineup shows the
+    pieces split off the upper's requests at the lower device (max_sectors_kb=4)."""
+    from blockstack_deploy import procs
+    from blockstack_deploy.stack import EBPF_CONFIG_DIR, EBPF_EXPORTER
+    lower, upper, _, dev, updev = pair
+    port = procs.free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    argv = [EBPF_EXPORTER, f"--config.dir={EBPF_CONFIG_DIR}", "--config.names=block_io",
+            f"--web.listen-address=127.0.0.1:{port}"]
+    with contextlib.ExitStack() as es:
+        es.enter_context(procs.running(argv, env={"OTEL_TRACES_EXPORTER": "none"}, health_url=url,
+                                       log_path=str(tmp_path / "ebpf_exporter.log"), timeout=60))
+        es.enter_context(loop.sysfs_setting(dev, "queue/max_sectors_kb", "4"))
+        reader = subprocess.Popen(["timeout", "30", "sh", "-c", f"while :; do dd if={updev} of=/dev/null bs=1M "
+                                   "iflag=direct 2>/dev/null; done"], start_new_session=True)
+        es.callback(reader.wait, 30)
+        es.callback(os.killpg, reader.pid, 9)
+        r = subprocess.run([DOCTOR, "--json", f"--device={upper}", "--interval=3", f"--ebpf={url}"],
+                           capture_output=True, text=True, timeout=60)
+    report = json.loads(r.stdout)
+    low = report["lineup"][lower]["read"]
+    assert low["splits_ps"] > 0.5 * low["rps"], report["lineup"]
+    assert "missed_merges_ps" in low
