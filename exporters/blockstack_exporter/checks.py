@@ -597,14 +597,21 @@ BY_ID = {c.id: c for c in CHECKS}
 KNOBS = sorted({knob for c in CHECKS for knob in c.knobs})
 
 
-def evaluate(host, knobs, needs=("scrape", "lvm.conf")):
+def evaluate(host, knobs, needs=("scrape", "lvm.conf"), failed=None):
     """Every finding of the checks whose inputs are at hand, most severe first, then by check
-    order and device."""
+    order and device. A check that raises costs its own findings only: (check, exception) is
+    appended to `failed`."""
     order = {c.id: i for i, c in enumerate(CHECKS)}
     findings = []
     for check in CHECKS:
         if check.needs in needs:
-            for f in check.run(host, knobs):
+            try:
+                mine = list(check.run(host, knobs))
+            except Exception as e:  # noqa: BLE001 - one check's bug must not hide the others' findings
+                if failed is not None:
+                    failed.append((check.id, e))
+                continue
+            for f in mine:
                 f.why = check.source
                 findings.append(f)
     findings.sort(key=lambda f: (SEVERITIES.index(f.severity), order[f.check], f.device))

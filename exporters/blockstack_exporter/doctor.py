@@ -400,9 +400,12 @@ def run(args, out=sys.stdout):
         host.ebpf = ebpf_rates(first, second, elapsed)
         report["lineup"] = lineup(first, second, elapsed)
         extra = collapse_findings(host, report["lineup"], knob_values)
-    findings = checks.evaluate(host, knob_values) + extra
+    failed = []
+    findings = checks.evaluate(host, knob_values, failed=failed) + extra
+    problems += [f"check {check} failed: {e!r}" for check, e in failed]
+    unreadable_checks = bool(failed)
     findings.sort(key=lambda f: checks.SEVERITIES.index(f.severity))
-    unreadable = bool(now.failed) or not host.devices
+    unreadable = bool(now.failed) or not host.devices or unreadable_checks
     if now.failed:
         problems.append(f"collector(s) {', '.join(now.failed)} failed as a whole")
     if not host.devices:

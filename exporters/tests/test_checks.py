@@ -162,3 +162,12 @@ def test_the_write_ups_iostat_lineup_is_a_collapse():
     healthy = {d: (v[0] and 235, 0, (v[0] and 235) * 512, 0, 0, 0) for d, v in after.items()}
     rows = lineup(Sample(h, {}, [], zero, None, 0.0), Sample(h, {}, [], healthy, None, 5.0), 5.0)
     assert collapse_findings(h, rows, knobs.load()) == []
+
+
+def test_a_failing_check_costs_its_own_findings_only():
+    h = host({"sda": "disk"}, queue={"sda": {"rotational": 1, "scheduler": "none", "max_sectors": 1,
+                                             "max_hw_sectors": "not a number"}})
+    failed = []
+    result = checks.evaluate(h, K, failed=failed)
+    assert [c for c, _ in failed] == ["max_sectors_low"]
+    assert {f.check for f in result} == {"scheduler_mismatch"}

@@ -29,11 +29,14 @@ class FindingsCollector:
         # Families the collectors reused are the very objects of the last scrape: the tuple
         # comparison finds them equal by identity; others are compared sample by sample.
         key = (tuple(inputs), tuple(sorted((d, tuple(sorted(v))) for d, v in crypt.items())))
-        return self._reuse.families_for(scrape, key, lambda: self._build(inputs, scrape.facts))
+        return self._reuse.families_for(scrape, key, lambda: self._build(scrape, inputs))
 
-    def _build(self, inputs, facts):
-        self.host = checks.Host.from_families(inputs, facts)
-        self.last = checks.evaluate(self.host, self.knobs, needs=("scrape",))
+    def _build(self, scrape, inputs):
+        self.host = checks.Host.from_families(inputs, scrape.facts)
+        failed = []
+        self.last = checks.evaluate(self.host, self.knobs, needs=("scrape",), failed=failed)
+        for check, e in failed:
+            scrape.error(f"check {check} failed: {e!r}", "failed", subject=f"check {check}")
         g = GaugeMetricFamily(
             "blockstack_finding",
             "A block-stack misconfiguration found on the device (value always 1 while it lasts): check "
