@@ -277,7 +277,7 @@ def render_text(report, host):
     for top, devices in report["stacks"]:
         mine = [f for d in devices if d not in shown for f in by_device.get(d, [])]
         rows = report.get("lineup")
-        if not mine and not (rows and any(_busy(rows.get(d)) for d in devices)):
+        if not mine and not report["narrowed"] and not (rows and any(_busy(rows.get(d)) for d in devices)):
             continue
         shown.update(devices)
         layers = " > ".join(", ".join(host.label(d) for d in layer) for layer in levels(host, top))
