@@ -440,8 +440,12 @@ def thin_pool_full(host, k):
 
 def ext4_journal_small(host, k):
     """dioread_nolock (the default since 5.6) with a journal below the ext4 write-up's fix; a
-    warning once handles wait for their transaction (jbd2 info) or, with ebpf_exporter, for
-    credits as BlockStackJbd2CreditWaitHigh measures it."""
+    warning once handles wait for their transaction or, with ebpf_exporter, for credits as
+    BlockStackJbd2CreditWaitHigh measures it. jbd2's "waiting for transaction" is, per
+    transaction, the longest a handle waited for it to start (t_max_wait, fs/jbd2/transaction.c
+    update_t_max_wait), averaged over the transactions since mount: a wait for the previous commit
+    or for journal space. Older kernels fill it only with CONFIG_JBD2_DEBUG (it reads 0). It is
+    a longest wait, so it errs towards warning; the eBPF average is the alert's exact figure."""
     good, wait_max = k["ext4_journal_good_bytes"], k["jbd2_credit_wait_max_seconds"]
     min_rate = k["jbd2_credit_wait_min_rate"]
     for name in sorted(host.ext4):
@@ -457,7 +461,7 @@ def ext4_journal_small(host, k):
         if j:
             waiting = j["phases"].get("waiting", 0.0)
             evidence.append(f"/proc/fs/jbd2/{j['journal']}/info: {j.get('transactions', 0):.0f} transactions, "
-                            f"handles waited {waiting * 1e3:.0f} ms on average for their transaction")
+                            f"the longest wait of a handle for its transaction averages {waiting * 1e3:.0f} ms")
             if waiting > wait_max:
                 severity = "warning"
         if host.ebpf is not None:
