@@ -18,7 +18,7 @@ import doctor_trees
 from blockstack_deploy import knobs as deploy_knobs
 from blockstack_exporter import checks, knobs
 from blockstack_exporter.doctor import parse_diskstats, parse_lvm_conf
-from exporter_testlib import FAKE_DMSETUP, HERE, registry_for, tree_flags
+from exporter_testlib import HERE, registry_for, tree_flags
 
 DOCTOR = os.path.join(os.path.dirname(sys.executable), "blockstack-doctor")
 GOLDEN = os.path.join(HERE, "doctor-output.txt")
