@@ -31,6 +31,10 @@ log = logging.getLogger("blockstack_exporter")
 
 COLLECTION_SECONDS = 60.0  # a one-off run may take its time (the exporter has a scrape's 4.5 s)
 SECTOR = 512
+# The knobs of BlockStackMergeCollapse's evidence, which --interval's collapse finding reads
+INTERVAL_KNOBS = ("max_sectors_floor_bytes", "collapse_max_sectors", "collapse_upper_min_sectors",
+                  "collapse_min_split_ratio", "collapse_min_iops", "collapse_min_upper_share",
+                  "missed_merges_min_rate", "missed_merges_min_ratio", "split_min_rate", "split_min_ratio")
 _LVM_SETTING = re.compile(r"^\s*(snapshot_autoextend_threshold|thin_pool_autoextend_threshold)\s*=\s*(\d+)",
                           re.M | re.ASCII)
 
@@ -213,9 +217,11 @@ def collapse_findings(host, rows, k):
             if q.get("nomerges"):
                 fix = f"echo 0 > /sys/block/{owner}/queue/nomerges"
             elif q.get("max_sectors", 0) < k["max_sectors_floor_bytes"]:
-                fix = f"echo {min(q.get('max_hw_sectors', 0), 1280 * 1024) // 1024} > /sys/block/{owner}/queue/max_sectors_kb"
+                kb = min(q.get("max_hw_sectors", 0), 1280 * 1024) // 1024
+                fix = f"echo {kb} > /sys/block/{owner}/queue/max_sectors_kb"
             else:
-                fix = "neither nomerges nor max_sectors_kb: look at the layer in between (snapshot chunk size, dm-crypt)"
+                fix = ("neither nomerges nor max_sectors_kb: look at the layer in between (snapshot chunk size, "
+                       "dm-crypt)")
             out.append(checks.Finding(
                 "merge_collapse", dev, "critical",
                 f"{proves}: {dev} {op}s {row['sectors']:.0f}-sector requests at {row['rps']:.0f}/s",
@@ -424,11 +430,6 @@ def run(args, out=sys.stdout):
     report["exit"] = 2 if unreadable else 1 if serious else 0
     out.write(render_json(report, host) if args.json else render_text(report, host))
     return report["exit"]
-
-
-INTERVAL_KNOBS = ("max_sectors_floor_bytes", "collapse_max_sectors", "collapse_upper_min_sectors", "collapse_min_split_ratio",
-                  "collapse_min_iops", "collapse_min_upper_share", "missed_merges_min_rate",
-                  "missed_merges_min_ratio", "split_min_rate", "split_min_ratio")
 
 
 def main(argv=None):

@@ -152,8 +152,8 @@ def test_settings_alerts_and_doctor_agree(trees, tmp_path):
     exactly the devices the doctor names for its check."""
     k = deploy_knobs.load()
     rules = deploy_knobs.rule_files(k)
-    exprs = {r["alert"]: r["expr"] for g in yaml.safe_load(rules[deploy_knobs.REPO / "alerts/alerts.rules.yml"])["groups"]
-             for r in g["rules"] if r.get("alert") in ALERTS}
+    groups = yaml.safe_load(rules[deploy_knobs.REPO / "alerts/alerts.rules.yml"])["groups"]
+    exprs = {r["alert"]: r["expr"] for g in groups for r in g["rules"] if r.get("alert") in ALERTS}
     recording = tmp_path / "recording.rules.yml"
     recording.write_text(rules[deploy_knobs.REPO / "alerts/recording.rules.yml"])
     tests = []
