@@ -359,7 +359,9 @@ def snapshot_invalid(host, k):
         if snap.get("state") not in ("invalid", "overflow", "merge_failed"):
             continue
         lv = _lv(host, name)
+        severity = "critical"  # BlockStackSnapshotInvalid: invalid or overflow, the data is gone
         if snap["state"] == "merge_failed":
+            severity = "warning"  # the merge stopped; nothing is lost yet, and the alert does not page
             what, fix = ("the merge of this snapshot into its origin failed", f"see the kernel log (dmesg | grep -i "
                          f"snapshot), then lvchange --refresh {lv} to retry the merge")
         else:
@@ -367,7 +369,7 @@ def snapshot_invalid(host, k):
                          "lost (a full COW or an I/O error)",
                          f"stop its readers, lvremove {lv}, recreate it with more COW space and rerun the backup")
         yield Finding(
-            "snapshot_invalid", name, "critical", what,
+            "snapshot_invalid", name, severity, what,
             [f"dmsetup status {snap['name']}: {snap['state']}"],
             fix,
             "lvm.conf activation/snapshot_autoextend_threshold below 100 (dmeventd grows the COW), "

@@ -73,7 +73,9 @@ def test_exit_status_and_what_it_names(trees):
 
     status, report = findings(*trees["snapshot-states"])
     assert status == 1
-    assert {f["device"] for f in report["findings"] if f["severity"] == "critical"} == {"dm-3", "dm-5", "dm-8"}
+    assert {f["device"] for f in report["findings"] if f["severity"] == "critical"} == {"dm-3", "dm-5"}
+    assert ("snapshot_invalid", "dm-8", "warning") in {(f["check"], f["device"], f["severity"])
+                                                       for f in report["findings"]}  # merge failed
 
 
 def test_device_narrows_to_its_stacks(trees):
@@ -142,12 +144,15 @@ def _series(text):
     return out
 
 
-ALERTS = {"BlockStackNomergesBeneathStack": "nomerges_beneath_stack", "BlockStackMaxSectorsLow": "max_sectors_low",
-          "BlockStackSnapshotChunkSmall": "snapshot_chunk_small"}
+# alert -> (check, severity of the check's findings it fires for: None for all)
+ALERTS = {"BlockStackNomergesBeneathStack": ("nomerges_beneath_stack", None),
+          "BlockStackMaxSectorsLow": ("max_sectors_low", None),
+          "BlockStackSnapshotChunkSmall": ("snapshot_chunk_small", None),
+          "BlockStackSnapshotInvalid": ("snapshot_invalid", "critical")}
 
 
 def test_settings_alerts_and_doctor_agree(trees, tmp_path):
-    """Each settings alert's expression, evaluated by promtool on the exporter's scrape of a tree
+    """Each settings alert's expression (and the snapshot-invalid page's), evaluated by promtool on the exporter's scrape of a tree
     (every device taking 10 writes/s, so the chunk alert's origin condition holds), fires for
     exactly the devices the doctor names for its check."""
     k = deploy_knobs.load()
@@ -170,8 +175,9 @@ def test_settings_alerts_and_doctor_agree(trees, tmp_path):
         series += [{"series": f'node_disk_writes_completed_total{{job="node",host="h",device="{d}"}}',
                     "values": "0+50x30"} for d in sorted(devices)]
         cases = []
-        for alert, check in ALERTS.items():
-            expected = sorted({f["device"] for f in report["findings"] if f["check"] == check})
+        for alert, (check, severity) in ALERTS.items():
+            expected = sorted({f["device"] for f in report["findings"]
+                               if f["check"] == check and severity in (None, f["severity"])})
             cases.append({"expr": f"group by (device) ({exprs[alert]})", "eval_time": "2m",
                           "exp_samples": [{"labels": f'{{device="{d}"}}', "value": 1} for d in expected]})
         tests.append({"name": f"{name}: the settings alerts name the doctor's devices", "interval": "5s",
