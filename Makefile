@@ -121,9 +121,14 @@ test-alerts: venv upstream-servers
 metrics-doc: venv
 	@PYTHONPATH=exporters/tests $(VPY) exporters/tools/metrics_doc.py
 
-## update-fixtures: rewrite exporters/tests/e2e-output.txt, the golden scrape, after a reviewed change
+## update-fixtures: rewrite exporters/tests/e2e-output.txt and doctor-output.txt, the golden outputs, after a reviewed change
 update-fixtures: venv
-	@$(PYTEST) exporters/tests/test_e2e.py --update-golden
+	@$(PYTEST) exporters/tests/test_e2e.py exporters/tests/test_doctor.py --update-golden -k golden
+
+## bench-doctor: blockstack-doctor's time on bench-exporter's 1026-device tree, and the findings collector's share of a scrape
+.PHONY: bench-doctor
+bench-doctor: venv
+	@$(VPY) exporters/bench/bench_doctor.py
 
 ## bench-exporter: scrape time of the exporter vs node_exporter diskstats on a 1024-device tree
 bench-exporter: venv

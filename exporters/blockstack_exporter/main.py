@@ -9,21 +9,29 @@ from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from . import __version__, server
-from .collectors import ALL, DmCollector
+from . import checks, knobs
+from .collectors import ALL, DmCollector, FindingsCollector
 from .scrape import BlockstackCollector, Paths
 
 DEFAULT_LISTEN = "127.0.0.1:9363"
 
 
-def build_registry(args):
+def build_collectors(args):
+    """The collectors the flags enable, in ALL's order (findings last)."""
     collectors = []
     for name in args.collectors:
         if name == "dm":
             collectors.append(DmCollector(dmsetup=args.dmsetup, timeout=args.dmsetup_timeout))
+        elif name == "findings":
+            collectors.append(FindingsCollector(knobs.load(args.knobs, checks.KNOBS)))
         else:
             collectors.append(ALL[name]())
+    return collectors
+
+
+def build_registry(args):
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BlockstackCollector(collectors, Paths(args.sysfs, args.procfs, args.dev)))
+    registry.register(BlockstackCollector(build_collectors(args), Paths(args.sysfs, args.procfs, args.dev)))
     registry.register(_BuildInfo())
     # process_* of the exporter itself (the real /proc, not --path.procfs): its open descriptors
     # (sysfs attributes are kept open between scrapes), RSS and CPU.
@@ -56,6 +64,9 @@ def parse_args(argv):
                    help="dmsetup binary (default %(default)s)")
     p.add_argument("--collector.dm.timeout", dest="dmsetup_timeout", type=float, default=5.0,
                    help="seconds before a dmsetup call is abandoned (default %(default)s)")
+    p.add_argument("--config.knobs", dest="knobs", default=None, metavar="PATH",
+                   help="the alerts' config.yml whose thresholds the findings use (default: the copy shipped "
+                        "with the exporter, the repository's alerts/config.yml)")
     p.add_argument("--web.default-scrape-timeout", dest="scrape_timeout", type=float, default=4.5,
                    help="seconds a collection may take when the request has no X-Prometheus-Scrape-Timeout-Seconds "
                         "header (default %(default)s: the stack scrapes every 5 s with a 5 s timeout)")
@@ -75,7 +86,10 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, _, port = args.listen.rpartition(":")
-    registry = build_registry(args)
+    try:
+        registry = build_registry(args)
+    except knobs.KnobsError as e:
+        sys.exit(f"blockstack-exporter: --config.knobs: {e}")
     httpd, _ = server.serve(registry, host.strip("[]") or "127.0.0.1", int(port), args.scrape_timeout,
                             args.timeout_offset)
     logging.getLogger("blockstack_exporter").info("listening on %s, collectors %s", args.listen, ",".join(args.collectors))

@@ -38,7 +38,7 @@ MAX_LABEL_VALUE = 512  # characters; a path or a mount option is far shorter
 MAX_SERIES_PER_DEVICE = 512  # per family; a device has ~30 ext4 options, and beneath it a few devices
 MAX_LOG_LINES = 20  # new log lines per scrape; the rest is summed up in one line
 DEFAULT_TIMEOUT = 4.5  # seconds, without a deadline from the request (the stack's scrape timeout is 5 s)
-SHARES = {"queue": 0.15, "stack": 0.15, "dm": 0.4, "ext4": 0.2, "jbd2": 0.1}  # of a collection's budget
+SHARES = {"queue": 0.15, "stack": 0.15, "dm": 0.35, "ext4": 0.2, "jbd2": 0.1, "findings": 0.05}  # of a collection's budget
 
 
 class CollectorFailed(Exception):
@@ -128,6 +128,8 @@ class Scrape:
         self._backing = {}
         self._names = {}  # device number -> kernel name, as read from DEV/dev this scrape
         self._recording = None
+        self.families = []  # every family the collectors yielded so far (the findings collector reads them)
+        self.facts = {}  # what a collector read but does not publish, for the findings: {"crypt_flags": {dev: set}}
 
     def error(self, message, reason="parse", subject=None, count=1):
         """Count `count` problems of this kind and log the message, unless the same subject
@@ -303,6 +305,7 @@ class BlockstackCollector(Collector):
                 scrape.error(f"failed: {e!r}", reason="failed", subject="failed")
                 families, ok = [], 0
             families = [f for f in families if self._check(scrape, f)]
+            scrape.families.extend(families)
             duration.add_metric([c.name], time.monotonic() - start)
             success.add_metric([c.name], ok)
             yield from families

@@ -77,6 +77,8 @@ def exporter_families():
         tree_list = list(trees(base))
         for section in [None, *ALL]:  # the run without collectors first: the exporter's own families
             selection = ["--collector.disable-defaults"] + ([f"--collector.{section}"] if section else [])
+            if section == "findings":
+                selection = []  # it judges what the others collect; their families keep their owners
             for tree, dm_fixtures in tree_list:
                 for family in collect(tree, dm_fixtures, *selection):
                     name = family.name + "_total" if family.type == "counter" else family.name

@@ -189,6 +189,18 @@ def parse_snapshot_status(params):
     return out
 
 
+# dm-crypt's optional parameters that are flags (Documentation/admin-guide/device-mapper/dm-crypt.rst):
+# only these words are taken from a crypt table, which also holds the key (never kept or logged).
+CRYPT_FLAGS = frozenset(("allow_discards", "same_cpu_crypt", "submit_from_crypt_cpus", "no_read_workqueue",
+                         "no_write_workqueue", "iv_large_sectors"))
+
+
+def crypt_flags(params):
+    """The flags among a crypt table's optional parameters:
+    <cipher> <key> <iv_offset> <device path> <offset> [<#opt_params> <opt_params>]."""
+    return CRYPT_FLAGS.intersection(params.split()[5:])
+
+
 def parse_origin_table(params):
     words = params.split()
     if len(words) != 1:
@@ -250,6 +262,7 @@ class DmCollector:
         self.dmsetup, self.timeout = dmsetup, timeout
         self._abandoned = []  # dmsetup processes that did not die when killed (stuck in an ioctl)
         self._reuse = Reuse()
+        self._crypt_flags = {}  # dm-N -> the performance flags of its crypt targets (crypt_flags)
 
     def run(self, args, timeout=None):
         """stdout of `dmsetup ARGS` as text; DmsetupError if absent, failing, slower than the
@@ -351,7 +364,9 @@ class DmCollector:
                 status_text = None
         # parsed again only when something it depends on changed
         key = (table_text, status_text, tuple(sorted(dm.items())), tuple(scrape.devices))
-        return self._reuse.families_for(scrape, key, lambda: self._families(scrape, dm, table_text, status_text))
+        families = self._reuse.families_for(scrape, key, lambda: self._families(scrape, dm, table_text, status_text))
+        scrape.facts["crypt_flags"] = self._crypt_flags  # for the findings: read here, never published
+        return families
 
     def _families(self, scrape, dm, table_text, status_text):
         labels = ["device", "name"]
@@ -406,6 +421,7 @@ class DmCollector:
                 "blockstack_dm_thin_pool_metadata_size_bytes", "Thin-pool metadata space, in bytes.",
                 labels=labels),
         }
+        self._crypt_flags = {}
         self._collect(scrape, dm, m, table_text, status_text)
         return [family for family in m.values() if family.samples]  # no HELP without a series
 
@@ -440,6 +456,8 @@ class DmCollector:
                 if t.target not in seen_types:
                     seen_types.add(t.target)
                     m["target"].add_metric([device, name, t.target], 1)
+                if t.target == "crypt":
+                    self._crypt_flags.setdefault(device, set()).update(crypt_flags(t.params))
                 if t.target not in ("snapshot", "snapshot-merge", "snapshot-origin", "thin-pool"):
                     continue
                 if t.target in handled:

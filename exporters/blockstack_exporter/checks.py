@@ -1,0 +1,624 @@
+"""The table of checks: every block-stack misconfiguration the project names, in one place.
+
+The exporter publishes the findings as blockstack_finding{device, check, severity} (the findings
+collector) and `blockstack-doctor` prints them with their evidence and fixes; both evaluate
+this table on the same Host, built from the metric families one scrape produced, with the
+thresholds of alerts/config.yml (knobs.py). A check that mirrors an alert names it and reads the
+alert's knobs, so the doctor, the metric and the alert judge a setting alike
+(tests/test_checks.py holds them to it).
+
+Severities: critical (the data or the device's service is at stake now), warning (a setting
+that makes the block layer do much worse than it can, on a device where it matters), info (a
+setting worth knowing about; harmless until a workload meets it). The doctor exits 1 with a
+finding at warning or above.
+
+Some checks need more than a scrape reads: lvm.conf (the doctor's --path.lvmconf), two samples
+(the doctor's --interval: COW fill rate, the live lineup) or ebpf_exporter's metrics (--ebpf).
+The exporter evaluates the checks whose `needs` is "scrape".
+"""
+
+SEVERITIES = ("critical", "warning", "info")
+KIB = 1024
+SECTOR = 512
+
+# Where a check's reasoning comes from, quoted in every finding.
+NVME_WRITEUP = ("the LVM-snapshot-on-NVMe write-up (lvm-snapshot-nvme-merges.md): nvme1n1 had nomerges=2, "
+                "dm-3 read 512-sector requests, nvme1n1 served them as 8-sector ones at 3000 r/s, 27x slower")
+LVM2_WRITEUP = ("the lvm2 snapshot write-up (lvm2-snapshot-write-performance.txt): 1 GB dd on the origin took "
+                "625 s with 4 KiB chunks, 200 s with 16 KiB, 49 s with 128-256 KiB (5 s without a snapshot)")
+EXT4_WRITEUP = ("the ext4 dioread_nolock write-up (ext4-dioread-nolock-jbd2.txt): fsync-heavy 16 KiB writes fell "
+                "from 20,026 to 315 IOPS, add_transaction_credits averaged 154 ms; a 1 GiB journal (was 128 MiB), "
+                "dioread_lock or nodelalloc each fixed it")
+QUEUE_DOC = "Documentation/ABI/stable/sysfs-block (queue/nomerges, queue/max_sectors_kb)"
+
+
+class Finding:
+    __slots__ = ("check", "device", "severity", "what", "evidence", "fix", "persist", "why")
+
+    def __init__(self, check, device, severity, what, evidence, fix, persist, why=None):
+        self.check, self.device, self.severity = check, device, severity
+        self.what, self.evidence, self.fix, self.persist = what, list(evidence), fix, persist
+        self.why = why
+
+    def as_dict(self):
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class Host:
+    """What one scrape read, by device: built from the exporter's own metric families, so the
+    findings cost no second read of sysfs, procfs or dmsetup."""
+
+    def __init__(self):
+        self.devices = {}  # name -> {kind, name, uuid, vg_name, lv_name, lv_layer, backing_file}
+        self.lower = {}  # name -> [devices directly beneath]
+        self.queue = {}  # name -> {nomerges, max_sectors_bytes, ..., scheduler}
+        self.targets = {}  # dm-N -> {target types}
+        self.snapshots = {}  # dm-N -> {origin, cow, chunk, used, size, state}
+        self.pools = {}  # dm-N -> {data_used, data_size, meta_used, meta_size, state}
+        self.ext4 = {}  # device -> {mountpoint, options {option: value}, journal}
+        self.jbd2 = {}  # device -> {journal, phases {phase: seconds}, transactions}
+        self.crypt_flags = {}  # dm-N -> {flags of its crypt target}
+        self.lvm_conf = None  # {setting: value} of lvm.conf, when the doctor read it
+        self.previous, self.elapsed = None, None  # the doctor's first sample and the seconds between
+        self.ebpf = None  # {(metric, device): per-second rate} from ebpf_exporter, when the doctor has it
+
+    @classmethod
+    def from_families(cls, families, facts=None):
+        host = cls()
+        for family in families:
+            handler = _FAMILIES.get(family.name)
+            if handler:
+                for sample in family.samples:
+                    handler(host, sample.labels, sample.value)
+        host.crypt_flags = dict((facts or {}).get("crypt_flags", {}))
+        return host
+
+    # --- the stack ---------------------------------------------------------------------------
+    def above(self, name):
+        """Devices directly above name."""
+        return sorted(d for d, lows in self.lower.items() if name in lows)
+
+    def tops(self):
+        """Devices nothing sits on: where each stack starts."""
+        beneath = {low for lows in self.lower.values() for low in lows}
+        return sorted(d for d in self.devices if d not in beneath)
+
+    def stack(self, top):
+        """top and everything beneath it, top first, each once (breadth first, cycle-safe)."""
+        out, frontier = [top], [top]
+        while frontier:
+            nxt = []
+            for d in frontier:
+                for low in self.lower.get(d, ()):
+                    if low not in out:
+                        out.append(low)
+                        nxt.append(low)
+            frontier = nxt
+        return out
+
+    def bottoms(self, name):
+        """The devices at the bottom of name's stack (those with nothing beneath)."""
+        return [d for d in self.stack(name) if not self.lower.get(d)]
+
+    def label(self, name):
+        """'dm-3 (vg/snap)' for an LVM volume, 'dm-5 (cryptroot)' for another dm device, else 'sda'."""
+        info = self.devices.get(name, {})
+        if info.get("vg_name") and info.get("lv_name"):
+            layer = f" {info['lv_layer']} layer" if info.get("lv_layer") else ""
+            return f"{name} ({info['vg_name']}/{info['lv_name']}{layer})"
+        if info.get("kind") == "dm" and info.get("name") and info["name"] != name:
+            return f"{name} ({info['name']})"
+        return name
+
+    def queue_owner(self, name):
+        """A partition's settings are its disk's queue: the file to write is the disk's."""
+        info = self.devices.get(name, {})
+        if info.get("kind") == "partition" and self.lower.get(name):
+            return self.lower[name][0]
+        return name
+
+    def resolve(self, spec):
+        """A device given as dm-3, /dev/dm-3, /dev/mapper/vg-snap, vg-snap or vg/snap -> kernel name."""
+        spec = spec.strip()
+        for prefix in ("/dev/mapper/", "/dev/"):
+            if spec.startswith(prefix):
+                spec = spec[len(prefix):]
+        if spec in self.devices:
+            return spec
+        for name, info in self.devices.items():
+            if spec in (info.get("name"), f"{info.get('vg_name')}/{info.get('lv_name')}"):
+                return name
+        return None
+
+
+def _device(host, labels, value):
+    name = labels["device"]
+    host.devices[name] = {k: labels.get(k, "") for k in
+                          ("kind", "name", "uuid", "vg_name", "lv_name", "lv_layer", "backing_file")}
+    host.lower.setdefault(name, [])
+
+
+def _lower(host, labels, value):
+    host.lower.setdefault(labels["device"], []).append(labels["lower"])
+
+
+def _queue(setting):
+    def handle(host, labels, value):
+        host.queue.setdefault(labels["device"], {})[setting] = value
+    return handle
+
+
+def _scheduler(host, labels, value):
+    host.queue.setdefault(labels["device"], {})["scheduler"] = labels["scheduler"]
+
+
+def _target(host, labels, value):
+    host.targets.setdefault(labels["device"], set()).add(labels["target"])
+
+
+def _snap(key):
+    def handle(host, labels, value):
+        snap = host.snapshots.setdefault(labels["device"], {"name": labels["name"]})
+        if key == "info":
+            snap.update(origin=labels["origin"], cow=labels["cow"], merge=labels["merge"] == "true")
+        elif key == "state":
+            if value == 1:
+                snap["state"] = labels["state"]
+        else:
+            snap[key] = value
+    return handle
+
+
+def _pool(key):
+    def handle(host, labels, value):
+        pool = host.pools.setdefault(labels["device"], {"name": labels["name"]})
+        if key == "state":
+            if value == 1:
+                pool["state"] = labels["state"]
+        else:
+            pool[key] = value
+    return handle
+
+
+def _ext4_option(host, labels, value):
+    fs = host.ext4.setdefault(labels["device"], {"mountpoint": labels["mountpoint"], "options": {}})
+    fs["options"][labels["option"]] = labels["value"]
+
+
+def _ext4_journal(host, labels, value):
+    host.ext4.setdefault(labels["device"], {"mountpoint": labels["mountpoint"], "options": {}})["journal"] = value
+
+
+def _jbd2(key):
+    def handle(host, labels, value):
+        j = host.jbd2.setdefault(labels["device"], {"journal": labels["journal"], "phases": {}})
+        if key == "phase":
+            j["phases"][labels["phase"]] = value
+        else:
+            j[key] = value
+    return handle
+
+
+_FAMILIES = {
+    "blockstack_device_info": _device,
+    "blockstack_device_lower_info": _lower,
+    "blockstack_queue_nomerges": _queue("nomerges"),
+    "blockstack_queue_max_sectors_bytes": _queue("max_sectors"),
+    "blockstack_queue_max_hw_sectors_bytes": _queue("max_hw_sectors"),
+    "blockstack_queue_rotational": _queue("rotational"),
+    "blockstack_queue_scheduler_info": _scheduler,
+    "blockstack_dm_target_info": _target,
+    "blockstack_dm_snapshot_info": _snap("info"),
+    "blockstack_dm_snapshot_chunk_size_bytes": _snap("chunk"),
+    "blockstack_dm_snapshot_cow_used_bytes": _snap("used"),
+    "blockstack_dm_snapshot_cow_size_bytes": _snap("size"),
+    "blockstack_dm_snapshot_state": _snap("state"),
+    "blockstack_dm_thin_pool_data_used_bytes": _pool("data_used"),
+    "blockstack_dm_thin_pool_data_size_bytes": _pool("data_size"),
+    "blockstack_dm_thin_pool_metadata_used_bytes": _pool("meta_used"),
+    "blockstack_dm_thin_pool_metadata_size_bytes": _pool("meta_size"),
+    "blockstack_dm_thin_pool_state": _pool("state"),
+    "blockstack_ext4_option_info": _ext4_option,
+    "blockstack_ext4_journal_size_bytes": _ext4_journal,
+    "blockstack_jbd2_transactions": _jbd2("transactions"),
+    "blockstack_jbd2_transaction_phase_average_seconds": _jbd2("phase"),
+}
+
+
+def _size(n):
+    """Bytes as the kernel's files and LVM's tools write them: 4 KiB, 128 MiB, 1 GiB."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor and n % factor == 0:
+            return f"{int(n // factor)} {unit}"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{int(n)} bytes"
+
+
+def _lv(host, name):
+    """'vg/lv' for an LVM volume, else the dm name."""
+    info = host.devices.get(name, {})
+    if info.get("vg_name"):
+        return f"{info['vg_name']}/{info['lv_name']}"
+    return info.get("name") or name
+
+
+def _udev(owner, attr, value):
+    return (f"a udev rule, e.g. /etc/udev/rules.d/60-blockstack.rules: ACTION==\"add|change\", "
+            f"KERNEL==\"{owner}\", ATTR{{queue/{attr}}}=\"{value}\"; and remove what set it "
+            f"(grep -r {attr} /etc/udev/rules.d /usr/lib/udev/rules.d /etc/tuned /etc/rc.local)")
+
+
+# --- the checks ------------------------------------------------------------------------------
+
+def nomerges_beneath_stack(host, k):
+    """The alert's predicate: nomerges != 0 on a device that sits beneath another one."""
+    beneath = {low for lows in host.lower.values() for low in lows}
+    for name in sorted(beneath):
+        value = host.queue.get(name, {}).get("nomerges")
+        if not value:
+            continue
+        owner = host.queue_owner(name)
+        above = ", ".join(host.label(d) for d in host.above(name))
+        yield Finding(
+            "nomerges_beneath_stack", name, "warning",
+            f"merging restricted (nomerges={value:.0f}) beneath {above}",
+            [f"/sys/block/{owner}/queue/nomerges = {value:.0f} (0 all merges, 1 one-hit merges only, 2 none)",
+             f"directly above {name}: {above}"],
+            f"echo 0 > /sys/block/{owner}/queue/nomerges",
+            _udev(owner, "nomerges", "0"))
+
+
+def nomerges_elsewhere(host, k):
+    """nomerges != 0 on a disk or a device nothing is stacked on (a partition's is its disk's)."""
+    beneath = {low for lows in host.lower.values() for low in lows}
+    for name in sorted(host.devices):
+        value = host.queue.get(name, {}).get("nomerges")
+        if not value or name in beneath or host.devices[name].get("kind") == "partition":
+            continue
+        mounted = f"; ext4 mounted on it at {host.ext4[name]['mountpoint']}" if name in host.ext4 else ""
+        yield Finding(
+            "nomerges", name, "info",
+            f"merging restricted (nomerges={value:.0f}): sequential I/O submitted in small pieces "
+            "reaches the driver unmerged",
+            [f"/sys/block/{name}/queue/nomerges = {value:.0f}{mounted}"],
+            f"echo 0 > /sys/block/{name}/queue/nomerges",
+            _udev(name, "nomerges", "0"))
+
+
+def max_sectors_low(host, k):
+    """The alert's predicate: max_sectors < ratio * max_hw_sectors and < the floor."""
+    ratio, floor = k["max_sectors_max_ratio"], k["max_sectors_floor_bytes"]
+    for name in sorted(host.queue):
+        q = host.queue[name]
+        cur, hw = q.get("max_sectors"), q.get("max_hw_sectors")
+        if cur is None or hw is None or not (cur < ratio * hw and cur < floor):
+            continue
+        owner = host.queue_owner(name)
+        target = min(hw, 1280 * KIB)  # the usual kernel default (BLK_DEF_MAX_SECTORS_CAP), within the hardware's
+        yield Finding(
+            "max_sectors_low", name, "info",
+            f"max_sectors_kb {cur / KIB:.0f} is far below the hardware's {hw / KIB:.0f}: every larger request is split",
+            [f"/sys/block/{owner}/queue/max_sectors_kb = {cur / KIB:.0f}",
+             f"/sys/block/{owner}/queue/max_hw_sectors_kb = {hw / KIB:.0f}",
+             f"thresholds: below {ratio:g} x max_hw_sectors_kb and below {floor / KIB:.0f} KiB (alerts/config.yml)"],
+            f"echo {target / KIB:.0f} > /sys/block/{owner}/queue/max_sectors_kb",
+            _udev(owner, "max_sectors_kb", f"{target / KIB:.0f}"))
+
+
+def max_sectors_below_upper(host, k):
+    """A dm or md device sends requests up to its own max_sectors_kb (stacked from its lowers'
+    limits when its table was loaded); a lower lowered afterwards splits every one of them."""
+    for upper in sorted(host.devices):
+        if host.devices[upper].get("kind") not in ("dm", "md"):
+            continue
+        sends = host.queue.get(upper, {}).get("max_sectors")
+        for name in host.lower.get(upper, ()):
+            q = host.queue.get(name, {})
+            cur, hw = q.get("max_sectors"), q.get("max_hw_sectors")
+            if sends is None or cur is None or hw is None or not (cur < sends and cur < hw):
+                continue
+            owner = host.queue_owner(name)
+            target = min(sends, hw)
+            yield Finding(
+                "max_sectors_below_upper", name, "info",
+                f"max_sectors_kb {cur / KIB:.0f} is below the {sends / KIB:.0f} KiB requests "
+                f"{host.label(upper)} sends it: each is split",
+                [f"/sys/block/{owner}/queue/max_sectors_kb = {cur / KIB:.0f} "
+                 f"(max_hw_sectors_kb {hw / KIB:.0f})",
+                 f"/sys/block/{upper}/queue/max_sectors_kb = {sends / KIB:.0f}"],
+                f"echo {target / KIB:.0f} > /sys/block/{owner}/queue/max_sectors_kb",
+                _udev(owner, "max_sectors_kb", f"{target / KIB:.0f}"))
+
+
+def snapshot_chunk_small(host, k):
+    """The alert's setting: chunk < snapshot_chunk_min_bytes (the alert also waits for writes
+    to the origin, which the doctor sees with --interval)."""
+    least, good = k["snapshot_chunk_min_bytes"], k["snapshot_chunk_good_bytes"]
+    for name in sorted(host.snapshots):
+        snap = host.snapshots[name]
+        chunk = snap.get("chunk")
+        if chunk is None or chunk >= least:
+            continue
+        lv = _lv(host, name)
+        origin = snap.get("origin", "?")
+        yield Finding(
+            "snapshot_chunk_small", name, "info",
+            f"snapshot chunks of {_size(chunk)}, below {_size(least)}: each first write to a chunk of the "
+            f"origin waits for a synchronous copy of it",
+            [f"dmsetup table {snap['name']}: chunk size {chunk / SECTOR:.0f} sectors ({_size(chunk)})",
+             f"origin: {host.label(origin)}"],
+            f"a chunk size cannot change: once the snapshot's reader is done, lvremove {lv} and "
+            f"lvcreate -s -c {good // KIB:.0f}k -L <COW size> -n {lv.split('/')[-1]} <VG/origin>",
+            f"give -c {good // KIB:.0f}k to lvcreate -s wherever snapshots are made (backup scripts)")
+
+
+def snapshot_invalid(host, k):
+    for name in sorted(host.snapshots):
+        snap = host.snapshots[name]
+        if snap.get("state") not in ("invalid", "overflow", "merge_failed"):
+            continue
+        lv = _lv(host, name)
+        severity = "critical"  # BlockStackSnapshotInvalid: invalid or overflow, the data is gone
+        if snap["state"] == "merge_failed":
+            severity = "warning"  # the merge stopped; nothing is lost yet, and the alert does not page
+            what, fix = ("the merge of this snapshot into its origin failed", f"see the kernel log (dmesg | grep -i "
+                         f"snapshot), then lvchange --refresh {lv} to retry the merge")
+        else:
+            what, fix = (f"snapshot {'invalidated' if snap['state'] == 'invalid' else 'overflowed'}: its data is "
+                         "lost (a full COW or an I/O error)",
+                         f"stop its readers, lvremove {lv}, recreate it with more COW space and rerun the backup")
+        yield Finding(
+            "snapshot_invalid", name, severity, what,
+            [f"dmsetup status {snap['name']}: {snap['state']}"],
+            fix,
+            "lvm.conf activation/snapshot_autoextend_threshold below 100 (dmeventd grows the COW), "
+            "or a COW as large as the writes the origin takes while the snapshot lives")
+
+
+def snapshot_cow_filling(host, k):
+    """COW use from one scrape; with two samples (the doctor's --interval), the time to fill as
+    BlockStackSnapshotCowFillingUp predicts it."""
+    least, red = k["snapshot_fill_min_used_ratio"], k["snapshot_cow_used_red_ratio"]
+    horizon = k["snapshot_fill_horizon_seconds"]
+    for name in sorted(host.snapshots):
+        snap = host.snapshots[name]
+        used, size = snap.get("used"), snap.get("size")
+        if not size or used is None or snap.get("merge") or used / size < least:
+            continue
+        ratio = used / size
+        evidence = [f"dmsetup status {snap['name']}: {used / SECTOR:.0f}/{size / SECTOR:.0f} sectors "
+                    f"({ratio:.0%} of {_size(size)})"]
+        severity = "warning" if ratio >= red else "info"
+        before = host.previous.snapshots.get(name, {}) if host.previous else {}
+        if host.elapsed and before.get("used") is not None:
+            rate = (used - before["used"]) / host.elapsed
+            if rate > 0:
+                left = (size - used) / rate
+                evidence.append(f"filling at {_size(rate)}/s: full in {left / 60:.0f} min")
+                if left <= horizon:
+                    severity = "warning"
+            else:
+                evidence.append(f"not growing over {host.elapsed:.0f} s")
+        lv = _lv(host, name)
+        yield Finding(
+            "snapshot_cow_filling", name, severity,
+            f"snapshot COW {ratio:.0%} used; a full COW invalidates the snapshot",
+            evidence,
+            f"lvextend -L +<size> {lv}, or lvremove {lv} once its reader is done",
+            "lvm.conf activation/snapshot_autoextend_threshold = 70 and snapshot_autoextend_percent = 20 "
+            "(dmeventd must monitor the snapshot)")
+
+
+def thin_pool_full(host, k):
+    """Data or metadata of a thin pool nearly full (dmeventd warns from 80 %, dmeventd(8)), or a
+    pool out of space, read-only or failed."""
+    most = k["thin_pool_used_max_ratio"]
+    for name in sorted(host.pools):
+        pool = host.pools[name]
+        lv = _lv(host, name)
+        state = pool.get("state")
+        if state in ("out_of_data_space", "ro", "fail", "error"):
+            yield Finding(
+                "thin_pool_full", name, "critical",
+                f"thin pool is {state}: writes to its thin volumes queue or fail",
+                [f"dmsetup status {pool['name']}: {state}"],
+                f"lvextend -L +<size> {lv} (data) or lvextend --poolmetadatasize +<size> {lv} (metadata); "
+                "a failed pool needs lvconvert --repair",
+                "lvm.conf activation/thin_pool_autoextend_threshold = 70, thin_pool_autoextend_percent = 20")
+            continue
+        for what, used, size, grow in (("data", pool.get("data_used"), pool.get("data_size"), "-L +<size>"),
+                                       ("metadata", pool.get("meta_used"), pool.get("meta_size"),
+                                        "--poolmetadatasize +<size>")):
+            if not size or used is None or used / size < most:
+                continue
+            yield Finding(
+                "thin_pool_full", name, "warning",
+                f"thin pool {what} {used / size:.0%} used (from {most:.0%}): when full, writes queue or fail",
+                [f"dmsetup status {pool['name']}: {what} {_size(used)} of {_size(size)}"],
+                f"lvextend {grow} {lv}",
+                "lvm.conf activation/thin_pool_autoextend_threshold = 70, thin_pool_autoextend_percent = 20")
+
+
+def ext4_journal_small(host, k):
+    """dioread_nolock (the default since 5.6) with a journal below the ext4 write-up's fix; a
+    warning once handles wait for their transaction or, with ebpf_exporter, for credits as
+    BlockStackJbd2CreditWaitHigh measures it. jbd2's "waiting for transaction" is, per
+    transaction, the longest a handle waited for it to start (t_max_wait, fs/jbd2/transaction.c
+    update_t_max_wait), averaged over the transactions since mount: a wait for the previous commit
+    or for journal space. Older kernels fill it only with CONFIG_JBD2_DEBUG (it reads 0). It is
+    a longest wait, so it errs towards warning; the eBPF average is the alert's exact figure."""
+    good, wait_max = k["ext4_journal_good_bytes"], k["jbd2_credit_wait_max_seconds"]
+    min_rate = k["jbd2_credit_wait_min_rate"]
+    for name in sorted(host.ext4):
+        fs = host.ext4[name]
+        journal = fs.get("journal")
+        if "dioread_nolock" not in fs["options"] or journal is None or journal >= good:
+            continue
+        mnt = fs["mountpoint"] or "<mountpoint>"
+        evidence = [f"/proc/fs/ext4/{name}/options: dioread_nolock (a default since 5.6, not in /proc/mounts)",
+                    f"journal {_size(journal)} (superblock), below the {_size(good)} that fixed the incident"]
+        severity = "info"
+        j = host.jbd2.get(name)
+        if j:
+            waiting = j["phases"].get("waiting", 0.0)
+            evidence.append(f"/proc/fs/jbd2/{j['journal']}/info: {j.get('transactions', 0):.0f} transactions, "
+                            f"the longest wait of a handle for its transaction averages {waiting * 1e3:.0f} ms")
+            if waiting > wait_max:
+                severity = "warning"
+        if host.ebpf is not None:
+            rate = host.ebpf.get(("jbd2_credit_wait", name), 0.0)
+            avg = host.ebpf.get(("jbd2_credit_wait_avg", name))
+            if avg is not None:
+                evidence.append(f"ebpf: {rate:.0f} credit waits/s averaging {avg * 1e3:.2f} ms")
+                if avg > wait_max and rate >= min_rate:
+                    severity = "warning"
+        yield Finding(
+            "ext4_journal_small", name, severity,
+            f"ext4 on {name} runs dioread_nolock with a journal of {_size(journal)}: fsync-heavy writers "
+            "wait for journal credits",
+            evidence,
+            f"mount -o remount,dioread_lock {mnt}",
+            f"dioread_lock in /etc/fstab's options for {mnt}; or grow the journal, unmounted: "
+            f"tune2fs -O ^has_journal /dev/{name} && tune2fs -J size={good >> 20:.0f} /dev/{name}")
+
+
+def scheduler_mismatch(host, k):
+    """A disk's scheduler against its kind: none on a rotational disk gives up sorting and
+    merging in the scheduler (Documentation/block/blk-mq.rst: none suits devices without a seek
+    penalty); bfq on a non-rotational disk costs CPU per request that fast devices feel
+    (Documentation/block/bfq-iosched.rst)."""
+    for name in sorted(host.devices):
+        if host.devices[name].get("kind") != "disk":
+            continue  # partitions share their disk's queue; dm is bio-based; a loop device's backing decides
+        q = host.queue.get(name, {})
+        sched, rot = q.get("scheduler"), q.get("rotational")
+        if rot == 1 and sched == "none":
+            advice, better = "a rotational disk without an I/O scheduler: requests are neither sorted nor merged " \
+                             "in a scheduler", "mq-deadline"
+        elif rot == 0 and sched == "bfq":
+            advice, better = "bfq on a non-rotational disk: its per-request work caps fast devices", "none"
+        else:
+            continue
+        yield Finding(
+            "scheduler_mismatch", name, "info", advice,
+            [f"/sys/block/{name}/queue/scheduler: [{sched}]", f"/sys/block/{name}/queue/rotational = {rot:.0f}"],
+            f"echo {better} > /sys/block/{name}/queue/scheduler",
+            _udev(name, "scheduler", better))
+
+
+def crypt_workqueue(host, k):
+    """dm-crypt over non-rotational disks without no_read_workqueue/no_write_workqueue (5.9+):
+    every bio takes two trips through kcryptd workqueues, which costs fast devices latency and
+    throughput (commit 39d42fa96ba1, Cloudflare's "Speeding up Linux disk encryption")."""
+    for name in sorted(host.targets):
+        if "crypt" not in host.targets[name]:
+            continue
+        bottoms = host.bottoms(name)
+        if not bottoms or any(host.queue.get(b, {}).get("rotational") != 0 for b in bottoms):
+            continue
+        flags = host.crypt_flags.get(name, set())
+        missing = [f for f in ("no_read_workqueue", "no_write_workqueue") if f not in flags]
+        if not missing:
+            continue
+        dm_name = host.devices.get(name, {}).get("name") or name
+        yield Finding(
+            "crypt_workqueue", name, "info",
+            f"dm-crypt over non-rotational {', '.join(bottoms)} without {' and '.join(missing)}",
+            [f"dmsetup table {dm_name}: flags {' '.join(sorted(flags)) or '(none)'}",
+             f"beneath it: {', '.join(f'{b} (rotational 0)' for b in bottoms)}"],
+            f"cryptsetup refresh --perf-no_read_workqueue --perf-no_write_workqueue {dm_name}",
+            f"cryptsetup refresh --persistent --perf-no_read_workqueue --perf-no_write_workqueue {dm_name} "
+            "(LUKS2), or no-read-workqueue,no-write-workqueue in /etc/crypttab")
+
+
+def lvm_autoextend_off(host, k):
+    """Classic snapshots or thin pools while lvm.conf leaves autoextend off (threshold 100, the
+    shipped default: lvm.conf(5))."""
+    if host.lvm_conf is None:
+        return
+    for kind, setting, devices in (
+            ("snapshot", "snapshot_autoextend_threshold",
+             [d for d in host.snapshots if not host.snapshots[d].get("merge")]),
+            ("thin pool", "thin_pool_autoextend_threshold", list(host.pools))):
+        value = host.lvm_conf.get(setting, 100)
+        if not devices or value < 100:
+            continue
+        for name in sorted(devices):
+            yield Finding(
+                "lvm_autoextend_off", name, "info",
+                f"{kind} autoextend is off: nothing grows it before it fills",
+                [f"lvm.conf activation/{setting} = {value:g}" +
+                 ("" if setting in host.lvm_conf else " (not set: the default)")],
+                f"lvextend -L +<size> {_lv(host, name)} when needed",
+                f"lvm.conf: activation {{ {setting} = 70 }} and {setting.replace('threshold', 'percent')} = 20; "
+                "dmeventd must monitor the volume (lvchange --monitor y)")
+
+
+class Check:
+    __slots__ = ("id", "run", "needs", "alert", "knobs", "source", "title")
+
+    def __init__(self, id, run, title, source, needs="scrape", alert=None, knobs=()):
+        self.id, self.run, self.title, self.source = id, run, title, source
+        self.needs, self.alert, self.knobs = needs, alert, tuple(knobs)
+
+
+CHECKS = (
+    Check("snapshot_invalid", snapshot_invalid, "classic snapshot invalid, overflowed or merge failed",
+          "Documentation/admin-guide/device-mapper/snapshot.rst and drivers/md/dm-snap.c (Invalid, Overflow, "
+          "Merge failed); dmeventd(8): a snapshot that runs out of space becomes invalid",
+          alert="BlockStackSnapshotInvalid"),
+    Check("thin_pool_full", thin_pool_full, "thin pool data or metadata nearly full, or out of space",
+          "lvmthin(7) and dmeventd(8): dmeventd warns from 80 % data or metadata use",
+          knobs=("thin_pool_used_max_ratio",)),
+    Check("nomerges_beneath_stack", nomerges_beneath_stack, "merging restricted beneath a stack",
+          NVME_WRITEUP + "; " + QUEUE_DOC, alert="BlockStackNomergesBeneathStack"),
+    Check("snapshot_cow_filling", snapshot_cow_filling, "classic snapshot COW filling",
+          "Documentation/admin-guide/device-mapper/snapshot.rst (a full COW invalidates the snapshot)",
+          alert="BlockStackSnapshotCowFillingUp",
+          knobs=("snapshot_fill_min_used_ratio", "snapshot_cow_used_red_ratio", "snapshot_fill_horizon_seconds")),
+    Check("ext4_journal_small", ext4_journal_small, "ext4 dioread_nolock with a small journal",
+          EXT4_WRITEUP, alert="BlockStackJbd2CreditWaitHigh",
+          knobs=("ext4_journal_good_bytes", "jbd2_credit_wait_max_seconds", "jbd2_credit_wait_min_rate")),
+    Check("max_sectors_low", max_sectors_low, "max_sectors_kb far below the hardware limit",
+          QUEUE_DOC + "; the loop lab: max_sectors_kb=4 turns 1024-sector requests into 8-sector ones",
+          alert="BlockStackMaxSectorsLow", knobs=("max_sectors_max_ratio", "max_sectors_floor_bytes")),
+    Check("max_sectors_below_upper", max_sectors_below_upper, "max_sectors_kb below what the layer above sends",
+          "Documentation/admin-guide/device-mapper: a dm device's limits are stacked from its lowers' when "
+          "its table is loaded, a later change beneath is not seen above; " + QUEUE_DOC),
+    Check("snapshot_chunk_small", snapshot_chunk_small, "classic snapshot chunk size small",
+          LVM2_WRITEUP, alert="BlockStackSnapshotChunkSmall",
+          knobs=("snapshot_chunk_min_bytes", "snapshot_chunk_good_bytes")),
+    Check("nomerges", nomerges_elsewhere, "merging restricted", QUEUE_DOC + "; " + NVME_WRITEUP),
+    Check("scheduler_mismatch", scheduler_mismatch, "I/O scheduler unsuited to the device",
+          "Documentation/block/blk-mq.rst, Documentation/block/bfq-iosched.rst"),
+    Check("crypt_workqueue", crypt_workqueue, "dm-crypt on fast devices without the workqueue bypass",
+          "Documentation/admin-guide/device-mapper/dm-crypt.rst (no_read_workqueue, no_write_workqueue, 5.9+); "
+          "commit 39d42fa96ba1 and Cloudflare's 'Speeding up Linux disk encryption' (2020)"),
+    Check("lvm_autoextend_off", lvm_autoextend_off, "LVM autoextend off for snapshots or thin pools",
+          "lvm.conf(5): snapshot_autoextend_threshold / thin_pool_autoextend_threshold 100 disables it",
+          needs="lvm.conf"),
+)
+BY_ID = {c.id: c for c in CHECKS}
+KNOBS = sorted({knob for c in CHECKS for knob in c.knobs})
+
+
+def evaluate(host, knobs, needs=("scrape", "lvm.conf"), failed=None):
+    """Every finding of the checks whose inputs are at hand, most severe first, then by check
+    order and device. A check that raises costs its own findings only: (check, exception) is
+    appended to `failed`."""
+    order = {c.id: i for i, c in enumerate(CHECKS)}
+    findings = []
+    for check in CHECKS:
+        if check.needs in needs:
+            try:
+                mine = list(check.run(host, knobs))
+            except Exception as e:  # noqa: BLE001 - one check's bug must not hide the others' findings
+                if failed is not None:
+                    failed.append((check.id, e))
+                continue
+            for f in mine:
+                f.why = check.source
+                findings.append(f)
+    findings.sort(key=lambda f: (SEVERITIES.index(f.severity), order[f.check], f.device))
+    return findings

@@ -1,0 +1,441 @@
+"""blockstack-doctor: reads a host once and names every block-stack misconfiguration, with the fix.
+
+It reads what the exporter reads (the same collectors, the same --path.* flags), judges it with
+the exporter's table of checks (checks.py, thresholds from alerts/config.yml) and prints, per
+stack from the top device down, each finding: the device, what is wrong, the evidence read, why
+it matters, the command that fixes it now and how to make the fix persist.
+
+    blockstack-doctor                       # the whole host
+    blockstack-doctor --device vg/snap      # the stacks holding one device
+    blockstack-doctor --interval 5          # and each layer's requests over 5 s (iostat's lineup)
+    blockstack-doctor --interval 5 --ebpf http://127.0.0.1:9435/metrics   # with refused merges and splits
+
+Exit status: 0 no finding at warning or above, 1 findings at warning or above, 2 something it
+needs could not be read (a collector failed as a whole, no block devices, --device unknown,
+ebpf_exporter unreachable); the findings it could make are printed all the same.
+"""
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+
+from . import __version__, checks, knobs
+from .collectors import ALL, DmCollector, FindingsCollector
+from .fs import ParseError, read_text
+from .scrape import BlockstackCollector, Paths, deadline
+
+log = logging.getLogger("blockstack_exporter")
+
+COLLECTION_SECONDS = 60.0  # a one-off run may take its time (the exporter has a scrape's 4.5 s)
+SECTOR = 512
+# The knobs of BlockStackMergeCollapse's evidence, which --interval's collapse finding reads
+INTERVAL_KNOBS = ("max_sectors_floor_bytes", "collapse_max_sectors", "collapse_upper_min_sectors",
+                  "collapse_min_split_ratio", "collapse_min_iops", "collapse_min_upper_share",
+                  "missed_merges_min_rate", "missed_merges_min_ratio", "split_min_rate", "split_min_ratio")
+_LVM_SETTING = re.compile(r"^\s*(snapshot_autoextend_threshold|thin_pool_autoextend_threshold)\s*=\s*(\d+)",
+                          re.M | re.ASCII)
+
+
+def parse_lvm_conf(text):
+    """The autoextend thresholds set in lvm.conf (comments and unset ones are absent: lvm.conf(5)
+    defaults both to 100, off)."""
+    return {m[1]: int(m[2]) for m in _LVM_SETTING.finditer(text)}
+
+
+def parse_diskstats(text):
+    """/proc/diskstats (Documentation/admin-guide/iostats.rst) -> {device: (reads, reads merged,
+    sectors read, writes, writes merged, sectors written)}."""
+    out = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 10 and all(x.isdigit() for x in f[3:10]):
+            out[f[2]] = tuple(int(x) for x in (f[3], f[4], f[5], f[7], f[8], f[9]))
+    return out
+
+
+def read_ebpf(url, timeout=10):
+    """Counters of ebpf_exporter by (what, device[, operation]): refused merges, splits, jbd2
+    credit waits and their seconds."""
+    import urllib.request  # only here: its import is a tenth of the doctor's start on a busy host
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        text = r.read().decode("utf-8", "replace")
+    wanted = {"ebpf_exporter_block_rq_missed_merges_total": "missed_merges",
+              "ebpf_exporter_block_bio_splits_total": "splits",
+              "ebpf_exporter_jbd2_credit_wait_seconds_count": "jbd2_credit_wait",
+              "ebpf_exporter_jbd2_credit_wait_seconds_sum": "jbd2_credit_wait_seconds"}
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            what = wanted.get(s.name)
+            if what and "device" in s.labels:
+                key = (what, s.labels["device"], s.labels.get("operation", ""))
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+class Sample:
+    """One reading of the host: the exporter's collection, the findings' Host, diskstats, ebpf."""
+
+    def __init__(self, host, errors, failed, diskstats, ebpf, when):
+        self.host, self.errors, self.failed = host, errors, failed
+        self.diskstats, self.ebpf, self.when = diskstats, ebpf, when
+
+
+class Doctor:
+    def __init__(self, args, knob_values):
+        self.args, self.knobs = args, knob_values
+        collectors = [DmCollector(dmsetup=args.dmsetup, timeout=args.dmsetup_timeout) if name == "dm"
+                      else FindingsCollector(knob_values) if name == "findings" else ALL[name]()
+                      for name in ALL]
+        self.findings = collectors[-1]
+        self.collector = BlockstackCollector(collectors, Paths(args.sysfs, args.procfs, args.dev))
+        self.messages = []
+        self._handler = _Remember(self.messages)
+        log.addHandler(self._handler)
+        log.propagate = False
+
+    def sample(self, with_rates):
+        before = dict(self.collector.errors)
+        with deadline(time.monotonic() + COLLECTION_SECONDS):
+            families = self.collector.collect()
+        failed = [s.labels["collector"] for f in families if f.name == "blockstack_scrape_collector_success"
+                  for s in f.samples if s.value == 0]
+        errors = {k: v - before.get(k, 0) for k, v in self.collector.errors.items() if v > before.get(k, 0)}
+        diskstats = ebpf = None
+        if with_rates:
+            diskstats = parse_diskstats(read_text(os.path.join(self.args.procfs, "diskstats")))
+            if self.args.ebpf:
+                ebpf = read_ebpf(self.args.ebpf)
+        return Sample(self.findings.host, errors, failed, diskstats, ebpf, time.monotonic())
+
+    def lvm_conf(self):
+        try:
+            return parse_lvm_conf(read_text(self.args.lvmconf))
+        except FileNotFoundError:
+            return {}  # no lvm.conf: LVM's defaults
+        except (OSError, ParseError) as e:
+            self.messages.append(f"{self.args.lvmconf}: {e}")
+            return None
+
+
+class _Remember(logging.Handler):
+    """The collectors' problem reports, kept for the report (once each)."""
+
+    def __init__(self, messages):
+        super().__init__(logging.WARNING)
+        self.messages = messages
+
+    def emit(self, record):
+        text = record.getMessage()
+        if text not in self.messages:
+            self.messages.append(text)
+
+
+# --- the lineup: iostat -x per layer of each stack ---------------------------------------------
+
+def lineup(first, second, elapsed):
+    """{device: {op: {rps, kbps, sectors (average request), merges_ps, missed_ps, splits_ps}}}
+    between two samples (op is read or write)."""
+    out = {}
+    for dev, now in second.diskstats.items():
+        then = first.diskstats.get(dev)
+        if then is None:
+            continue
+        d = [max(0, a - b) for a, b in zip(now, then)]
+        per = {}
+        for op, (ios, merges, sectors) in (("read", d[0:3]), ("write", d[3:6])):
+            row = {"rps": ios / elapsed, "kbps": sectors * SECTOR / 1024 / elapsed,
+                   "sectors": sectors / ios if ios else 0.0, "merges_ps": merges / elapsed}
+            if second.ebpf is not None and first.ebpf is not None:
+                for what in ("missed_merges", "splits"):
+                    key = (what, dev, op)
+                    row[f"{what}_ps"] = max(0.0, second.ebpf.get(key, 0.0) - first.ebpf.get(key, 0.0)) / elapsed
+            per[op] = row
+        out[dev] = per
+    return out
+
+
+def ebpf_rates(first, second, elapsed):
+    """{("jbd2_credit_wait", dev): waits/s, ("jbd2_credit_wait_avg", dev): seconds} for the checks."""
+    out = {}
+    if first.ebpf is None or second.ebpf is None:
+        return None
+    for (what, dev, _), value in second.ebpf.items():
+        if what == "jbd2_credit_wait":
+            count = value - first.ebpf.get((what, dev, ""), 0.0)
+            secs = second.ebpf.get(("jbd2_credit_wait_seconds", dev, ""), 0.0) - \
+                first.ebpf.get(("jbd2_credit_wait_seconds", dev, ""), 0.0)
+            out[("jbd2_credit_wait", dev)] = count / elapsed
+            if count > 0:
+                out[("jbd2_credit_wait_avg", dev)] = secs / count
+    return out
+
+
+def collapse_findings(host, rows, k):
+    """BlockStackMergeCollapse's evidence on the interval: a layered collapse (a device where
+    requests reach a driver serves small requests at a rate while a device above it reads or
+    writes large ones carrying most of its bytes), or, with ebpf_exporter, merging refused or
+    requests split on most of its requests."""
+    out = []
+    for dev in sorted(rows):
+        if dev not in host.devices or (host.lower.get(dev) and host.devices[dev].get("kind") != "loop"):
+            continue  # only where requests reach a driver: nothing beneath, or a loop device
+        for op, row in rows[dev].items():
+            if row["rps"] < k["collapse_min_iops"] and row.get("missed_merges_ps", 0) < k["missed_merges_min_rate"] \
+                    and row.get("splits_ps", 0) < k["split_min_rate"]:
+                continue
+            evidence, proves = [], None
+            if row["sectors"] <= k["collapse_max_sectors"] and row["rps"] >= k["collapse_min_iops"]:
+                for upper in _uppers(host, dev):
+                    up = rows.get(upper, {}).get(op)
+                    if up and up["sectors"] >= k["collapse_upper_min_sectors"] and \
+                            up["sectors"] >= k["collapse_min_split_ratio"] * row["sectors"] and \
+                            up["kbps"] >= k["collapse_min_upper_share"] * row["kbps"]:
+                        proves = "layered"
+                        evidence.append(f"{host.label(upper)} {op}s {up['sectors']:.0f}-sector requests "
+                                        f"({up['rps']:.0f}/s, {up['kbps']:.0f} kB/s)")
+                        break
+            missed = row.get("missed_merges_ps")
+            if missed is not None and row["rps"] and missed >= k["missed_merges_min_rate"] and \
+                    missed >= k["missed_merges_min_ratio"] * row["rps"]:
+                proves = proves or "merging refused"
+                evidence.append(f"ebpf: {missed:.0f} merges/s refused of {row['rps']:.0f} requests/s")
+            splits = row.get("splits_ps")
+            if splits is not None and row["rps"] and splits >= k["split_min_rate"] and \
+                    splits >= k["split_min_ratio"] * row["rps"] and row["sectors"] <= k["collapse_max_sectors"]:
+                proves = proves or "requests split"
+                evidence.append(f"ebpf: {splits:.0f} split pieces/s of {row['rps']:.0f} requests/s")
+            if not proves:
+                continue
+            owner = host.queue_owner(dev)
+            q = host.queue.get(owner, {})
+            if q.get("nomerges"):
+                fix = f"echo 0 > /sys/block/{owner}/queue/nomerges"
+            elif q.get("max_sectors", 0) < k["max_sectors_floor_bytes"]:
+                kb = min(q.get("max_hw_sectors", 0), 1280 * 1024) // 1024
+                fix = f"echo {kb} > /sys/block/{owner}/queue/max_sectors_kb"
+            else:
+                fix = ("neither nomerges nor max_sectors_kb: look at the layer in between (snapshot chunk size, "
+                       "dm-crypt)")
+            out.append(checks.Finding(
+                "merge_collapse", dev, "critical",
+                f"{proves}: {dev} {op}s {row['sectors']:.0f}-sector requests at {row['rps']:.0f}/s",
+                [f"{dev}: {row['rps']:.0f} {op}s/s, {row['kbps']:.0f} kB/s, {row['merges_ps']:.0f} merges/s", *evidence,
+                 f"/sys/block/{owner}/queue: nomerges {q.get('nomerges', 0):.0f}, max_sectors_kb "
+                 f"{q.get('max_sectors', 0) / 1024:.0f}"],
+                fix,
+                "see the setting's own finding; docs/runbook.md#blockstackmergecollapse",
+                checks.NVME_WRITEUP))
+    return out
+
+
+def _uppers(host, dev):
+    """Every device above dev, nearest first."""
+    out, frontier = [], [dev]
+    while frontier:
+        nxt = [u for d in frontier for u in host.above(d) if u not in out]
+        out += nxt
+        frontier = nxt
+    return out
+
+
+# --- output ------------------------------------------------------------------------------------
+
+def stacks_of(host, only=None):
+    """[(top, [devices top first])] of every stack, or of those holding `only`."""
+    out = []
+    for top in host.tops():
+        devices = host.stack(top)
+        if only is None or only in devices:
+            out.append((top, devices))
+    return out
+
+
+def levels(host, top):
+    """The stack as its layers: [[top], [directly beneath], ...]."""
+    out, seen, frontier = [], {top}, [top]
+    while frontier:
+        out.append(frontier)
+        nxt = []
+        for d in frontier:
+            for low in host.lower.get(d, ()):
+                if low not in seen:
+                    seen.add(low)
+                    nxt.append(low)
+        frontier = nxt
+    return out
+
+
+def render_text(report, host):
+    lines = []
+    counts = {s: 0 for s in checks.SEVERITIES}
+    for f in report["findings"]:
+        counts[f.severity] += 1
+    by_device = {}
+    for f in report["findings"]:
+        by_device.setdefault(f.device, []).append(f)
+    shown = set()
+    for top, devices in report["stacks"]:
+        mine = [f for d in devices if d not in shown for f in by_device.get(d, [])]
+        rows = report.get("lineup")
+        if not mine and not report["narrowed"] and not (rows and any(_busy(rows.get(d)) for d in devices)):
+            continue
+        shown.update(devices)
+        layers = " > ".join(", ".join(host.label(d) for d in layer) for layer in levels(host, top))
+        lines += [f"stack {host.label(top)}: {layers}"]
+        if rows:
+            lines += _lineup_table(host, devices, rows, report["ebpf"])
+        order = {d: i for i, d in enumerate(devices)}
+        for f in sorted(mine, key=lambda f: (checks.SEVERITIES.index(f.severity), order[f.device])):
+            lines += [f"  {f.severity.upper()} {f.check}: {host.label(f.device)}",
+                      f"    what      {f.what}"]
+            lines += [f"    {'evidence' if i == 0 else '':9} {e}" for i, e in enumerate(f.evidence)]
+            lines += [f"    why       {f.why}", f"    fix now   {f.fix}", f"    persist   {f.persist}"]
+        lines.append("")
+    for message in report["problems"]:
+        lines.append(f"problem: {message}")
+    total = len(report["findings"])
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    shown_stacks = len(report["stacks"])
+    scope = f"{len(host.devices)} devices, {shown_stacks} stack{'s' if shown_stacks != 1 else ''}"
+    lines.append(f"{scope}{' shown' if report['narrowed'] else ''}: "
+                 f"{total} finding{'s' if total != 1 else ''}{f' ({summary})' if summary else ''}")
+    return "\n".join(lines) + "\n"
+
+
+def _busy(per_op):
+    return bool(per_op) and any(r["rps"] > 0 for r in per_op.values())
+
+
+def _lineup_table(host, devices, rows, ebpf):
+    head = f"    {'device':34} {'op':5} {'req/s':>8} {'kB/s':>9} {'avg sect':>8} {'merges/s':>8}"
+    if ebpf:
+        head += f" {'refused/s':>9} {'splits/s':>8}"
+    out = [head]
+    for d in devices:
+        for op, r in rows.get(d, {}).items():
+            if r["rps"] <= 0:
+                continue
+            line = (f"    {host.label(d)[:34]:34} {op:5} {r['rps']:8.1f} {r['kbps']:9.0f} {r['sectors']:8.1f} "
+                    f"{r['merges_ps']:8.1f}")
+            if ebpf:
+                line += f" {r.get('missed_merges_ps', 0):9.1f} {r.get('splits_ps', 0):8.1f}"
+            out.append(line)
+    return out if len(out) > 1 else []
+
+
+def render_json(report, host):
+    return json.dumps({
+        "devices": {d: {"label": host.label(d), **host.devices[d], "lower": host.lower.get(d, [])}
+                    for d in sorted(host.devices)},
+        "stacks": [{"top": top, "devices": devices} for top, devices in report["stacks"]],
+        "findings": [f.as_dict() for f in report["findings"]],
+        "lineup": report.get("lineup"),
+        "problems": report["problems"],
+        "exit": report["exit"],
+    }, indent=2, sort_keys=True) + "\n"
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="blockstack-doctor", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 2)[2], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--path.sysfs", dest="sysfs", default="/sys", help="sysfs mountpoint (default %(default)s)")
+    p.add_argument("--path.procfs", dest="procfs", default="/proc", help="procfs mountpoint (default %(default)s)")
+    p.add_argument("--path.dev", dest="dev", default="/dev",
+                   help="device nodes, read for ext4 superblocks (default %(default)s)")
+    p.add_argument("--path.lvmconf", dest="lvmconf", default="/etc/lvm/lvm.conf",
+                   help="lvm.conf, read for the autoextend thresholds (default %(default)s)")
+    p.add_argument("--collector.dm.dmsetup", dest="dmsetup", default="dmsetup",
+                   help="dmsetup binary (default %(default)s)")
+    p.add_argument("--collector.dm.timeout", dest="dmsetup_timeout", type=float, default=10.0,
+                   help="seconds before a dmsetup call is abandoned (default %(default)s)")
+    p.add_argument("--config.knobs", dest="knobs", default=None, metavar="PATH",
+                   help="the alerts' config.yml whose thresholds to judge by (default: the copy shipped "
+                        "with the exporter)")
+    p.add_argument("--device", help="only the stacks holding this device (dm-3, /dev/mapper/vg-lv, vg/lv, sda)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--interval", type=float, default=None, metavar="SECONDS",
+                   help="read twice, SECONDS apart, and show each layer's requests (iostat's lineup), COW fill "
+                        "rates and live collapses")
+    p.add_argument("--ebpf", metavar="URL", help="ebpf_exporter's /metrics: refused merges, splits and jbd2 "
+                                                "credit waits in the lineup (needs --interval)")
+    p.add_argument("--version", action="version", version=__version__)
+    args = p.parse_args(argv)
+    if args.ebpf and not args.interval:
+        p.error("--ebpf needs --interval (its counters are read twice)")
+    if args.interval is not None and not 0 < args.interval <= 3600:
+        p.error("--interval: between 0 and 3600 seconds")
+    return args
+
+
+def run(args, out=sys.stdout):
+    try:
+        knob_values = knobs.load(args.knobs, (*checks.KNOBS, *INTERVAL_KNOBS))
+    except knobs.KnobsError as e:
+        print(f"blockstack-doctor: --config.knobs: {e}", file=sys.stderr)
+        return 2
+    doctor = Doctor(args, knob_values)
+    problems = doctor.messages
+    try:
+        first = doctor.sample(with_rates=args.interval is not None)
+        second = None
+        if args.interval:
+            time.sleep(args.interval)
+            second = doctor.sample(with_rates=True)
+    except (OSError, ParseError, ValueError) as e:  # URLError is an OSError
+        print(f"blockstack-doctor: {e}", file=sys.stderr)
+        return 2
+    finally:
+        log.removeHandler(doctor._handler)
+    now = second or first
+    host = now.host or checks.Host()
+    host.lvm_conf = doctor.lvm_conf()
+    report = {"lineup": None, "ebpf": bool(args.ebpf), "narrowed": bool(args.device)}
+    extra = []
+    if second:
+        elapsed = second.when - first.when
+        host.previous, host.elapsed = first.host, elapsed
+        host.ebpf = ebpf_rates(first, second, elapsed)
+        report["lineup"] = lineup(first, second, elapsed)
+        extra = collapse_findings(host, report["lineup"], knob_values)
+    failed = []
+    findings = checks.evaluate(host, knob_values, failed=failed) + extra
+    problems += [f"check {check} failed: {e!r}" for check, e in failed]
+    unreadable_checks = bool(failed)
+    findings.sort(key=lambda f: checks.SEVERITIES.index(f.severity))
+    unreadable = bool(now.failed) or not host.devices or unreadable_checks
+    if now.failed:
+        problems.append(f"collector(s) {', '.join(now.failed)} failed as a whole")
+    if not host.devices:
+        problems.append(f"no block devices under {args.sysfs}/class/block")
+    only = None
+    if args.device:
+        only = host.resolve(args.device)
+        if only is None:
+            problems.append(f"--device {args.device}: no such block device")
+            unreadable = True
+    report["stacks"] = stacks_of(host, only) if only or not args.device else []
+    in_scope = {d for _, devices in report["stacks"] for d in devices}
+    report["findings"] = [f for f in findings if f.device in in_scope or not host.devices]
+    report["problems"] = problems
+    serious = any(f.severity in ("critical", "warning") for f in report["findings"])
+    report["exit"] = 2 if unreadable else 1 if serious else 0
+    out.write(render_json(report, host) if args.json else render_text(report, host))
+    return report["exit"]
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    sys.exit(run(args))
+
+
+if __name__ == "__main__":
+    main()
