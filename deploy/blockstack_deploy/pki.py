@@ -128,10 +128,12 @@ class Secrets:
 
     def web_config(self, path, cert_name):
         """A Prometheus-family web config (exporter-toolkit: Prometheus, Alertmanager, Thanos
-        --http.config): basic auth for `user`, TLS with cert_name's certificate."""
-        crt, key = self.cert(cert_name)
-        config = {"basic_auth_users": {self.user: self.hashed()},
-                  "tls_server_config": {"cert_file": crt, "key_file": key, "min_version": "TLS12"}}
+        --http.config): basic auth for `user`, TLS with cert_name's certificate (None: plain
+        HTTP, for a listener on loopback)."""
+        config = {"basic_auth_users": {self.user: self.hashed()}}
+        if cert_name:
+            crt, key = self.cert(cert_name)
+            config["tls_server_config"] = {"cert_file": crt, "key_file": key, "min_version": "TLS12"}
         write_if_changed(path, f"# rendered by blockstack_deploy/pki.py: basic auth (user {self.user}) and TLS for "
                          "listeners beyond loopback\n" + yaml.safe_dump(config, sort_keys=False), private=True)
 

@@ -142,6 +142,10 @@ class Stack:
         # block Prometheus uses to reach them (pki.Secrets.client_http), at web_address.
         self.web_listen = self.web_address = "127.0.0.1"
         self.web_config_file = self.web_client = None
+        # Basic auth on Alertmanager alone, even on loopback (roles.Standalone's default mode):
+        # its web config and the basic_auth block its clients send. Alertmanager answers any
+        # origin's CORS preflight with `*`, so without a password a web page could silence pages.
+        self.alertmanager_web_config = self.alertmanager_client = None
         # The bearer token Alertmanager's webhooks send the receiver (generated 0600 by render).
         self.receiver_token_file = os.path.join(self.workdir, "receiver-token")
         # More of the stack's own servers to scrape: {job: (address:port, scheme)} (roles.Standalone: Grafana).
@@ -171,6 +175,12 @@ class Stack:
 
     AUTH_COMPONENTS = ("prometheus", "alertmanager", "grafana")  # the listeners web_client applies to
 
+    def client(self, component):
+        """The basic_auth (+ scheme/tls_config) block Prometheus sends to one of the stack's servers."""
+        if self.web_client and component in self.AUTH_COMPONENTS:
+            return self.web_client
+        return (self.alertmanager_client if component == "alertmanager" else None) or {}
+
     @property
     def pages_file(self):
         return os.path.join(self.workdir, "pages.jsonl")
@@ -188,7 +198,7 @@ class Stack:
                     "scrape_interval": self.scrape_interval,
                     "static_configs": [{"targets": [f"{self.address(component)}:{self.ports[component]}"],
                                         "labels": {"host": self.host}}],
-                    **(self.web_client if self.web_client and component in self.AUTH_COMPONENTS else {}),
+                    **self.client(component),
                 })
         for job, (target, scheme) in self.also_scrape.items():
             tls = {"tls_config": self.web_client["tls_config"]} if scheme == "https" and self.web_client else {}
@@ -201,7 +211,7 @@ class Stack:
         }
         if "alertmanager" in self.components:
             config["alerting"] = {"alertmanagers": [{"static_configs": [
-                {"targets": [f"{self.address('alertmanager')}:{self.ports['alertmanager']}"]}], **(self.web_client or {})}]}
+                {"targets": [f"{self.address('alertmanager')}:{self.ports['alertmanager']}"]}], **self.client("alertmanager")}]}
         return config
 
     def alertmanager_config(self):
@@ -241,6 +251,7 @@ class Stack:
         """{component: (argv, env, health_url)} in start order."""
         w, p = self.workdir, self.ports
         web = [f"--web.config.file={self.web_config_file}"] if self.web_config_file else []
+        am_web = [f"--web.config.file={self.alertmanager_web_config}"] if self.alertmanager_web_config and not web else web
         cmds = {}
         if "node" in self.components:
             cmds["node"] = ([program("node"), f"--web.listen-address=127.0.0.1:{p['node']}",
@@ -265,7 +276,7 @@ class Stack:
         if "alertmanager" in self.components:
             cmds["alertmanager"] = ([program("alertmanager", self.servers), f"--config.file={w}/alertmanager.yml",
                                      f"--storage.path={self.data_dir}/alertmanager",
-                                     f"--web.listen-address={self.web_listen}:{p['alertmanager']}", "--cluster.listen-address=", *web],
+                                     f"--web.listen-address={self.web_listen}:{p['alertmanager']}", "--cluster.listen-address=", *am_web],
                                     {}, self.url("alertmanager", "/-/ready"))
         if "prometheus" in self.components:
             cmds["prometheus"] = ([program("prometheus", self.servers), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",
