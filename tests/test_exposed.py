@@ -31,8 +31,10 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     ca, password_file = os.path.join(secrets, "ca.crt"), os.path.join(secrets, "admin-password")
     with open(password_file) as f:
         password = f.read().strip()
-    for f in (password_file, os.path.join(secrets, "server.key"), os.path.join(secrets, "ca.key")):
-        assert oct(os.stat(f).st_mode & 0o777) == "0o600", f
+    # the servers' group reads the password and the key (privileges.py); the CA key is root's alone
+    for f in (password_file, os.path.join(secrets, "server.key")):
+        assert oct(os.stat(f).st_mode & 0o777) == "0o640", f
+    assert oct(os.stat(os.path.join(secrets, "ca.key")).st_mode & 0o777) == "0o600"
     with open(os.path.join(secrets, "admin-password.bcrypt")) as f:
         assert f.read().startswith("$2b$06$")  # pki.BCRYPT_COST
     assert f"https://127.0.0.1:{ports['prometheus']}" in out
@@ -66,7 +68,7 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
 
     prometheus = Prometheus(prom, auth=("admin", password), ca=ca)
     # self-scrapes over TLS with the password: every target up
-    prometheus.wait_targets_up(count=5)
+    prometheus.wait_targets_up(count=7)
     # Grafana's provisioned datasource reaches Prometheus (basic auth + our CA)
     status, health = answer(graf + "/api/datasources/uid/blockstack-prometheus/health", "admin", grafana_password, ca=ca)
     assert status == 200 and json.loads(health)["status"] == "OK", health

@@ -85,6 +85,7 @@ class Role:
     PORTS = {}
     reloads = ()
     ca = None
+    owned = ()  # (program, directory) it writes besides its --storage path (privileges.apply)
 
     def __init__(self, state, ports=None, listen="127.0.0.1", grafana_server=None):
         """grafana_server: (binary, home) of the Grafana that runs with the role (grafana.find())."""
@@ -130,6 +131,8 @@ class Standalone(Role):
                            ebpf_configs=ebpf_configs, ebpf_cache=os.path.join(self.state, "ebpf-configs.txt"),
                            data_dir=self.data)
         self.stack.receiver_token_file = os.path.join(self.state, "secrets", "receiver-token")
+        self.stack.pages_file = os.path.join(self.state, "pages", "pages.jsonl")
+        self.owned = [("receiver", os.path.dirname(self.stack.pages_file)), ("grafana", os.path.join(self.state, "grafana"))]
         # Alertmanager takes the admin password in every mode (plain HTTP on loopback by default)
         self.stack.alertmanager_web_config = os.path.join(self.config, "alertmanager-web.yml")
         self.stack.alertmanager_client = self.admin.client_http(tls=False)
@@ -347,6 +350,8 @@ class Central(FleetRole):
             self.ports.setdefault(f"watcher-{r}", 9089 - (ord(r) - ord("A")))
         self.receiver_stack = Stack(self.config, components=("receiver", "alertmanager"),
                                     ports={"receiver": self.ports["receiver"], "alertmanager": self.ports["alertmanager-1"]})
+        self.receiver_stack.pages_file = os.path.join(self.state, "pages", "pages.jsonl")
+        self.owned = [("receiver", os.path.dirname(self.pages_file)), ("grafana", os.path.join(self.state, "grafana"))]
 
     @property
     def pages_file(self):

@@ -148,6 +148,7 @@ class Stack:
         self.alertmanager_web_config = self.alertmanager_client = None
         # The bearer token Alertmanager's webhooks send the receiver (generated 0600 by render).
         self.receiver_token_file = os.path.join(self.workdir, "receiver-token")
+        self.pages_file = os.path.join(self.workdir, "pages.jsonl")  # the receiver's (roles: STATE/pages/)
         # More of the stack's own servers to scrape: {job: (address:port, scheme)} (roles.Standalone: Grafana).
         self.also_scrape = {}
 
@@ -181,9 +182,6 @@ class Stack:
             return self.web_client
         return (self.alertmanager_client if component == "alertmanager" else None) or {}
 
-    @property
-    def pages_file(self):
-        return os.path.join(self.workdir, "pages.jsonl")
 
     # -- configuration ---------------------------------------------------------------
 
@@ -265,7 +263,9 @@ class Stack:
         if "ebpf" in self.components:
             if self._ebpf_configs is None:
                 self._ebpf_configs = ebpf_config_names(self._ebpf_cache)
+            # --capabilities.keep=none: every capability dropped once the programs are attached
             cmds["ebpf"] = ([program("ebpf"), f"--config.dir={EBPF_CONFIG_DIR}", f"--config.names={self._ebpf_configs}",
+                             "--capabilities.keep=none",
                              f"--web.listen-address=127.0.0.1:{p['ebpf']}"],
                             {"OTEL_TRACES_EXPORTER": "none"}, self.url("ebpf", "/metrics"))
         if "receiver" in self.components:
