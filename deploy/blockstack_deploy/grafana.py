@@ -76,6 +76,7 @@ def unpack(tarball, dest):
     tmp = tempfile.mkdtemp(prefix=os.path.basename(dest) + ".", dir=os.path.dirname(dest))
     try:
         subprocess.run(["tar", "-xJf", tarball, "-C", tmp], check=True, timeout=600)
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would keep Grafana's own user (privileges.py) out
         try:
             os.rename(tmp, dest)
         except OSError:  # another unpack won the race

@@ -9,9 +9,10 @@ capability. systemd.py gives the units the same identities (User=, AmbientCapabi
                        (+ group disk)          status`), CAP_DAC_READ_SEARCH (sysfs/debugfs paths
                                                root alone may search); ambient, so dmsetup has them
     ebpf_exporter      root                    CAP_BPF, CAP_PERFMON (load and attach tracepoint
-                                               programs), CAP_SYS_RESOURCE (the memlock limit before
-                                               5.11), CAP_DAC_READ_SEARCH (tracefs event ids); it
-                                               drops them all once attached (--capabilities.keep=none)
+                                               programs), CAP_DAC_READ_SEARCH (tracefs event ids); it
+                                               drops them all once attached (--capabilities.keep=none).
+                                               No CAP_SYS_RESOURCE: since 5.11 BPF memory is charged
+                                               to the cgroup, not the memlock limit
     Prometheus, watchers, blockstack-prometheus      none
     Thanos sidecars
     Alertmanager       blockstack-alertmanager  none
@@ -33,7 +34,7 @@ GROUP = "blockstack"
 IDENTITIES = {
     "node": ("blockstack-node", (), ()),
     "blockstack": ("blockstack-exporter", ("disk",), ("sys_admin", "dac_read_search")),
-    "ebpf": ("root", (), ("bpf", "perfmon", "sys_resource", "dac_read_search")),
+    "ebpf": ("root", (), ("bpf", "perfmon", "dac_read_search")),
     "prometheus": ("blockstack-prometheus", (GROUP,), ()),
     "watcher": ("blockstack-prometheus", (GROUP,), ()),
     "sidecar": ("blockstack-prometheus", (GROUP,), ()),  # reads its Prometheus's TSDB
