@@ -177,7 +177,7 @@ class Standalone(Role):
             if one and os.path.exists(crt) and \
                     not {f"IP Address:{self.listen}", f"DNS:{self.listen}"} & pki.cert_names(crt):  # for another --listen
                 os.unlink(crt)
-            self.web.ensure(server_names={"server": list(dict.fromkeys(names))})
+            self.web.ensure(server_names={"server": list(dict.fromkeys(names))}, single_use=True)
         os.makedirs(self.config, exist_ok=True)
         self.web.web_config(self.stack.web_config_file, cert_name=self.cert_name)
 
