@@ -170,9 +170,9 @@ status:
 logs:
 	@$(STACKCTL) logs
 
-## clean: stop and remove the state directory (configuration, data, logs)
+## clean: stop and remove the configuration and logs; the TSDB, pages, Grafana's database and secrets stay (FORCE=1: those too)
 clean:
-	@test -x $(VPY) && $(STACKCTL) clean || rm -rf $(STATE_DIR)
+	@test -x $(VPY) && $(STACKCTL) clean $(if $(FORCE),--force) || echo "no $(VPY): remove $(STATE_DIR) by hand"
 
 ## distclean: also remove the virtual environment and build outputs
 distclean: clean

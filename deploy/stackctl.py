@@ -12,7 +12,9 @@
 `up` renders the configuration into the state directory, starts supervisord there (or updates
 the one already running), waits until every component's health endpoint answers and prints
 where to look. A second `up` with nothing changed touches nothing. `down` stops everything and
-keeps the data; `clean` also removes the state directory.
+keeps the data; `clean` also removes what `up` regenerates (configuration, logs) but keeps the
+TSDB, the pages, Grafana's database and the secrets (the CA) unless given --force
+(`make clean FORCE=1`).
 
 Everything listens on 127.0.0.1. `--listen 0.0.0.0` exposes Prometheus and Alertmanager (and
 Grafana) only with basic auth over TLS: a generated password (user admin) kept 0600 in
@@ -40,10 +42,14 @@ from blockstack_deploy.stack import DEFAULT_SERVERS, REPO, SERVERS
 from blockstack_deploy.supervisor import Supervisor
 
 
+KEPT = ("data", "pages", "grafana", "secrets")  # what `clean` keeps without --force
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["up", "down", "status", "logs", "clean", "render", "fleet-cert", "install-systemd"])
     p.add_argument("name", nargs="?", help="component, for logs")
+    p.add_argument("--force", action="store_true", help="clean: remove the data, pages and secrets too")
     p.add_argument("--state", help="state directory (default $STATE_DIR or .state in the repository)")
     p.add_argument("--port", action="append", default=[], metavar="NAME=PORT",
                    help=f"override a port ({', '.join(roles.Standalone.PORTS)})")
@@ -83,8 +89,17 @@ def main(argv=None):
     if args.command == "clean":
         if os.path.exists(os.path.join(state, "supervisord.pid")):
             Supervisor(state).down()
-        shutil.rmtree(state, ignore_errors=True)
-        print(f"removed {state}")
+        kept = [] if args.force else [n for n in KEPT if os.path.exists(os.path.join(state, n))]
+        if not kept:
+            shutil.rmtree(state, ignore_errors=True)
+            print(f"removed {state}")
+            return
+        for name in os.listdir(state):
+            if name not in kept:
+                path = os.path.join(state, name)
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+        print(f"removed the configuration and logs in {state}; kept {', '.join(kept)} "
+              f"(the TSDB, pages, Grafana's database, secrets): `make clean FORCE=1` removes them too")
         return
     if args.command in ("status", "logs", "down") and not os.path.exists(os.path.join(state, "supervisord.conf")):
         print(f"not set up in {state} (make up)")

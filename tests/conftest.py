@@ -30,6 +30,6 @@ def state():
     try:
         yield d, ports, make
     finally:
-        subprocess.run(["make", "-s", "clean", f"STATE_DIR={d}"], cwd=REPO, capture_output=True, timeout=120)
+        subprocess.run(["make", "-s", "clean", "FORCE=1", f"STATE_DIR={d}"], cwd=REPO, capture_output=True, timeout=120)
         for pid in subprocess.run(["pgrep", "-f", d], capture_output=True, text=True).stdout.split():
             os.kill(int(pid), signal.SIGKILL)

@@ -2,9 +2,13 @@
 `--listen ADDR`, never a non-loopback address in a test) delivers a page, every listener refuses a
 request without credentials, and Prometheus has no lifecycle API left."""
 import json
+import re
 import os
+import ssl
+import subprocess
 import time
 import urllib.error
+import urllib.request
 
 import pytest
 
@@ -31,8 +35,15 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     ca, password_file = os.path.join(secrets, "ca.crt"), os.path.join(secrets, "admin-password")
     with open(password_file) as f:
         password = f.read().strip()
-    for f in (password_file, os.path.join(secrets, "server.key"), os.path.join(secrets, "ca.key")):
-        assert oct(os.stat(f).st_mode & 0o777) == "0o600", f
+    # the servers' group reads the password and the key (privileges.py); the CA key is root's alone
+    for f in (password_file, os.path.join(secrets, "server.key")):
+        assert oct(os.stat(f).st_mode & 0o777) == "0o640", f
+    # the CA: its key gone once the server certificate is signed, constrained to the server's names
+    assert not os.path.exists(os.path.join(secrets, "ca.key"))
+    ca_text = subprocess.run(["openssl", "x509", "-in", ca, "-noout", "-text"], capture_output=True, text=True,
+                             check=True).stdout
+    assert "X509v3 Name Constraints: critical" in ca_text and "IP:127.0.0.1/255.255.255.255" in ca_text, ca_text
+    assert re.search(r"Subject: CN ?= ?blockstack-ca-[0-9a-f]{12}\n", ca_text), ca_text  # a name of its own on every install
     with open(os.path.join(secrets, "admin-password.bcrypt")) as f:
         assert f.read().startswith("$2b$06$")  # pki.BCRYPT_COST
     assert f"https://127.0.0.1:{ports['prometheus']}" in out
@@ -57,6 +68,19 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
         assert seen["no credentials"] == 401 and seen["wrong password"] == 401, (name, seen)
         assert seen["credentials"] == 200, (name, seen)
     print("\nlisteners:", json.dumps(report))
+    # Grafana over https: HSTS, a CSP, its session cookie Secure and SameSite=Strict
+    with open(os.path.join(state_dir, "config", "grafana.ini")) as f:
+        ini = f.read()
+    for line in ("cookie_secure = true", "cookie_samesite = strict", "strict_transport_security = true",
+                 "content_security_policy = true", "secret_key = $__file{"):
+        assert line in ini, line
+    login = urllib.request.Request(graf + "/login", data=json.dumps({"user": "admin", "password": grafana_password}).encode(),
+                                   headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(login, context=ssl.create_default_context(cafile=ca), timeout=20) as r:
+        headers = r.headers
+    assert "max-age=" in headers["Strict-Transport-Security"] and headers["Content-Security-Policy"], dict(headers)
+    cookie = next(c for c in headers.get_all("Set-Cookie") if c.startswith("grafana_session="))
+    assert "Secure" in cookie and "SameSite=Strict" in cookie, cookie
     # a local user can neither mute pages nor stop Prometheus without the password
     silence = {"matchers": [{"name": "alertname", "value": ".+", "isRegex": True}], "startsAt": "2020-01-01T00:00:00Z",
                "endsAt": "2099-01-01T00:00:00Z", "createdBy": "x", "comment": "x"}
@@ -66,7 +90,7 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
 
     prometheus = Prometheus(prom, auth=("admin", password), ca=ca)
     # self-scrapes over TLS with the password: every target up
-    prometheus.wait_targets_up(count=5)
+    prometheus.wait_targets_up(count=7)
     # Grafana's provisioned datasource reaches Prometheus (basic auth + our CA)
     status, health = answer(graf + "/api/datasources/uid/blockstack-prometheus/health", "admin", grafana_password, ca=ca)
     assert status == 200 and json.loads(health)["status"] == "OK", health

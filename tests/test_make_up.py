@@ -1,8 +1,12 @@
 """`make up` end to end: the supervised stack in a temporary state directory on free ports,
 a loop-device ext4 under sequential direct reads, a merge collapse paged and resolved, every
-component killed once and restarted, `make down` leaving nothing behind."""
+component killed once and restarted, `make down` leaving nothing behind; each server under its
+own user with its capabilities (privileges.py), the watchdog at the receiver, and what a web page
+of a foreign origin can do to each listener."""
+import http.client
 import json
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -24,6 +28,38 @@ def pids(state):
     return {name: Supervisor(state).program_pid(name) for name in COMPONENTS}
 
 
+def identities(state):
+    """{program: (user, CapEff as a hex string, NoNewPrivs)} from /proc/PID/status; the `ps` view printed."""
+    out = {}
+    for name, pid in pids(state).items():
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        uid = int(status["Uid"].split()[0])
+        out[name] = (pwd.getpwuid(uid).pw_name, status["CapEff"].strip(), status["NoNewPrivs"].strip())
+    ps = subprocess.run(["ps", "-o", "user:22,pid,args", "-p", ",".join(str(p) for p in pids(state).values())],
+                        capture_output=True, text=True, check=True).stdout
+    print("\n" + "\n".join(line[:140] for line in ps.splitlines()))
+    return out
+
+
+# CAP_DAC_READ_SEARCH (2) and CAP_SYS_ADMIN (21): blockstack-exporter's (dmsetup status, sysfs)
+EXPORTER_CAPS = f"{(1 << 2) | (1 << 21):016x}"
+
+
+def foreign(url, method="GET", headers=(), body=None):
+    """(status, Access-Control-Allow-Origin) of a request as a web page of another origin sends it."""
+    parts = http.client.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=20)
+    try:
+        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), body=body,
+                     headers={"Origin": "http://evil.example", **dict(headers)})
+        r = conn.getresponse()
+        r.read()
+        return r.status, r.getheader("Access-Control-Allow-Origin")
+    finally:
+        conn.close()
+
+
 def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     state_dir, ports, make = state
     out, cold = make("up")
@@ -36,7 +72,39 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     # Grafana: provisioned, admin with the generated password only, its database in the state directory
     password_file = os.path.join(state_dir, "secrets", "grafana-admin-password")
     assert f"127.0.0.1:{ports['grafana']}/d/blockstack-merges" in out and password_file in out
-    assert oct(os.stat(password_file).st_mode & 0o777) == "0o600"
+    # readable by the servers' group only (privileges.py)
+    assert oct(os.stat(password_file).st_mode & 0o777) == "0o640" and os.stat(password_file).st_uid == 0
+
+    # least privilege: no program but the BPF loader runs as root; it holds no capability once attached
+    seen = identities(state_dir)
+    assert seen == {"node": ("blockstack-node", "0" * 16, "1"),
+                    "blockstack": ("blockstack-exporter", EXPORTER_CAPS, "1"),
+                    "ebpf": ("root", "0" * 16, "1"),
+                    "receiver": ("blockstack-receiver", "0" * 16, "1"),
+                    "alertmanager": ("blockstack-alertmanager", "0" * 16, "1"),
+                    "prometheus": ("blockstack-prometheus", "0" * 16, "1"),
+                    "grafana": ("blockstack-grafana", "0" * 16, "1")}, seen
+
+    # a web page of another origin: Alertmanager wants the password (a silence through v2's JSON
+    # API or 0.25's v1 text/plain one), Prometheus shares nothing cross-origin, the receiver wants
+    # its token and JSON
+    am, prom, rcv = (f"http://127.0.0.1:{ports[c]}" for c in ("alertmanager", "prometheus", "receiver"))
+    silence = json.dumps({"matchers": [{"name": "alertname", "value": ".+", "isRegex": True}],
+                          "startsAt": "2020-01-01T00:00:00Z", "endsAt": "2099-01-01T00:00:00Z",
+                          "createdBy": "x", "comment": "x"})
+    browser = {
+        "alertmanager preflight": foreign(am + "/api/v2/silences", "OPTIONS", {"Access-Control-Request-Method": "POST"}),
+        "alertmanager v2 silence": foreign(am + "/api/v2/silences", "POST", {"Content-Type": "application/json"}, silence),
+        "alertmanager v1 silence (text/plain)": foreign(am + "/api/v1/silences", "POST", {"Content-Type": "text/plain"}, silence),
+        "prometheus query": foreign(prom + "/api/v1/query?query=up"),
+        "receiver page (text/plain)": foreign(rcv + "/page", "POST", {"Content-Type": "text/plain"}, "{}"),
+    }
+    print("\nforeign origin:", json.dumps(browser))
+    assert browser == {"alertmanager preflight": (401, None), "alertmanager v2 silence": (401, None),
+                       "alertmanager v1 silence (text/plain)": (401, None), "prometheus query": (200, None),
+                       "receiver page (text/plain)": (401, None)}, browser
+    admin = ("admin", files.secret(os.path.join(state_dir, "secrets", "admin-password")))
+    assert request(am + "/api/v2/status", admin)[0] == 200
     dashboard = f"http://127.0.0.1:{ports['grafana']}/api/dashboards/uid/blockstack-merges"
     status, found = request(dashboard, ("admin", files.secret(password_file)))
     assert status == 200 and json.loads(found)["meta"]["provisioned"], found
@@ -59,7 +127,10 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     view = StackView.from_state(state_dir)
     with fio.reads_on_ext4(runtime=400) as dev:
         name = loop.name(dev)
-        prometheus.wait_targets_up(count=5)
+        prometheus.wait_targets_up(count=7)  # the exporters, the receiver, Alertmanager, Prometheus, Grafana
+        # the watchdog reaches the dead man's switch (here the receiver's /watchdog) without a page
+        procs.wait_until("the watchdog at the receiver", lambda: 'path="/watchdog",code="200"' in
+                         request(f"http://127.0.0.1:{ports['receiver']}/metrics")[1], 90)
         # healthy sequential reads: large requests at the loop device, and no page
         procs.wait_until("request sizes recorded", lambda: prometheus.query(
             f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'), 60)
@@ -124,6 +195,7 @@ def test_make_up_switches_servers(state):
 
     out, _ = make("up", variables=["SERVERS=upstream"])
     assert "servers: upstream" in out
+    alertmanager.auth = ("admin", files.secret(os.path.join(state_dir, "secrets", "admin-password")))
     assert versions() == (PROMETHEUS3_VERSION, ALERTMANAGER_UPSTREAM_VERSION)
     prometheus.wait_targets_up()
     before = pids(state_dir)

@@ -7,11 +7,18 @@ to http://127.0.0.1:PORT/page or /ticket (--path); this appends
     {"notification": <the payload as sent>, "path": "/page", "received_at": <unix seconds>}
 
 to --file and answers 200, so a page is visible (`tail -f`) and testable. GET / and GET /healthz
-answer "ok". Standard library only; listens on 127.0.0.1 unless told otherwise.
+answer "ok", GET /metrics its own counters (Prometheus text format). POSTs to /watchdog (the
+always-firing BlockStackWatchdog) are counted, not written. Standard library only; listens on
+127.0.0.1 unless told otherwise.
 
-    python3 alerts/receiver/page_receiver.py --listen 127.0.0.1:9466 --file .state/config/pages.jsonl
+    python3 alerts/receiver/page_receiver.py --listen 127.0.0.1:9466 --file .state/config/pages.jsonl \
+        --token-file .state/secrets/receiver-token
 
 What it takes and what it refuses:
+- 401 for a POST without `Authorization: Bearer <the token in --token-file>` (Alertmanager's
+  webhook http_config sends it), 415 for a Content-Type other than application/json: a web page
+  in a browser on this host can send neither (a foreign origin's POST with a custom header or a
+  JSON content type needs a CORS preflight, which this receiver never grants).
 - A line is written whole or not at all: one write(2) of the complete line, fsynced; if that
   fails (a full disk) the file is truncated back to its previous length and the answer is 503,
   which Alertmanager retries. Earlier lines are never touched.
@@ -21,13 +28,21 @@ What it takes and what it refuses:
   string-valued `labels`). Alertmanager does not retry a 4xx: the error is in its log.
 - 411 without Content-Length, 413 past MAX_BODY (1 MiB: ~700 alerts of ~1.5 KB in one group;
   `max_alerts` on the webhook config keeps Alertmanager below it).
-- At most --workers requests at once; further connections wait in the listen backlog (1024).
-  Each connection (HTTP/1.0, one request) must arrive whole within --request-timeout seconds,
-  or it is dropped (408 when the headers came). Memory: at most workers x MAX_BODY of bodies
-  (held as they arrive, not as announced) and one notification decoded at a time.
+- At most --connections connections at once (a thread each, 256 KiB of stack), further ones wait
+  in the listen backlog (1024); of those, at most --workers authorized requests read their body
+  at once. A connection that sends nothing (or only a request line) holds a thread, not a
+  worker: 200 of them do not delay a page. Each connection (HTTP/1.0, one request) must arrive
+  whole within --request-timeout seconds, or it is dropped (408 when the headers came). Memory:
+  at most workers x MAX_BODY of bodies (held as they arrive, not as announced) and one
+  notification decoded at a time.
+- Rotation: before a line would take the file past --max-bytes, the file is renamed to FILE.1
+  (FILE.1 to FILE.2, ... up to --backups; the oldest goes), under the same lock as the writes:
+  no notification is lost or split between files; received() reads the backups too.
 """
 import argparse
+import collections
 import contextlib
+import hmac
 import io
 import json
 import math
@@ -42,8 +57,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 DEFAULT_LISTEN = "127.0.0.1:9466"
 WEBHOOK_PATHS = ("/page", "/ticket")  # the receivers of alerts/alertmanager.yml
+WATCHDOG_PATH = "/watchdog"  # the dead-man's-switch receiver's local default: counted, not written
 MAX_BODY = 1 << 20
 WORKERS = 32
+CONNECTIONS = 1024
+MAX_BYTES = 64 << 20  # the pages file is rotated before it grows past this
+BACKUPS = 4
 REQUEST_TIMEOUT = 10.0  # seconds for a whole request to arrive; Alertmanager sends one in milliseconds
 REPLY_TIMEOUT = 5.0
 
@@ -90,9 +109,26 @@ def decode(body):
     return payload
 
 
-def append_line(path, line):
-    """Append line (bytes ending in a newline) to path whole, or raise OSError with the file as it was."""
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+def rotate(path, backups):
+    """path -> path.1 -> path.2 ... -> path.BACKUPS (dropped); each step one rename(2)."""
+    for i in range(backups - 1, 0, -1):
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(f"{path}.{i}", f"{path}.{i + 1}")
+    os.replace(path, f"{path}.1") if backups else os.unlink(path)
+    dirfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dirfd)
+    finally:
+        os.close(dirfd)
+
+
+def append_line(path, line, max_bytes=None, backups=BACKUPS):
+    """Append line (bytes ending in a newline) to path whole, or raise OSError with the file as it
+    was; the file is rotated first if the line would take it past max_bytes."""
+    with contextlib.suppress(FileNotFoundError):
+        if max_bytes and os.stat(path).st_size and os.stat(path).st_size + len(line) > max_bytes:
+            rotate(path, backups)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -137,42 +173,69 @@ class Handler(BaseHTTPRequestHandler):
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
 
     def do_GET(self):
-        if urllib.parse.urlsplit(self.path).path in ("/", "/healthz"):
+        path = urllib.parse.urlsplit(self.path).path
+        if path in ("/", "/healthz"):
             self._reply(200, b"ok\n")
+        elif path == "/metrics":
+            self._reply(200, self.server.metrics().encode(), "text/plain; version=0.0.4")
         else:
             self._reply(404, b"not found\n")
 
     def do_POST(self):
+        code, answer = self._post()
+        self.server.count(self.path, code)
+        self._reply(code, answer)
+
+    def _post(self):
         path = urllib.parse.urlsplit(self.path).path
-        if path not in self.server.paths:
-            return self._reply(404, b"not a webhook path\n")
+        if path not in self.server.paths and path != WATCHDOG_PATH:
+            return 404, b"not a webhook path\n"
+        refused = None
+        if not self.server.authorized(self.headers.get("Authorization", "")):
+            refused = 401, b"Authorization: Bearer <token> required\n"
+        elif (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() != "application/json":
+            refused = 415, b"Content-Type application/json required\n"
+        if refused:
+            length = self.headers.get("Content-Length", "").strip()
+            if re.fullmatch(r"[0-9]{1,7}", length) and int(length) <= MAX_BODY:
+                with contextlib.suppress(OSError):
+                    self._read(int(length), keep=False)  # so that the client reads our answer, not a reset
+            return refused
+        with self.server.slots:  # a worker: at most --workers bodies read and held at once
+            return self._take(path)
+
+    def _take(self, path):
         if "Content-Length" not in self.headers:
-            return self._reply(411, b"Content-Length required\n")
+            return 411, b"Content-Length required\n"
         if not re.fullmatch(r"[0-9]{1,18}", self.headers["Content-Length"].strip()):
-            return self._reply(400, b"bad Content-Length\n")
+            return 400, b"bad Content-Length\n"
         length = int(self.headers["Content-Length"])
         if length > MAX_BODY:
             with contextlib.suppress(TimeoutError):
                 self._read(length, keep=False)  # so that the client reads our answer, not a reset
-            return self._reply(413, b"body larger than %d bytes\n" % MAX_BODY)
+            return 413, b"body larger than %d bytes\n" % MAX_BODY
         try:
             body = self._read(length)
         except TimeoutError:
-            return self._reply(408, b"body not received in time\n")
+            return 408, b"body not received in time\n"
         if len(body) < length:
-            return self._reply(400, b"body shorter than Content-Length\n")
+            return 400, b"body shorter than Content-Length\n"
         with self.server.lock:  # one notification decoded and written at a time
+            if path == WATCHDOG_PATH:
+                self.server.watchdog_at = time.time()
+                return 200, b"ok\n"
             try:
                 record = {"received_at": time.time(), "path": path, "notification": decode(body)}
                 line = json.dumps(record, sort_keys=True, allow_nan=False) + "\n"
             except (NotWebhook, RecursionError) as e:
-                return self._reply(400, f"not a webhook notification: {e}\n".encode())
+                return 400, f"not a webhook notification: {e}\n".encode()
             try:
-                append_line(self.server.out_path, line.encode())
+                append_line(self.server.out_path, line.encode(), self.server.max_bytes, self.server.backups)
             except OSError as e:
+                self.server.write_errors += 1
                 self.log_error("could not write %s: %s", self.server.out_path, e)
-                return self._reply(503, f"could not write the notification: {e}\n".encode())
-        self._reply(200, b"ok\n")
+                return 503, f"could not write the notification: {e}\n".encode()
+        return 200, b"ok\n"
 
     def _read(self, length, keep=True):
         """The body, 64 KiB at a time: memory grows with what was received, not with what was announced."""
@@ -186,10 +249,10 @@ class Handler(BaseHTTPRequestHandler):
                 body += chunk
         return body
 
-    def _reply(self, code, body):
+    def _reply(self, code, body, content_type="text/plain"):
         self.connection.settimeout(REPLY_TIMEOUT)
         self.send_response(code)
-        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -201,35 +264,91 @@ class Handler(BaseHTTPRequestHandler):
 class Server(ThreadingHTTPServer):
     request_queue_size = 1024  # listen backlog: a burst of connections waits here instead of being reset
 
-    def __init__(self, address, out_path, paths=WEBHOOK_PATHS, workers=WORKERS, request_timeout=REQUEST_TIMEOUT):
+    def __init__(self, address, out_path, paths=WEBHOOK_PATHS, workers=WORKERS, request_timeout=REQUEST_TIMEOUT,
+                 token=None, connections=CONNECTIONS, max_bytes=MAX_BYTES, backups=BACKUPS, statfs=()):
+        """token: the bearer token every POST must carry (None: no check, for in-process tests).
+        statfs: directories whose filesystem's free space /metrics reports (the pages file's is one)."""
         super().__init__(address, Handler)
         self.out_path, self.paths, self.request_timeout = out_path, frozenset(paths), request_timeout
+        self.token = token.encode() if token else None
+        self.max_bytes, self.backups = max_bytes, backups
+        self.statfs = list(dict.fromkeys([os.path.dirname(os.path.abspath(out_path)), *statfs]))
         self.lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(workers)
+        self.connections = threading.BoundedSemaphore(connections)
+        self.answers = collections.Counter()  # (path, code) -> requests
+        self.write_errors, self.watchdog_at = 0, 0.0
+
+    def authorized(self, header):
+        if self.token is None:
+            return True
+        scheme, _, credential = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), self.token)
+
+    def count(self, path, code):
+        path = urllib.parse.urlsplit(path).path
+        with self.lock:
+            self.answers[(path if path in self.paths or path == WATCHDOG_PATH else "other", code)] += 1
+
+    def metrics(self):
+        """The receiver's own metrics, Prometheus text format: what it answered, whether it can
+        write, how full its filesystems are, when the watchdog last arrived."""
+        with self.lock:
+            answers, errors, watchdog = sorted(self.answers.items()), self.write_errors, self.watchdog_at
+        lines = ["# HELP blockstack_receiver_requests_total POST requests answered, by path and HTTP status.",
+                 "# TYPE blockstack_receiver_requests_total counter"]
+        lines += [f'blockstack_receiver_requests_total{{path="{p}",code="{c}"}} {n}' for (p, c), n in answers]
+        lines += ["# HELP blockstack_receiver_write_errors_total Notifications that could not be written to the pages file (answered 503).",
+                  "# TYPE blockstack_receiver_write_errors_total counter",
+                  f"blockstack_receiver_write_errors_total {errors}",
+                  "# HELP blockstack_receiver_watchdog_last_seconds Unix time of the last watchdog notification (0: none yet).",
+                  "# TYPE blockstack_receiver_watchdog_last_seconds gauge",
+                  f"blockstack_receiver_watchdog_last_seconds {watchdog}"]
+        for name, help_text in (("avail", "Bytes free to unprivileged users"), ("size", "Size")):
+            lines += [f"# HELP blockstack_receiver_filesystem_{name}_bytes {help_text} of the filesystem holding path.",
+                      f"# TYPE blockstack_receiver_filesystem_{name}_bytes gauge"]
+            for path in self.statfs:
+                try:
+                    st = os.statvfs(path)
+                except OSError:
+                    continue
+                value = st.f_bavail * st.f_frsize if name == "avail" else st.f_blocks * st.f_frsize
+                lines.append(f'blockstack_receiver_filesystem_{name}_bytes{{path="{_escape(path)}"}} {value}')
+        return "\n".join(lines) + "\n"
 
     def process_request(self, request, client_address):
-        self.slots.acquire()  # a free worker, or wait (the connection stays in the backlog meanwhile)
+        self.connections.acquire()  # a free thread, or wait (the connection stays in the backlog meanwhile)
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self.slots.release()
+            self.connections.release()
             raise
 
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self.connections.release()
+
+
+def _escape(value):
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def received(path, since=0.0):
-    """[(record, alert)] for every alert of every notification in a file this receiver wrote,
-    received at or after `since` (Unix seconds), oldest first; [] before the first notification."""
-    try:
-        with open(path) as f:
-            records = [json.loads(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        return []
+    """[(record, alert)] for every alert of every notification in a file this receiver wrote and
+    its rotated backups, received at or after `since` (Unix seconds), oldest first; [] before the
+    first notification."""
+    backups = sorted((int(m.group(1)) for m in (re.fullmatch(re.escape(os.path.basename(path)) + r"\.([0-9]+)", name)
+                                                 for name in os.listdir(os.path.dirname(os.path.abspath(path)))) if m),
+                     reverse=True)
+    records = []
+    for name in [f"{path}.{i}" for i in backups] + [path]:
+        try:
+            with open(name) as f:
+                records += [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            pass
     return [(r, a) for r in records if r["received_at"] >= since for a in r["notification"]["alerts"]]
 
 
@@ -244,13 +363,26 @@ def main(argv=None):
     p.add_argument("--file", required=True, help="JSON-lines file every notification is appended to")
     p.add_argument("--path", action="append", dest="paths",
                    help="a webhook path to accept POSTs on, repeatable (default %s)" % " ".join(WEBHOOK_PATHS))
-    p.add_argument("--workers", type=int, default=WORKERS, help="requests served at once (default %(default)s)")
+    p.add_argument("--token-file", required=True,
+                   help="file holding the bearer token every POST must carry (Alertmanager's http_config credentials_file)")
+    p.add_argument("--workers", type=int, default=WORKERS, help="request bodies read at once (default %(default)s)")
+    p.add_argument("--connections", type=int, default=CONNECTIONS, help="connections held at once (default %(default)s)")
+    p.add_argument("--max-bytes", type=int, default=MAX_BYTES, help="rotate the file before it grows past this (default %(default)s)")
+    p.add_argument("--backups", type=int, default=BACKUPS, help="rotated files kept: FILE.1 ... (default %(default)s)")
+    p.add_argument("--statfs", action="append", default=[],
+                   help="a directory whose filesystem's free space /metrics reports, repeatable (the file's is always reported)")
     p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT,
                    help="seconds for a whole request to arrive (default %(default)s)")
     args = p.parse_args(argv)
     os.makedirs(os.path.dirname(os.path.abspath(args.file)), exist_ok=True)
+    with open(args.token_file) as f:
+        token = f.read().strip()
+    if not token:
+        raise SystemExit(f"{args.token_file} is empty")
+    threading.stack_size(256 << 10)  # a thread per connection: 1024 idle ones stay small
     server = serve(args.listen, args.file, paths=args.paths or WEBHOOK_PATHS, workers=args.workers,
-                   request_timeout=args.request_timeout)
+                   request_timeout=args.request_timeout, token=token, connections=args.connections,
+                   max_bytes=args.max_bytes, backups=args.backups, statfs=args.statfs)
     sys.stderr.write(f"listening on {args.listen}, writing {args.file}\n")
     # SIGTERM (supervisord, systemd) ends serve_forever and server_close waits for the requests in
     # flight; killed by SIGTERM's default action instead, a write of several pages could be cut.

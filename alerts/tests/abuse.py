@@ -50,20 +50,30 @@ def notification(size=None, alertname="BlockStackMergeCollapse", status="firing"
     return body
 
 
+TOKEN = "abuse-benchmark-token"  # the bearer token post() sends and receiver() gives this tree's receiver
+
+
 @contextlib.contextmanager
 def receiver(out_file, *args, script=SCRIPT, log_path=None):
-    """The receiver `script` writing out_file on a free port; yields (port, process)."""
+    """The receiver `script` writing out_file on a free port (this tree's with TOKEN; a baseline
+    from before the token takes none); yields (port, process)."""
     port = procs.free_port()
     argv = [sys.executable, script, f"--listen=127.0.0.1:{port}", f"--file={out_file}", *args]
-    with procs.running(argv, health_url=f"http://127.0.0.1:{port}/healthz", log_path=log_path) as proc:
-        yield port, proc
+    with tempfile.NamedTemporaryFile("w", prefix="receiver-token-") as token:
+        token.write(TOKEN + "\n")
+        token.flush()
+        if script == SCRIPT:
+            argv.append(f"--token-file={token.name}")
+        with procs.running(argv, health_url=f"http://127.0.0.1:{port}/healthz", log_path=log_path) as proc:
+            yield port, proc
 
 
 def post(port, body, path="/page", method="POST", headers=None, timeout=60):
     """(status, answer) of one request on a connection of its own; (exception name, b"") if none came."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json",
+                                                       "Authorization": f"Bearer {TOKEN}", **(headers or {})})
         resp = conn.getresponse()
         return resp.status, resp.read()
     except (OSError, http.client.HTTPException) as e:
@@ -126,7 +136,18 @@ def _outcomes(got):
     return ", ".join(f"{n} {k if isinstance(k, str) else 'answered %d' % k}" for k, n in sorted(got.items(), key=str))
 
 
-BODY_HEAD = b"POST /page HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+BODY_HEAD = (b"POST /page HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer "
+             + TOKEN.encode() + b"\r\nContent-Length: 1000\r\n\r\n")
+
+
+def held(port, count, head=b"POST /page HTTP/1.1\r\n"):
+    """count connections that each send `head` and then nothing: a context that holds them open."""
+    stack = contextlib.ExitStack()
+    for _ in range(count):
+        s = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5))
+        s.sendall(head)
+    return stack
+
 
 
 def measure(script, workdir):
@@ -150,14 +171,21 @@ def measure(script, workdir):
             first = answer.split(b"\r\n", 1)[0].decode(errors="replace")
             figures[what + " (1 byte / 0.1 s)"] = ("still held after 30 s" if seconds is None
                                                    else f"dropped after {seconds:.1f} s ({first or 'closed'})")
+    with receiver(out, script=script, log_path=log) as (port, proc), held(port, 200):
+        time.sleep(1)
+        t0 = time.monotonic()
+        status, _ = post(port, notification(), timeout=120)
+        figures["a page while 200 connections send only a request line"] = f"{status} after {time.monotonic() - t0:.1f} s"
     with receiver(out, script=script, log_path=log) as (port, proc):
-        holders = [threading.Thread(target=trickle, args=(port, BODY_HEAD), kwargs={"limit": 15}) for _ in range(40)]
+        # without the token: what a foreign web page or another local user can send
+        anonymous = BODY_HEAD.replace(b"Authorization: Bearer " + TOKEN.encode() + b"\r\n", b"")
+        holders = [threading.Thread(target=trickle, args=(port, anonymous), kwargs={"limit": 15}) for _ in range(40)]
         for t in holders:
             t.start()
         time.sleep(1)
         t0 = time.monotonic()
         status, _ = post(port, notification())
-        figures["a page while 40 connections trickle"] = f"{status} after {time.monotonic() - t0:.1f} s"
+        figures["a page while 40 connections trickle a body (no token)"] = f"{status} after {time.monotonic() - t0:.1f} s"
         for t in holders:
             t.join()
     return figures

@@ -176,6 +176,8 @@ def test_amtool_check_config(servers):
     (["severity=critical", "alertname=BlockStackSnapshotInvalid", "host=db1", "stack=dm-3"], "page"),
     (["severity=warning", "alertname=BlockStackNomergesBeneathStack", "host=db1"], "ticket"),
     (["severity=info", "alertname=BlockStackMaxSectorsLow", "host=db1"], "ticket"),
+    (["severity=info", "alertname=BlockStackWatchdog", "host=db1"], "deadmansswitch"),
+    (["severity=critical", "alertname=BlockStackNotificationsFailing", "host=db1", "integration=webhook"], "page"),
 ])
 @servers_matrix
 def test_routing(labels, receiver, servers):
@@ -186,12 +188,17 @@ def test_routing(labels, receiver, servers):
 def test_every_critical_alert_pages_and_the_rest_do_not():
     config = yaml.safe_load(AM_CONFIG.read_text())
     page_route = next(r for r in config["route"]["routes"] if r["receiver"] == "page")
+    watchdog_route = config["route"]["routes"][0]
+    assert watchdog_route["receiver"] == "deadmansswitch" and watchdog_route["repeat_interval"] == "1m"
     assert page_route["matchers"] == ['severity="critical"']
     assert config["route"]["group_by"] == ["host", "stack"]
     assert pytest.approx(5) == int(page_route["group_wait"].rstrip("s"))
     severities = {rule["alert"]: rule["labels"]["severity"] for _, rule in rules("alert")}
     assert {a for a, s in severities.items() if s == "critical"} == {
-        "BlockStackMergeCollapse", "BlockStackSnapshotInvalid", "BlockStackHostDown"}
+        "BlockStackMergeCollapse", "BlockStackSnapshotInvalid", "BlockStackHostDown",
+        # the pager itself: a page lost, an alert that cannot fire, the pager's disk or servers
+        "BlockStackNotificationsFailing", "BlockStackRuleEvaluationFailing", "BlockStackPagerDown",
+        "BlockStackPagerDiskFilling", "BlockStackReceiverWriteFailing"}
 
 
 def test_collapse_page_identity_has_no_settings():

@@ -186,3 +186,77 @@ def test_trickled_requests_are_dropped_and_pages_still_get_through(tmp_path):
         assert body_answer.startswith(b"HTTP/1.0 408 ")
         assert header_seconds is not None and 3 <= header_seconds < 6, header_seconds
         assert_appended(out, earlier, 1)
+
+
+def test_idle_connections_do_not_delay_a_page(tmp_path):
+    """200 connections that send a request line and then nothing: before, they took all 32
+    workers for their 10 s each and a page waited 59.8 s; now they hold threads, not workers."""
+    with receiver_with_a_page(tmp_path) as (port, proc, out, earlier), abuse.held(port, 200):
+        time.sleep(1)
+        start = time.monotonic()
+        assert abuse.post(port, abuse.notification(), timeout=60)[0] == 200
+        waited = time.monotonic() - start
+        print(f"\na page while 200 connections are held: {waited:.2f} s")
+        assert waited < 2, waited
+        assert_appended(out, earlier, 1)
+
+
+def test_a_post_without_the_token_or_as_text_is_refused(tmp_path):
+    """A web page on this host can POST text/plain cross-origin without a preflight, but can set
+    neither an Authorization header nor a JSON content type without one."""
+    with receiver_with_a_page(tmp_path) as (port, proc, out, earlier):
+        body = abuse.notification()
+        origin = {"Origin": "http://evil.example"}
+        answers = {
+            "no token": abuse.post(port, body, headers={**origin, "Authorization": ""})[0],
+            "wrong token": abuse.post(port, body, headers={**origin, "Authorization": "Bearer wrong"})[0],
+            "basic auth": abuse.post(port, body, headers={"Authorization": "Basic " + abuse.TOKEN})[0],
+            "text/plain with the token": abuse.post(port, body, headers={**origin, "Content-Type": "text/plain"})[0],
+            "form with the token": abuse.post(port, body, headers={"Content-Type": "application/x-www-form-urlencoded"})[0],
+            "no content type": abuse.post(port, body, headers={"Content-Type": ""})[0],
+            "watchdog without the token": abuse.post(port, body, path="/watchdog", headers={"Authorization": ""})[0],
+        }
+        assert answers == {"no token": 401, "wrong token": 401, "basic auth": 401, "text/plain with the token": 415,
+                           "form with the token": 415, "no content type": 415, "watchdog without the token": 401}
+        assert out.read_bytes() == earlier
+        assert abuse.post(port, body, headers={"Content-Type": "application/json; charset=utf-8"})[0] == 200
+        assert_appended(out, earlier, 1)
+
+
+def metric(port, name):
+    text = abuse.post(port, None, path="/metrics", method="GET")[1].decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(name)}
+
+
+def test_the_watchdog_is_counted_not_written_and_metrics_tell_what_was_answered(tmp_path):
+    with receiver_with_a_page(tmp_path, f"--statfs={tmp_path}") as (port, proc, out, earlier):
+        before = time.time()
+        assert abuse.post(port, abuse.notification(alertname="BlockStackWatchdog"), path="/watchdog")[0] == 200
+        assert out.read_bytes() == earlier, "the watchdog wrote a line"
+        assert abuse.post(port, b"x")[0] == 400
+        assert metric(port, "blockstack_receiver_watchdog_last_seconds")["blockstack_receiver_watchdog_last_seconds"] >= before
+        assert metric(port, "blockstack_receiver_requests_total") == {
+            'blockstack_receiver_requests_total{path="/page",code="200"}': 1,
+            'blockstack_receiver_requests_total{path="/page",code="400"}': 1,
+            'blockstack_receiver_requests_total{path="/watchdog",code="200"}': 1}
+        avail = metric(port, "blockstack_receiver_filesystem_avail_bytes")
+        assert avail[f'blockstack_receiver_filesystem_avail_bytes{{path="{tmp_path}"}}'] > 0
+        assert metric(port, "blockstack_receiver_write_errors_total") == {"blockstack_receiver_write_errors_total": 0}
+
+
+def test_the_file_is_rotated_and_no_notification_is_lost(tmp_path):
+    """64 notifications of ~1 KiB into a file rotated before it passes 8 KiB: every file whole
+    lines and no larger, and received() reads every notification back in order."""
+    from page_receiver import received
+    with receiver_with_a_page(tmp_path, "--max-bytes=8192", "--backups=20") as (port, proc, out, earlier):
+        bodies = [abuse.notification(alertname=f"N{i}") for i in range(64)]
+        for body in bodies:
+            assert abuse.post(port, body)[0] == 200
+        files = sorted(tmp_path.glob("pages.jsonl*"))
+        assert len(files) > 5
+        for f in files:
+            assert f.stat().st_size <= 8192
+            records(f)  # whole lines only
+        names = [a["labels"]["alertname"] for _, a in received(str(out))]
+        assert names == ["First"] + [f"N{i}" for i in range(64)]

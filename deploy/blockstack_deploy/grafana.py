@@ -73,6 +73,7 @@ def unpack(tarball, dest):
     tmp = tempfile.mkdtemp(prefix=os.path.basename(dest) + ".", dir=os.path.dirname(dest))
     try:
         subprocess.run(["tar", "-xJf", tarball, "-C", tmp], check=True, timeout=600)
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would keep Grafana's own user (privileges.py) out
         try:
             os.rename(tmp, dest)
         except OSError:  # another unpack won the race
@@ -82,9 +83,13 @@ def unpack(tarball, dest):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def ini(port, data_dir, provisioning, password_file, listen="127.0.0.1", tls=None):
-    """grafana.ini: our paths and port, a generated admin password, no anonymous access, and every
-    feature that calls out to the internet turned off (a monitoring host may have no internet)."""
+def ini(port, data_dir, provisioning, password_file, listen="127.0.0.1", tls=None, secret_key_file=None):
+    """grafana.ini: our paths and port, a generated admin password and secret_key (Grafana's
+    public default would decrypt the datasource password in grafana.db), no anonymous access,
+    strict same-site cookies and a CSP (secure cookies and HSTS with https), and every feature
+    that calls out to the internet turned off (a monitoring host may have no internet)."""
+    https = ("cookie_secure = true\nstrict_transport_security = true\n"
+             "strict_transport_security_max_age_seconds = 31536000\n") if tls else ""
     return f"""# rendered by blockstack_deploy/grafana.py: edit the source, not this file
 [paths]
 data = {data_dir}
@@ -99,7 +104,9 @@ http_port = {port}
 [security]
 admin_user = admin
 admin_password = $__file{{{password_file}}}
-# avatars would be fetched from gravatar.com
+{f"secret_key = $__file{{{secret_key_file}}}{chr(10)}" if secret_key_file else ""}cookie_samesite = strict
+content_security_policy = true
+{https}# avatars would be fetched from gravatar.com
 disable_gravatar = true
 
 [auth.anonymous]
@@ -147,6 +154,8 @@ def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0
     password_file, ca_file or None), the basic auth (and the CA) of a datasource with auth on."""
     os.makedirs(os.path.join(data_dir, "plugins"), exist_ok=True)
     secret(password_file)
+    secret_key_file = os.path.join(os.path.dirname(password_file), "grafana-secret-key")
+    secret(secret_key_file)
     prov = os.path.join(workdir, "grafana-provisioning")
     for kind in ("plugins", "alerting", "datasources", "dashboards"):  # Grafana logs an error when one is missing
         os.makedirs(os.path.join(prov, kind), exist_ok=True)
@@ -167,7 +176,7 @@ def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0
             changed |= write_yaml(os.path.join(prov, kind, name), config, f"blockstack_deploy/grafana.py from "
                                   f"deploy/grafana/provisioning/{kind}/{name}", private=True)
     path = os.path.join(workdir, "grafana.ini")
-    return write_if_changed(path, ini(port, data_dir, prov, password_file, listen, tls), private=True) or changed
+    return write_if_changed(path, ini(port, data_dir, prov, password_file, listen, tls, secret_key_file), private=True) or changed
 
 
 def _add_auth(ds, user, password_file, ca_file):

@@ -10,6 +10,7 @@ hosts use your own CA the same way (docs/fleet.md).
 """
 import ipaddress
 import os
+import secrets as random
 import subprocess
 import tempfile
 
@@ -18,6 +19,7 @@ import yaml
 from .files import secret, write_if_changed, write_private
 
 DAYS = 825  # the longest validity TLS clients still accept for leaf certificates
+CA_DAYS = 1095  # a CA outlives its leaves by a little: 3 years, not 9
 # bcrypt cost of every generated web password (fleet and `make up --listen/--auth`). Slow hashing
 # protects guessable passwords from offline cracking; ours are generated 144-bit secrets, so it buys
 # nothing, while every wrong password costs the server one hash: cost 12 was ~0.24 s of CPU per
@@ -29,16 +31,31 @@ def _openssl(*args):
     subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
 
-def make_ca(directory, name="blockstack-fleet-ca"):
-    """directory/ca.crt and ca.key (P-256), unless they exist. Returns the certificate path."""
+def make_ca(directory, name=None, permitted=()):
+    """directory/ca.crt and ca.key (P-256), unless they exist; a CN of its own on every install
+    (name, default blockstack-ca-RANDOM). permitted: the only names (IPs or DNS names) it may
+    sign for (a critical nameConstraints; a browser that trusts it trusts it for nothing else).
+    Returns the certificate path."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
     crt, key = os.path.join(directory, "ca.crt"), os.path.join(directory, "ca.key")
     if not (os.path.exists(crt) and os.path.exists(key)):
+        ext = ["-addext", "basicConstraints=critical,CA:TRUE,pathlen:0", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]
+        if permitted:
+            ext += ["-addext", "nameConstraints=critical," + ",".join(f"permitted;{n}" for n in _constraints(permitted))]
         _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-keyout", key, "-out", crt, "-subj", f"/CN={name}", "-days", str(DAYS * 4),
-                 "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+                 "-keyout", key, "-out", crt, "-subj", f"/CN={name or 'blockstack-ca-' + random.token_hex(6)}",
+                 "-days", str(CA_DAYS), *ext)
         os.chmod(key, 0o600)
     return crt
+
+
+def _constraints(hosts):
+    for h in hosts:
+        try:
+            ip = ipaddress.ip_address(h)
+            yield f"IP:{ip}/{'255.255.255.255' if ip.version == 4 else 'ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff'}"
+        except ValueError:
+            yield f"DNS:{h}"
 
 
 def make_cert(directory, name, hosts=(), client=False):
@@ -116,22 +133,40 @@ class Secrets:
         with open(path) as f:
             return f.read().strip()
 
-    def ensure(self, server_names=(), client_names=()):
-        """CA, password and the named certificates: {name: [addresses]} servers, [names] clients."""
+    def ensure(self, server_names=(), client_names=(), single_use=False):
+        """CA, password and the named certificates: {name: [addresses]} servers, [names] clients.
+        single_use: a CA constrained to the servers' names whose key is deleted once they are
+        signed (`make up --auth/--listen`: no CA key left on the host; other names need a new CA).
+        The fleet's CA keeps its key: `stackctl.py fleet-cert` signs each new host with it."""
         self.password()
-        make_ca(self.dir)
-        for name, hosts in dict(server_names).items():
+        server_names = dict(server_names)
+        missing = [n for n in server_names if not all(map(os.path.exists, self.cert(n)))]
+        if single_use and missing:
+            for f in ("ca.crt", "ca.key"):
+                if os.path.exists(os.path.join(self.dir, f)):
+                    os.unlink(os.path.join(self.dir, f))
+            for n in server_names:  # every certificate from the new CA
+                for f in self.cert(n):
+                    if os.path.exists(f):
+                        os.unlink(f)
+        if missing or not single_use:  # a single-use CA with every certificate signed has no key left
+            make_ca(self.dir, permitted=[h for hosts in server_names.values() for h in hosts] if single_use else ())
+        for name, hosts in server_names.items():
             make_cert(self.dir, name, hosts)
         for name in client_names:
             make_cert(self.dir, name, client=True)
+        if single_use and os.path.exists(os.path.join(self.dir, "ca.key")):
+            os.unlink(os.path.join(self.dir, "ca.key"))
         return self
 
     def web_config(self, path, cert_name):
         """A Prometheus-family web config (exporter-toolkit: Prometheus, Alertmanager, Thanos
-        --http.config): basic auth for `user`, TLS with cert_name's certificate."""
-        crt, key = self.cert(cert_name)
-        config = {"basic_auth_users": {self.user: self.hashed()},
-                  "tls_server_config": {"cert_file": crt, "key_file": key, "min_version": "TLS12"}}
+        --http.config): basic auth for `user`, TLS with cert_name's certificate (None: plain
+        HTTP, for a listener on loopback)."""
+        config = {"basic_auth_users": {self.user: self.hashed()}}
+        if cert_name:
+            crt, key = self.cert(cert_name)
+            config["tls_server_config"] = {"cert_file": crt, "key_file": key, "min_version": "TLS12"}
         write_if_changed(path, f"# rendered by blockstack_deploy/pki.py: basic auth (user {self.user}) and TLS for "
                          "listeners beyond loopback\n" + yaml.safe_dump(config, sort_keys=False), private=True)
 

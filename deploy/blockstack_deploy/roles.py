@@ -37,8 +37,8 @@ import yaml
 from blockstack_rules import knobs
 
 from . import grafana, pki
-from .files import write_if_changed, write_yaml
-from .stack import BUILD, COMPONENTS, RETENTION, Stack, program, servers_name, which
+from .files import secret, write_if_changed, write_yaml
+from .stack import BUILD, COMPONENTS, CORS_ORIGIN, REPO, RETENTION, RETENTION_SIZE, Stack, program, servers_name, which
 
 THANOS = os.path.join(BUILD, "bin", "thanos")
 GRAFANA_HINT = grafana.HINT + "; everything else runs, and `make up` picks Grafana up next time."
@@ -87,6 +87,7 @@ class Role:
     PORTS = {}
     reloads = ()
     ca = None
+    owned = ()  # (program, directory) it writes besides its --storage path (privileges.apply)
 
     def __init__(self, state, ports=None, listen="127.0.0.1", grafana_server=None):
         """grafana_server: (binary, home) of the Grafana that runs with the role (grafana.find())."""
@@ -123,13 +124,20 @@ class Standalone(Role):
         """tls: the operator's (cert, key, ca) instead of the generated ones, copied into STATE/secrets."""
         super().__init__(state, ports, listen, grafana_server)
         self.web = None  # basic auth + TLS on Prometheus, Alertmanager and Grafana (user admin)
+        self.admin = pki.Secrets(os.path.join(self.state, "secrets"), user="admin")
         if auth or not loopback(listen):
-            self.web = pki.Secrets(os.path.join(self.state, "secrets"), user="admin")
+            self.web = self.admin
         self.tls = tls
         self.cert_name = "operator" if tls else "server"
         self.stack = Stack(self.config, components=COMPONENTS, ports={c: self.ports[c] for c in COMPONENTS},
                            ebpf_configs=ebpf_configs, ebpf_cache=os.path.join(self.state, "ebpf-configs.txt"),
                            data_dir=self.data)
+        self.stack.receiver_token_file = os.path.join(self.state, "secrets", "receiver-token")
+        self.stack.pages_file = os.path.join(self.state, "pages", "pages.jsonl")
+        self.owned = [("receiver", os.path.dirname(self.stack.pages_file)), ("grafana", os.path.join(self.state, "grafana"))]
+        # Alertmanager takes the admin password in every mode (plain HTTP on loopback by default)
+        self.stack.alertmanager_web_config = os.path.join(self.config, "alertmanager-web.yml")
+        self.stack.alertmanager_client = self.admin.client_http(tls=False)
         if self.web:
             self.ca = os.path.join(self.state, "secrets", "operator-ca.crt") if tls else self.web.ca
             self.stack.web_client = self.web.client_http(tls=True)
@@ -142,6 +150,12 @@ class Standalone(Role):
     def render(self):
         if self.web:  # before the stack: prometheus.yml names the password file and the CA
             self._render_web_auth()
+        else:
+            os.makedirs(self.config, exist_ok=True)
+            self.admin.web_config(self.stack.alertmanager_web_config, cert_name=None)
+        if self.grafana:  # Prometheus scrapes Grafana's /metrics too (BlockStackGrafanaDown)
+            self.stack.also_scrape["grafana"] = (f"{self.stack.address('grafana')}:{self.ports['grafana']}",
+                                                 "https" if self.web else "http")
         self.stack.render()
         auth = {}
         if self.web:
@@ -165,7 +179,7 @@ class Standalone(Role):
             if one and os.path.exists(crt) and \
                     not {f"IP Address:{self.listen}", f"DNS:{self.listen}"} & pki.cert_names(crt):  # for another --listen
                 os.unlink(crt)
-            self.web.ensure(server_names={"server": list(dict.fromkeys(names))})
+            self.web.ensure(server_names={"server": list(dict.fromkeys(names))}, single_use=True)
         os.makedirs(self.config, exist_ok=True)
         self.web.web_config(self.stack.web_config_file, cert_name=self.cert_name)
 
@@ -181,7 +195,7 @@ class Standalone(Role):
         p = self.ports
         lines = [f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}, servers: {servers_name()}",
                  f"  Prometheus     {scheme}://{host}:{p['prometheus']}/   (alerts: /alerts)",
-                 f"  Alertmanager   {scheme}://{host}:{p['alertmanager']}/",
+                 f"  Alertmanager   {scheme}://{host}:{p['alertmanager']}/   (admin, password in {self.admin.password_file})",
                  f"  pages file     {self.stack.pages_file}"]
         for name, label in (("node", "node_exporter"), ("blockstack", "blockstack-exporter"), ("ebpf", "ebpf_exporter")):
             lines.append(f"  {label:<14} http://127.0.0.1:{p[name]}/metrics")
@@ -292,9 +306,12 @@ class Agent(FleetRole):
             cmds[f"prometheus-{r}"] = (
                 [program("prometheus"), f"--config.file={w}/prometheus-{r}.yml",
                  f"--storage.tsdb.path={d}/prometheus-{r}", f"--storage.tsdb.retention.time={RETENTION}",
+                 f"--storage.tsdb.retention.size={RETENTION_SIZE}",
                  # Thanos: fixed 2 h blocks, so a sidecar with an object store uploads every block.
                  "--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h",
-                 f"--web.listen-address=127.0.0.1:{prom}", "--web.enable-lifecycle"],
+                 # no --web.enable-lifecycle: POST /-/quit exits 0, which Restart=on-failure does
+                 # not restart; reloads are SIGHUP (self.reloads)
+                 f"--web.listen-address=127.0.0.1:{prom}", f"--web.cors.origin={CORS_ORIGIN}"],
                 {}, f"http://127.0.0.1:{prom}/-/ready")
             argv = [thanos(), "sidecar", f"--prometheus.url=http://127.0.0.1:{prom}",
                     f"--tsdb.path={d}/prometheus-{r}",
@@ -335,6 +352,8 @@ class Central(FleetRole):
             self.ports.setdefault(f"watcher-{r}", 9089 - (ord(r) - ord("A")))
         self.receiver_stack = Stack(self.config, components=("receiver", "alertmanager"),
                                     ports={"receiver": self.ports["receiver"], "alertmanager": self.ports["alertmanager-1"]})
+        self.receiver_stack.pages_file = os.path.join(self.state, "pages", "pages.jsonl")
+        self.owned = [("receiver", os.path.dirname(self.pages_file)), ("grafana", os.path.join(self.state, "grafana"))]
 
     @property
     def pages_file(self):
@@ -378,6 +397,7 @@ class Central(FleetRole):
             with open(self.inventory, "w") as f:
                 f.write("# Fleet inventory (file_sd): one entry per agent Prometheus replica's Thanos sidecar.\n"
                         "# Thanos Query and the watcher re-read this file on change; see docs/fleet.md.\n[]\n")
+        secret(self.receiver_stack.receiver_token_file)
         write_yaml(os.path.join(self.config, "alertmanager.yml"), self.receiver_stack.alertmanager_config(), SOURCE)
         # the fleet test waits less for a host down than the knob says
         overrides = {"fleet_host_down_for": self.host_down_for} if self.host_down_for else {}
@@ -408,7 +428,8 @@ class Central(FleetRole):
         for r in self.watchers:
             cmds[f"watcher-{r}"] = ([program("prometheus"), f"--config.file={w}/watcher-{r}.yml",
                                      f"--storage.tsdb.path={d}/watcher-{r}", f"--storage.tsdb.retention.time={RETENTION}",
-                                     f"--web.listen-address=127.0.0.1:{p[f'watcher-{r}']}", "--web.enable-lifecycle"],
+                                     f"--storage.tsdb.retention.size={RETENTION_SIZE}",
+                                     f"--web.listen-address=127.0.0.1:{p[f'watcher-{r}']}", f"--web.cors.origin={CORS_ORIGIN}"],
                                     {}, f"http://127.0.0.1:{p[f'watcher-{r}']}/-/ready")
         argv = [thanos(), "query", f"--http-address=127.0.0.1:{p['query-http']}",
                 f"--grpc-address=127.0.0.1:{p['query-grpc']}", "--query.replica-label=replica",

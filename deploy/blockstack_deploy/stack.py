@@ -17,7 +17,7 @@ import yaml
 from blockstack_rules import knobs
 
 from . import grafana, procs
-from .files import write_yaml
+from .files import secret, write_yaml
 from .paths import BUILD, REPO, VENV_BIN
 EBPF_EXPORTER = os.path.join(BUILD, "bin", "ebpf_exporter")
 EBPF_CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
@@ -26,6 +26,13 @@ EBPF_CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
 DISKSTATS_EXCLUDE = r"^(ram|fd|sr)\d+$"
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus")
 RETENTION = "15d"
+# The TSDB deletes its oldest blocks past this size, before the disk it shares with the pages file
+# fills (BlockStackPagerDiskFilling warns before either happens).
+RETENTION_SIZE = "8GB"
+# Prometheus answers cross-origin reads only for these origins (its default `.*` lets any web page
+# open in a browser on this host read every series); it has no write endpoint without the admin
+# and lifecycle APIs, which the stack never enables.
+CORS_ORIGIN = r"https?://(127\.0\.0\.1|localhost)(:[0-9]+)?"
 
 
 def which(*names, target="deps"):
@@ -134,6 +141,15 @@ class Stack:
         # block Prometheus uses to reach them (pki.Secrets.client_http), at web_address.
         self.web_listen = self.web_address = "127.0.0.1"
         self.web_config_file = self.web_client = None
+        # Basic auth on Alertmanager alone, even on loopback (roles.Standalone's default mode):
+        # its web config and the basic_auth block its clients send. Alertmanager answers any
+        # origin's CORS preflight with `*`, so without a password a web page could silence pages.
+        self.alertmanager_web_config = self.alertmanager_client = None
+        # The bearer token Alertmanager's webhooks send the receiver (generated 0600 by render).
+        self.receiver_token_file = os.path.join(self.workdir, "receiver-token")
+        self.pages_file = os.path.join(self.workdir, "pages.jsonl")  # the receiver's (roles: STATE/pages/)
+        # More of the stack's own servers to scrape: {job: (address:port, scheme)} (roles.Standalone: Grafana).
+        self.also_scrape = {}
 
     def missing(self):
         """What this stack needs and cannot find here, each naming the make target that provides it."""
@@ -159,14 +175,17 @@ class Stack:
 
     AUTH_COMPONENTS = ("prometheus", "alertmanager", "grafana")  # the listeners web_client applies to
 
-    @property
-    def pages_file(self):
-        return os.path.join(self.workdir, "pages.jsonl")
+    def client(self, component):
+        """The basic_auth (+ scheme/tls_config) block Prometheus sends to one of the stack's servers."""
+        if self.web_client and component in self.AUTH_COMPONENTS:
+            return self.web_client
+        return (self.alertmanager_client if component == "alertmanager" else None) or {}
+
 
     # -- configuration ---------------------------------------------------------------
 
     def prometheus_config(self):
-        jobs = {"node": "node", "blockstack": "blockstack", "ebpf": "ebpf",
+        jobs = {"node": "node", "blockstack": "blockstack", "ebpf": "ebpf", "receiver": "receiver",
                 "alertmanager": "alertmanager", "prometheus": "prometheus"}
         scrape_configs = []
         for component, job in jobs.items():
@@ -176,8 +195,12 @@ class Stack:
                     "scrape_interval": self.scrape_interval,
                     "static_configs": [{"targets": [f"{self.address(component)}:{self.ports[component]}"],
                                         "labels": {"host": self.host}}],
-                    **(self.web_client if self.web_client and component in self.AUTH_COMPONENTS else {}),
+                    **self.client(component),
                 })
+        for job, (target, scheme) in self.also_scrape.items():
+            tls = {"tls_config": self.web_client["tls_config"]} if scheme == "https" and self.web_client else {}
+            scrape_configs.append({"job_name": job, "scrape_interval": self.scrape_interval, "scheme": scheme, **tls,
+                                   "static_configs": [{"targets": [target], "labels": {"host": self.host}}]})
         config = {
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.evaluation_interval},
             "rule_files": [str(p) for p in knobs.HOST_RULES],  # not the fleet watcher's
@@ -185,11 +208,12 @@ class Stack:
         }
         if "alertmanager" in self.components:
             config["alerting"] = {"alertmanagers": [{"static_configs": [
-                {"targets": [f"{self.address('alertmanager')}:{self.ports['alertmanager']}"]}], **(self.web_client or {})}]}
+                {"targets": [f"{self.address('alertmanager')}:{self.ports['alertmanager']}"]}], **self.client("alertmanager")}]}
         return config
 
     def alertmanager_config(self):
-        """alerts/alertmanager.yml with its local webhook receivers pointed at our receiver's port."""
+        """alerts/alertmanager.yml with its local webhook receivers pointed at our receiver's port,
+        each sending the receiver's bearer token."""
         with open(os.path.join(REPO, "alerts", "alertmanager.yml")) as f:
             config = yaml.safe_load(f)
         for receiver in config.get("receivers", []):
@@ -197,11 +221,15 @@ class Stack:
                 parts = urllib.parse.urlsplit(hook["url"])
                 if parts.hostname in ("127.0.0.1", "localhost"):
                     hook["url"] = urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{self.ports['receiver']}"))
+                    hook.setdefault("http_config", {})["authorization"] = {
+                        "type": "Bearer", "credentials_file": self.receiver_token_file}
         return config
 
     def render(self):
         os.makedirs(self.workdir, exist_ok=True)
         files = {"prometheus.yml": self.prometheus_config()}
+        if "receiver" in self.components:
+            secret(self.receiver_token_file)
         if "alertmanager" in self.components:
             files["alertmanager.yml"] = self.alertmanager_config()
         for name, config in files.items():
@@ -220,6 +248,7 @@ class Stack:
         """{component: (argv, env, health_url)} in start order."""
         w, p = self.workdir, self.ports
         web = [f"--web.config.file={self.web_config_file}"] if self.web_config_file else []
+        am_web = [f"--web.config.file={self.alertmanager_web_config}"] if self.alertmanager_web_config and not web else web
         cmds = {}
         if "node" in self.components:
             cmds["node"] = ([program("node"), f"--web.listen-address=127.0.0.1:{p['node']}",
@@ -233,21 +262,25 @@ class Stack:
         if "ebpf" in self.components:
             if self._ebpf_configs is None:
                 self._ebpf_configs = ebpf_config_names(self._ebpf_cache)
+            # --capabilities.keep=none: every capability dropped once the programs are attached
             cmds["ebpf"] = ([program("ebpf"), f"--config.dir={EBPF_CONFIG_DIR}", f"--config.names={self._ebpf_configs}",
+                             "--capabilities.keep=none",
                              f"--web.listen-address=127.0.0.1:{p['ebpf']}"],
                             {"OTEL_TRACES_EXPORTER": "none"}, self.url("ebpf", "/metrics"))
         if "receiver" in self.components:
             cmds["receiver"] = ([program("receiver"), os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
-                                 f"--listen=127.0.0.1:{p['receiver']}", f"--file={self.pages_file}"],
+                                 f"--listen=127.0.0.1:{p['receiver']}", f"--file={self.pages_file}",
+                                 f"--token-file={self.receiver_token_file}", f"--statfs={self.data_dir}"],
                                 {}, self.url("receiver", "/healthz"))
         if "alertmanager" in self.components:
             cmds["alertmanager"] = ([program("alertmanager", self.servers), f"--config.file={w}/alertmanager.yml",
                                      f"--storage.path={self.data_dir}/alertmanager",
-                                     f"--web.listen-address={self.web_listen}:{p['alertmanager']}", "--cluster.listen-address=", *web],
+                                     f"--web.listen-address={self.web_listen}:{p['alertmanager']}", "--cluster.listen-address=", *am_web],
                                     {}, self.url("alertmanager", "/-/ready"))
         if "prometheus" in self.components:
             cmds["prometheus"] = ([program("prometheus", self.servers), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",
-                                   f"--storage.tsdb.retention.time={RETENTION}", f"--web.listen-address={self.web_listen}:{p['prometheus']}", *web],
+                                   f"--storage.tsdb.retention.time={RETENTION}", f"--storage.tsdb.retention.size={RETENTION_SIZE}",
+                                   f"--web.listen-address={self.web_listen}:{p['prometheus']}", f"--web.cors.origin={CORS_ORIGIN}", *web],
                                   # no --web.enable-lifecycle: any local user could POST /-/quit; reload is SIGHUP
                                   {}, self.url("prometheus", "/-/ready"))
         if "grafana" in self.components:  # optional: started only when listed (it needs Prometheus)

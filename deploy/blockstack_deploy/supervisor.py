@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 
+from . import privileges
 from .files import write_if_changed
 from .roles import probe
 from .stack import VENV_BIN
@@ -30,6 +31,7 @@ class Supervisor:
         os.makedirs(os.path.join(self.state, "logs"), exist_ok=True)
         os.makedirs(os.path.join(self.state, "data"), exist_ok=True)
         restart = self.role.render()
+        privileges.apply(self.role)
         write_if_changed(os.path.join(self.state, "ports.json"), json.dumps(self.role.ports, indent=1, sort_keys=True) + "\n")
         return write_if_changed(self.conf, self.supervisord_conf(), private=True), restart
 
@@ -44,7 +46,8 @@ class Supervisor:
             "[supervisorctl]", f"serverurl=unix://{self.sock}", "",
         ]
         for name, (argv, env, _) in self.role.commands().items():
-            command = " ".join(shlex.quote(a) for a in argv).replace("%", "%%")
+            # as root: the program's own user and capabilities (privileges.py)
+            command = " ".join(shlex.quote(a) for a in privileges.wrap(name, argv)).replace("%", "%%")
             lines += [f"[program:{name}]", f"command={command}", f"directory={s}",
                       "autostart=true", "autorestart=true", "startsecs=1", "startretries=100",
                       "stopasgroup=true", "killasgroup=true", "stopwaitsecs=20",

@@ -4,18 +4,20 @@ the same argv, one unit per program, with the hardening of its kind.
 The exporters keep their own identities: node_exporter a dynamic user without capabilities,
 blockstack-exporter root limited to reading devices and device-mapper status, ebpf_exporter a
 dynamic user with what loading and attaching tracepoint programs needs. The servers (Prometheus,
-Alertmanager, the page receiver, Thanos, Grafana) run as the system user `blockstack`, which
-owns the state directory: they share its data and read its secrets.
+Alertmanager, the page receiver, Thanos, Grafana) run each as its own system user without
+capabilities (privileges.IDENTITIES, the same users `make up` gives them), in the group
+`blockstack` that reads the state directory's configuration and secrets; each owns only what it
+writes.
 """
 import os
 import re
 import string
 import subprocess
 
+from . import privileges
 from .files import write_if_changed
 
 UNIT_DIR = "/etc/systemd/system"
-USER = "blockstack"
 # Unit names of the exporters (blockstack-NAME.service for the rest).
 UNIT_NAMES = {"node": "node-exporter", "blockstack": "exporter", "ebpf": "ebpf-exporter", "receiver": "page-receiver"}
 
@@ -75,11 +77,12 @@ ProtectControlGroups=yes
 RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
 LockPersonality=yes""",
 }
-SERVER = string.Template(f"""\
-User={USER}
-Group={USER}
+SERVER = string.Template("""\
+User=${user}
+Group=${user}
+SupplementaryGroups=${group}
 CapabilityBoundingSet=
-ReadWritePaths=${{state}}
+ReadWritePaths=${state}
 ProtectHome=read-only""")
 
 
@@ -101,7 +104,8 @@ def units(role):
     out = {}
     for name, (argv, env, _) in role.commands().items():
         kind = name.split("-")[0]
-        hardening = HARDENING.get(kind) or SERVER.substitute(state=role.state)
+        hardening = HARDENING.get(kind) or SERVER.substitute(state=role.state, user=privileges.identity(name)[0],
+                                                            group=privileges.GROUP)
         out[unit_name(name)] = UNIT.substitute(
             role=role.name, name=UNIT_NAMES.get(name, name), after="local-fs.target" if kind in HARDENING else "network-online.target",
             environment="".join(f"Environment={escape(f'{k}={v}')}\n" for k, v in env.items()),
@@ -115,12 +119,9 @@ def install(role, unit_dir=UNIT_DIR):
     """Render the role's configuration and units, make the user, enable and start every unit."""
     if not os.path.isdir("/run/systemd/system"):
         raise SystemExit("systemd is not running on this host (make up runs the stack under supervisord)")
-    if subprocess.run(["id", USER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
     os.makedirs(role.data, exist_ok=True)
     role.render()
-    owned = [role.state] + ([role.secrets.dir] if getattr(role, "secrets", None) else [])
-    subprocess.run(["chown", "-R", f"{USER}:{USER}", *owned], check=True)
+    privileges.apply(role)  # the users, what each owns, the group's secrets
     rendered = units(role)
     for name, text in rendered.items():
         write_if_changed(os.path.join(unit_dir, name), text)

@@ -46,6 +46,8 @@ def test_agent_config(tmp_path, secrets, servers):
     cmds = agent.commands()
     assert {"node", "blockstack", "ebpf", "prometheus-A", "prometheus-B", "sidecar-A", "sidecar-B"} == set(cmds)
     for name, (argv, _, _) in cmds.items():
+        # POST /-/quit would exit 0, which Restart=on-failure does not restart: no lifecycle API
+        assert "--web.enable-lifecycle" not in argv, name
         listens = [a for a in argv if "listen-address=" in a or "-address=" in a]
         beyond = [a for a in listens if "127.0.0.1" not in a]
         if beyond:  # only the sidecars, and only with TLS + auth
@@ -78,3 +80,10 @@ def test_central_config(tmp_path, secrets, servers):
     assert "--query.replica-label=replica" in query and f"--store.sd-files={inventory}" in query
     assert "--grpc-client-tls-secure" in query
     assert any(a.startswith("--http-address=127.0.0.1:") for a in query)
+    assert not [name for name, (argv, _, _) in cmds.items() if "--web.enable-lifecycle" in argv]
+    # the receiver takes only notifications with its token, which Alertmanager's webhooks send
+    am_config = yaml.safe_load((tmp_path / "central" / "config" / "alertmanager.yml").read_text())
+    hooks = [h for r in am_config["receivers"] for h in r.get("webhook_configs", [])]
+    token = central.receiver_stack.receiver_token_file
+    assert hooks and all(h["http_config"]["authorization"]["credentials_file"] == token for h in hooks)
+    assert f"--token-file={token}" in cmds["receiver"][0]

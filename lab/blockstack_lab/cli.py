@@ -55,6 +55,7 @@ def missing_requirements(with_stack=True):
 
 def make(target, state, up_args="", timeout=900):
     argv = ["make", "-s", "-C", REPO, target, f"STATE_DIR={state}"] + ([f"UP_ARGS={up_args}"] if up_args else [])
+    argv += ["FORCE=1"] if target == "clean" else []  # the lab's state directories are its own
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"make {target} failed:\n{r.stdout}\n{r.stderr}")

@@ -53,8 +53,13 @@ class StackView:
         """The stack `make up` runs in STATE (ports in STATE/ports.json)."""
         with open(os.path.join(state, "ports.json")) as f:
             ports = json.load(f)
-        return cls(f"http://127.0.0.1:{ports['prometheus']}", os.path.join(state, "config", "pages.jsonl"),
+        view = cls(f"http://127.0.0.1:{ports['prometheus']}", os.path.join(state, "pages", "pages.jsonl"),
                    alertmanager_url=f"http://127.0.0.1:{ports['alertmanager']}")
+        password = os.path.join(state, "secrets", "admin-password")  # Alertmanager's basic auth (make up)
+        if os.path.exists(password):
+            with open(password) as f:
+                view.alertmanager.auth = ("admin", f.read().strip())
+        return view
 
     @classmethod
     def from_stack(cls, stack):
