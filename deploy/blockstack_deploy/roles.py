@@ -38,7 +38,7 @@ from blockstack_rules import knobs
 
 from . import grafana, pki
 from .files import secret, write_if_changed, write_yaml
-from .stack import BUILD, COMPONENTS, CORS_ORIGIN, REPO, RETENTION, RETENTION_SIZE, Stack, program, servers_name, which
+from .stack import BUILD, COMPONENTS, CORS_ORIGIN, RETENTION, RETENTION_SIZE, Stack, program, servers_name, which
 
 THANOS = os.path.join(BUILD, "bin", "thanos")
 GRAFANA_HINT = grafana.HINT + "; everything else runs, and `make up` picks Grafana up next time."

@@ -20,13 +20,11 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_scrape  # noqa: E402
-
-from blockstack_exporter import checks  # noqa: E402
-from blockstack_exporter.collectors.findings import INPUTS  # noqa: E402
-from blockstack_exporter.main import build_registry, parse_args  # noqa: E402
-from blockstack_exporter.scrape import deadline  # noqa: E402
+import bench_scrape  # beside this file: the script's own directory is on the import path
+from blockstack_exporter import checks
+from blockstack_exporter.collectors.findings import INPUTS
+from blockstack_exporter.main import build_registry, parse_args
+from blockstack_exporter.scrape import deadline
 
 DOCTOR = os.path.join(os.path.dirname(sys.executable), "blockstack-doctor")
 
