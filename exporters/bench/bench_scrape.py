@@ -225,7 +225,7 @@ def report(n, rounds, out):
     print(f"node_exporter diskstats only:         median {mb * 1e3:7.1f} ms, CPU {cb * 1e3:6.1f} ms/scrape "
           f"({len(b['body']) / 1024:.0f} KiB, {series(b['body'])} series, RSS {b['rss'] >> 20} MiB)")
     print(f"ratio blockstack/node_exporter: {ma / mb:.2f}x of the medians, {paired:.2f}x median of the "
-          f"{rounds} back-to-back pairs, {f"{ca / cb:.2f}x" if cb else "n/a"} of CPU per scrape (goal <= 1.0x)", flush=True)
+          f"{rounds} back-to-back pairs, {f'{ca / cb:.2f}x' if cb else 'n/a'} of CPU per scrape (goal <= 1.0x)", flush=True)
 
 
 def scale(sizes, rounds):
