@@ -17,6 +17,7 @@ import time
 MAX_FILE_BYTES = 1 << 20  # a procfs file such as jbd2 info or ext4 options (a few hundred bytes)
 MAX_MOUNTINFO_BYTES = 16 << 20  # ~100k mounts
 MAX_ATTRIBUTE_BYTES = 65536  # a sysfs attribute is at most one page (4 KiB on x86)
+RESERVED_FDS = 2048  # descriptors AttributeReader leaves free
 SMALL_READ = 256  # bytes of the first read of an attribute: a number or a scheduler list is shorter
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 _UINT = re.compile(r"[0-9]{1,20}", re.ASCII)
@@ -91,7 +92,10 @@ class AttributeReader:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         except (ValueError, OSError):
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        self.capacity = max(0, soft // 2 - 256)  # leave room for sockets and the other collectors
+        # Leave room for the server's connections (at most 1,024, server.MAX_CONNECTIONS) and the
+        # other collectors' reads. Past the capacity (~66,000 attributes with 10,000 devices) reads
+        # cost an open and a close each: scrape time then grows faster than the device count.
+        self.capacity = max(0, soft - RESERVED_FDS)
         self.fds = {}
         self.used = set()
 
@@ -120,7 +124,9 @@ class AttributeReader:
                 os.close(fd)
         fd = os.open(path, _OPEN_FLAGS)
         try:
-            data = os.pread(fd, MAX_ATTRIBUTE_BYTES + 1, 0)
+            data = os.pread(fd, SMALL_READ, 0)
+            if len(data) == SMALL_READ:
+                data = os.pread(fd, MAX_ATTRIBUTE_BYTES + 1, 0)
         except OSError:
             os.close(fd)
             raise
