@@ -16,27 +16,27 @@
 #include "maps.bpf.h"
 #include "block.bpf.h"
 
-// Devices we expect on a host.
-#define MAX_DEVICES 256
-
-// Operations: enum op_class in block.bpf.h.
-#define MAX_OPS 5
+// Capacity of the metric maps: entries are allocated when a (device, operation, bucket) is first
+// seen (BPF_F_NO_PREALLOC), so a cap costs only the hash table's bucket array up front (16 bytes
+// per entry of the cap rounded up to a power of two). A key not seen before is dropped once its
+// map is full, so the caps are sized for 10,000 devices doing reads and writes with a typical
+// spread: 12 keys per device and operation in a size histogram (a dozen sizes and the sum),
+// 24 in the latency histogram (queue and service stages), 2 operations. About 18 MiB of bucket
+// arrays in all (256 KiB with the 256 devices of before); entries take ~100 bytes each when used.
+#define MAX_DEVICES 10240
+#define TYPICAL_OPS 2
+#define TYPICAL_SIZE_KEYS 12
+#define TYPICAL_LATENCY_KEYS 24
 
 // Byte buckets: 2^9 = 512 B (one sector; smaller and empty flush requests count here) to
 // 2^27 = 128 MiB (and everything larger). Must match bucket_min / bucket_max in block_io.yaml.
 #define SIZE_BUCKET_MIN 9
 #define SIZE_BUCKET_MAX 27
-// Buckets plus the sum slot.
-#define SIZE_SLOTS (SIZE_BUCKET_MAX - SIZE_BUCKET_MIN + 2)
 
 // Nanosecond buckets: 2^10 ns (~1 us, everything faster counts here) to 2^36 ns (~68.7 s, and
 // everything slower). Must match the latency histogram in block_io.yaml.
 #define LATENCY_BUCKET_MIN 10
 #define LATENCY_BUCKET_MAX 36
-#define LATENCY_SLOTS (LATENCY_BUCKET_MAX - LATENCY_BUCKET_MIN + 2)
-
-// queue and service.
-#define MAX_STAGES 2
 
 // 512-byte sectors (include/linux/blk_types.h SECTOR_SHIFT).
 #define SECTOR_SHIFT 9
@@ -45,16 +45,19 @@
 // address, each slot tagged with the request it belongs to. An array lookup is a few instructions
 // (the verifier inlines it) where a hash map update + lookup + delete per request cost ~200 ns.
 // When a request takes a slot still held by another request in flight, the earlier one's sample
-// is dropped: with k requests in flight about k / INFLIGHT_SLOTS of samples (0.8 % at k = 128,
-// 6 % at k = 1024), the longest-running ones a little more often. 2^14 slots of 16 bytes: 256 KiB.
-#define INFLIGHT_SLOTS_BITS 14
+// is dropped: with k requests in flight about k / INFLIGHT_SLOTS of samples (0.2 % at k = 128,
+// 1.5 % at k = 1024, 15 % at k = 10,000: 10,000 devices with one request in flight each), the
+// longest-running ones a little more often. 2^16 slots of 16 bytes: 1 MiB.
+#define INFLIGHT_SLOTS_BITS 16
 #define INFLIGHT_SLOTS (1 << INFLIGHT_SLOTS_BITS)
 
 // The last read or write request each CPU issued to a device, for missed merges: a per-CPU table
 // indexed by a hash of the device id (an array lookup the verifier inlines; per CPU, so issuing
 // never pulls a cache line from another CPU). Two devices sharing a slot take turns and only
-// lose pairs (a missed merge not counted), never invent one: the device id is compared.
-#define LAST_RQ_SLOTS_BITS 8
+// lose pairs (a missed merge not counted), never invent one: the device id is compared. 2^12
+// slots of 32 bytes per CPU (128 KiB each): devices issuing from one CPU at the same time rarely
+// share one below a few hundred.
+#define LAST_RQ_SLOTS_BITS 12
 #define LAST_RQ_SLOTS (1 << LAST_RQ_SLOTS_BITS)
 
 // 2^32 / golden ratio: Fibonacci hashing spreads ids that differ in a few middle bits (requests
@@ -118,7 +121,7 @@ struct last_rq {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, (MAX_DEVICES * MAX_OPS * SIZE_SLOTS));
+    __uint(max_entries, (MAX_DEVICES * TYPICAL_OPS * TYPICAL_SIZE_KEYS));
     __type(key, struct size_key);
     __type(value, u64);
 } block_bio_size_bytes SEC(".maps");
@@ -126,7 +129,7 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, (MAX_DEVICES * MAX_OPS * SIZE_SLOTS));
+    __uint(max_entries, (MAX_DEVICES * TYPICAL_OPS * TYPICAL_SIZE_KEYS));
     __type(key, struct size_key);
     __type(value, u64);
 } block_rq_size_bytes SEC(".maps");
@@ -134,7 +137,7 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, (MAX_DEVICES * MAX_OPS * MAX_STAGES * LATENCY_SLOTS));
+    __uint(max_entries, (MAX_DEVICES * TYPICAL_OPS * TYPICAL_LATENCY_KEYS));
     __type(key, struct latency_key);
     __type(value, u64);
 } block_rq_latency_seconds SEC(".maps");
@@ -142,7 +145,7 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, (MAX_DEVICES * MAX_OPS));
+    __uint(max_entries, (MAX_DEVICES * TYPICAL_OPS));
     __type(key, struct op_key);
     __type(value, u64);
 } block_rq_missed_merges_total SEC(".maps");
@@ -150,7 +153,7 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, (MAX_DEVICES * MAX_OPS));
+    __uint(max_entries, (MAX_DEVICES * TYPICAL_OPS));
     __type(key, struct op_key);
     __type(value, u64);
 } block_bio_splits_total SEC(".maps");
@@ -158,7 +161,7 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, (MAX_DEVICES * MAX_OPS * 2));
+    __uint(max_entries, (MAX_DEVICES * TYPICAL_OPS * 2));
     __type(key, struct merge_key);
     __type(value, u64);
 } block_bio_merges_total SEC(".maps");

@@ -7,13 +7,15 @@
 #include "maps.bpf.h"
 #include "block.bpf.h"
 
-// Filesystems with a journal we expect on a host.
-#define MAX_JOURNALS 256
+// Capacity: 10,240 filesystems with a journal, a dozen distinct wait buckets (and the sum) each.
+// Entries are allocated when first seen (BPF_F_NO_PREALLOC); the cap costs the hash table's
+// bucket array, 16 bytes per entry rounded up to a power of two (2 MiB).
+#define MAX_JOURNALS 10240
+#define TYPICAL_WAIT_KEYS 12
 
 // Nanosecond buckets: 2^10 ns (~1 us) .. 2^36 ns (~68.7 s). Must match jbd2_credit_wait*.yaml.
 #define WAIT_BUCKET_MIN 10
 #define WAIT_BUCKET_MAX 36
-#define WAIT_SLOTS (WAIT_BUCKET_MAX - WAIT_BUCKET_MIN + 2)
 
 struct wait_key {
     u32 dev;
@@ -24,7 +26,7 @@ struct wait_key {
 struct {
     __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
     __uint(map_flags, BPF_F_NO_PREALLOC);
-    __uint(max_entries, (MAX_JOURNALS * WAIT_SLOTS));
+    __uint(max_entries, (MAX_JOURNALS * TYPICAL_WAIT_KEYS));
     __type(key, struct wait_key);
     __type(value, u64);
 } jbd2_credit_wait_seconds SEC(".maps");

@@ -23,9 +23,11 @@ A benchmark, not a test: it prints figures and asserts nothing. Needs root, fio,
 """
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -195,7 +197,7 @@ def cost_run(dev, side, runtime):
     return ios, fio.iops(report), delta, disks
 
 
-def bpf_cost(names, rounds, runtime, size, mode):
+def bpf_cost(names, rounds, runtime, size, mode, baseline=None):
     """BPF run time per I/O, from the kernel's own accounting (kernel.bpf_stats_enabled), for no
     programs, upstream's examples/biolatency and all of ours, in interleaved runs on one device.
 
@@ -204,13 +206,16 @@ def bpf_cost(names, rounds, runtime, size, mode):
     multiplied by how often one read of the workload fires its tracepoint (hooks_per_io): the cost
     of one read, independent of what else runs. The raw figure (all runs / fio's I/Os) is printed
     beside it with the share of the machine's requests that were ours."""
-    sides = {"none": (None, None), "upstream biolatency": (UPSTREAM_DIR, "biolatency"), "ours": (CONFIG_DIR, names)}
+    sides = {"none": (None, None), "upstream biolatency": (UPSTREAM_DIR, "biolatency"), "ours": (CONFIG_DIR, names),
+             "floor (empty programs)": (UPSTREAM_DIR, "floor")}
+    if baseline:  # another build of our configs (e.g. main's), measured beside this one
+        sides["ours, --baseline build"] = (baseline, names)
     results = {side: [] for side in sides}
     with device(mode, size) as dev, bpf_stats_enabled():
         stack, hooks = hooks_per_io(dev, mode)
         run_fio(dev, 1)
         for i in range(rounds):
-            for side in list(sides)[i % 3:] + list(sides)[:i % 3]:
+            for side in list(sides)[i % len(sides):] + list(sides)[:i % len(sides)]:
                 ios, iops, delta, disks = cost_run(dev, sides[side], runtime)
                 results[side].append((ios, iops, delta))
                 ours = disks[stack[0]][0] * len(stack)
@@ -236,10 +241,108 @@ def bpf_cost(names, rounds, runtime, size, mode):
             n = hooks.get(p.split(":")[1], 0)
             print(f"      {p:45s} {ns:6.0f} ns/run x {n}" + ("" if n else "  (not on this workload's path)"))
     ratio = per_io["ours"] / per_io["upstream biolatency"]
+    floor = per_io["floor (empty programs)"]
     print(f"BPF run time per I/O ({mode}): none 0 ns, upstream biolatency {per_io['upstream biolatency']:.0f} ns, "
           f"ours {per_io['ours']:.0f} ns: ours / upstream {ratio:.2f}x (goal <= 0.5x); includes bpf_stats' own "
           "timing, two clock reads per run", flush=True)
+    print(f"floor: empty programs on our tracepoints {floor:.0f} ns per I/O = "
+          f"{floor / per_io['upstream biolatency']:.2f}x upstream before doing anything; ours above the floor "
+          f"{per_io['ours'] - floor:.0f} ns, upstream above an empty run per hook "
+          f"{per_io['upstream biolatency'] - floor * 5 / 6:.0f} ns", flush=True)
     return ratio
+
+
+# --- scale: ns per I/O against the number of devices in the maps ---------------------------------
+SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
+BPF_MAP_UPDATE_ELEM, BPF_MAP_GET_FD_BY_ID = 2, 14
+FAKE_MAJOR = 4094  # no driver has it: keys of devices that do not exist
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def bpf(cmd, attr):
+    buf = ctypes.create_string_buffer(attr, 128)
+    r = _libc.syscall(SYS_BPF, cmd, buf, 128)
+    if r < 0:
+        raise OSError(ctypes.get_errno(), f"bpf({cmd}): {os.strerror(ctypes.get_errno())}")
+    return r
+
+
+def possible_cpus():
+    with open("/sys/devices/system/cpu/possible") as f:
+        return sum(int(b) - int(a) + 1 if "-" in part else 1
+                   for part in f.read().strip().split(",") for a, _, b in [part.partition("-")])
+
+
+def metric_maps(ids):
+    """{map name: id} of the maps our programs use (bpftool truncates names to 15 characters)."""
+    progs = json.loads(subprocess.run(["bpftool", "-j", "prog", "show"], check=True, capture_output=True,
+                                      text=True, timeout=60).stdout)
+    map_ids = {m for p in progs if p["id"] in ids for m in p.get("map_ids", [])}
+    maps = json.loads(subprocess.run(["bpftool", "-j", "map", "show"], check=True, capture_output=True,
+                                     text=True, timeout=60).stdout)
+    return {m["name"]: m["id"] for m in maps if m["id"] in map_ids}
+
+
+def fake_keys(first, last):
+    """What a device doing 4-64 KiB reads and writes leaves in block_io's histograms: 5 size keys
+    (4 buckets and the sum) per operation in each size map, 6 latency keys per operation and stage
+    (5 buckets and the sum). 44 keys per device."""
+    sizes, latency = [], []
+    for d in range(first, last):
+        dev = (d & 0xFF) | (FAKE_MAJOR << 8) | ((d & ~0xFF) << 12)
+        for op in (0, 1):
+            sizes += [struct.pack("<IB3xQ", dev, op, b) for b in (12, 13, 14, 15, 28)]
+            latency += [struct.pack("<IBB2xQ", dev, op, stage, b) for stage in (0, 1) for b in (14, 15, 16, 17, 18, 37)]
+    return {"block_bio_size_": sizes, "block_rq_size_b": sizes, "block_rq_latenc": latency}
+
+
+def prefill(maps, first, last):
+    """Keys of devices first..last-1 into the exporter's maps, as if each had seen I/O."""
+    value = ctypes.create_string_buffer(struct.pack("<Q", 1) * possible_cpus())
+    for name, keys in fake_keys(first, last).items():
+        fd = bpf(BPF_MAP_GET_FD_BY_ID, struct.pack("<III", maps[name], 0, 0))
+        try:
+            for key in keys:
+                k = ctypes.create_string_buffer(key, len(key))
+                bpf(BPF_MAP_UPDATE_ELEM, struct.pack("<IIQQQ", fd, 0, ctypes.addressof(k),
+                                                     ctypes.addressof(value), 0))
+        finally:
+            os.close(fd)
+    return sum(len(k) for k in fake_keys(first, last).values())
+
+
+def scale_cost(names, sizes, rounds, runtime, size):
+    """ns per I/O of our programs (as bpf_cost measures it) with the maps holding the keys of 0,
+    100, 1,000, 4,000, 10,000 devices: a hash lookup should cost the same however full the map."""
+    results = {n: [] for n in sizes}
+    with device("direct-io", size) as dev, bpf_stats_enabled():
+        stack, hooks = hooks_per_io(dev, "direct-io")
+        for r in range(rounds):
+            with exporter(names) as url:
+                ids = program_ids(url)
+                maps, filled, entries = metric_maps(ids), 0, 0
+                for n in sizes:
+                    entries += prefill(maps, filled, n)
+                    filled = n
+                    before = prog_stats(ids)
+                    report = fio.run([f"--filename={dev}", *WORKLOAD], runtime=runtime, name="bench-ebpf")
+                    after = prog_stats(ids)
+                    ns_run = {ids[i].split(":")[1]: (after[i][1] - before[i][1]) / (after[i][0] - before[i][0])
+                              for i in after if i in before and after[i][0] > before[i][0]}
+                    per_io = sum(ns * hooks.get(p, 0) for p, ns in ns_run.items())
+                    results[n].append((per_io, entries, fio.iops(report), ns_run))
+                    print(f"  scale round {r + 1}/{rounds}: {n:6d} devices ({entries} extra keys): "
+                          f"{per_io:5.0f} ns/IO, {fio.iops(report):7.0f} IOPS", flush=True)
+    print(f"BPF ns per I/O against devices in the maps (median of {rounds} runs of {runtime} s each, "
+          f"load {os.getloadavg()[0]:.1f}; 44 keys per device):")
+    print("| devices in the maps | extra map entries | ns per I/O | bio_queue ns/run | rq_issue ns/run | "
+          "rq_complete ns/run |")
+    print("|---|---|---|---|---|---|")
+    for n, runs_ in results.items():
+        med = lambda p: statistics.median(r[3].get(p, 0) for r in runs_)  # noqa: E731
+        print(f"| {n:,} | {runs_[0][1]:,} | {statistics.median(r[0] for r in runs_):.0f} | "
+              f"{med('block_bio_queue'):.0f} | {med('block_rq_issue'):.0f} | {med('block_rq_complete'):.0f} |",
+              flush=True)
 
 
 def main():
@@ -251,6 +354,11 @@ def main():
     parser.add_argument("--mode", choices=["page-cache", "direct-io", "both"], default="both",
                         help="loop devices of the IOPS comparison")
     parser.add_argument("--cost-only", action="store_true", help="only the BPF run time comparison")
+    parser.add_argument("--baseline", help="a directory of another build of our configs (NAME.bpf.o + NAME.yaml, "
+                        "e.g. main's .build/ebpf-configs) to measure beside this one")
+    parser.add_argument("--scale", default="0,100,1000,4000,10000",
+                        help="devices whose keys fill the maps for the scale curve, comma-separated ('' for none)")
+    parser.add_argument("--scale-rounds", type=int, default=2, help="runs of the scale curve (default 2)")
     args = parser.parse_args()
     size = args.size_mib << 20
 
@@ -265,7 +373,9 @@ def main():
               "side, so the IOPS ratio understates the overhead; stop other ebpf_exporters for a clean figure",
               flush=True)
     started = time.monotonic()
-    bpf_cost(names, args.cost_rounds, args.runtime, size, "direct-io")
+    bpf_cost(names, args.cost_rounds, args.runtime, size, "direct-io", args.baseline)
+    if args.scale:
+        scale_cost(names, [int(x) for x in args.scale.split(",")], args.scale_rounds, args.runtime, size)
     if not args.cost_only:
         for mode in ["page-cache", "direct-io"] if args.mode == "both" else [args.mode]:
             compare(mode, names, args.rounds, args.runtime, size)

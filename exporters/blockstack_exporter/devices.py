@@ -4,6 +4,7 @@ Sources: /sys/class/block (every disk and partition; a partition's sysfs path si
 disk's directory, see Documentation/ABI/stable/sysfs-block), /sys/dev/block/MAJ:MIN (device
 numbers to names) and /proc/self/mountinfo (which block device holds a path).
 """
+import functools
 import os
 import re
 
@@ -37,12 +38,18 @@ def list_devices(sysfs):
             target = os.readlink(f"{class_dir}/{name}")
         except OSError:
             continue  # vanished between listing and reading, or not a link in an odd tree
-        paths[name] = os.path.normpath(os.path.join(class_dir, target))
+        paths[name] = _resolve(class_dir, target)
     devices = {}
-    for name, path in paths.items():
-        parent = os.path.basename(os.path.dirname(path))
+    for name, (path, parent) in paths.items():
         devices[name] = Device(name, path, parent if parent in paths else None)
     return devices
+
+
+@functools.lru_cache(maxsize=65536)  # the same links every scrape: resolved once each
+def _resolve(class_dir, target):
+    """A class/block link's target -> (its device directory, the name of the directory holding it)."""
+    path = os.path.normpath(os.path.join(class_dir, target))
+    return path, os.path.basename(os.path.dirname(path))
 
 
 def name_of_devno(sysfs, majmin):

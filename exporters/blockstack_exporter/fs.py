@@ -17,6 +17,8 @@ import time
 MAX_FILE_BYTES = 1 << 20  # a procfs file such as jbd2 info or ext4 options (a few hundred bytes)
 MAX_MOUNTINFO_BYTES = 16 << 20  # ~100k mounts
 MAX_ATTRIBUTE_BYTES = 65536  # a sysfs attribute is at most one page (4 KiB on x86)
+RESERVED_FDS = 2048  # descriptors AttributeReader leaves free
+SMALL_READ = 256  # bytes of the first read of an attribute: a number or a scheduler list is shorter
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 _UINT = re.compile(r"[0-9]{1,20}", re.ASCII)
 U64_MAX = (1 << 64) - 1
@@ -90,23 +92,41 @@ class AttributeReader:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         except (ValueError, OSError):
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        self.capacity = max(0, soft // 2 - 256)  # leave room for sockets and the other collectors
+        # Leave room for the server's connections (at most 1,024, server.MAX_CONNECTIONS) and the
+        # other collectors' reads. Past the capacity (~66,000 attributes with 10,000 devices) reads
+        # cost an open and a close each: scrape time then grows faster than the device count.
+        self.capacity = max(0, soft - RESERVED_FDS)
         self.fds = {}
         self.used = set()
 
     def read_text(self, path):
+        """The stripped text of the attribute (bytes that are not UTF-8 become U+FFFD)."""
+        return self.read_bytes(path).decode("utf-8", "replace").strip()
+
+    def read_bytes(self, path):
+        """The attribute's raw content: callers that keep what they parsed from it compare these
+        bytes with the last ones and parse only what changed.
+
+        The first read is small (SMALL_READ): an attribute is a few bytes, and a buffer of
+        MAX_ATTRIBUTE_BYTES + 1 for each of thousands of reads per scrape costs more than the
+        read. A full small read is read again with the whole bound (a pread at offset 0 returns
+        the attribute afresh)."""
         fd = self.fds.get(path)
         if fd is not None:
             try:
-                data = os.pread(fd, MAX_ATTRIBUTE_BYTES + 1, 0)
+                data = os.pread(fd, SMALL_READ, 0)
+                if len(data) == SMALL_READ:
+                    data = self._bounded(path, os.pread(fd, MAX_ATTRIBUTE_BYTES + 1, 0))
                 self.used.add(path)
-                return self._text(path, data)
+                return data
             except OSError:
                 del self.fds[path]
                 os.close(fd)
         fd = os.open(path, _OPEN_FLAGS)
         try:
-            data = os.pread(fd, MAX_ATTRIBUTE_BYTES + 1, 0)
+            data = os.pread(fd, SMALL_READ, 0)
+            if len(data) == SMALL_READ:
+                data = os.pread(fd, MAX_ATTRIBUTE_BYTES + 1, 0)
         except OSError:
             os.close(fd)
             raise
@@ -115,13 +135,13 @@ class AttributeReader:
             self.used.add(path)
         else:
             os.close(fd)
-        return self._text(path, data)
+        return self._bounded(path, data)
 
     @staticmethod
-    def _text(path, data):
+    def _bounded(path, data):
         if len(data) > MAX_ATTRIBUTE_BYTES:
             raise TooLarge(f"{path}: larger than {MAX_ATTRIBUTE_BYTES} bytes")
-        return data.decode("utf-8", "replace").strip()
+        return data
 
     def sweep(self):
         """Close the descriptors not read since the last sweep (their devices are gone)."""

@@ -235,8 +235,12 @@ class Handler(BaseHTTPRequestHandler):
     def _client_gone(self):
         """True when the client already closed its side (an aborted request): no collection."""
         try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            # poll, not select: select() takes no descriptor above 1023, and the exporter keeps
+            # thousands of sysfs attributes open, so sockets get numbers beyond it (the handler
+            # failed and the connection closed without an answer).
+            poller = select.poll()
+            poller.register(self.connection, select.POLLIN)
+            return bool(poller.poll(0)) and self.connection.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
 

@@ -4,12 +4,14 @@ the exporter before the hardening (noted per test)."""
 import errno
 import logging
 import os
+import resource
 import subprocess
 import threading
 import time
 
 import pytest
 
+from blockstack_exporter import server
 from blockstack_exporter.collectors import ALL
 from blockstack_exporter.fs import BlockingReads
 from blockstack_exporter.scrape import SHARES, deadline
@@ -264,3 +266,25 @@ def test_slow_connections_do_not_block_a_real_scrape(dm_exporter):
             for s in slow:
                 s.close()
         assert dm_exporter.calls() == calls + 2
+
+
+def test_scrapes_are_answered_when_sockets_get_descriptors_above_1023(host_tree):
+    """Old: the handler checked for an aborted request with select(), which refuses descriptors
+    above 1023; the exporter keeps a descriptor per sysfs attribute (~7,000 with 1,000 devices),
+    so on such hosts scrapes intermittently got a closed connection and no answer."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    held = []
+    port = procs.free_port()
+    httpd, _ = server.serve(registry_for(host_tree), "127.0.0.1", port, 4.5, 0.5)
+    try:
+        while not held or held[-1] < 1100:  # the next sockets are numbered above 1023
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        for _ in range(3):
+            assert http(f"http://127.0.0.1:{port}/metrics")[0] == 200
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        for fd in held:
+            os.close(fd)

@@ -12,7 +12,7 @@ import struct
 from prometheus_client.core import GaugeMetricFamily
 
 from ..fs import BlockingReads, ParseError, listdir, parse_uint, read_text
-from ..scrape import reason_of
+from ..scrape import Reuse, reason_of
 
 EXT4_SUPER_MAGIC = 0xEF53
 EXT3_JNL_BACKUP_BLOCKS = 1  # s_jnl_backup_type when s_jnl_blocks holds a journal inode copy
@@ -58,8 +58,49 @@ class Ext4Collector:
     def __init__(self):
         self.reads = BlockingReads()
         self._journal = {}  # (device, mount id) -> journal bytes or None (external journal)
+        self._reuse = Reuse()  # the families, built again only when something read changed
 
     def collect(self, scrape):
+        ext4_dir = os.path.join(scrape.paths.procfs, "fs", "ext4")
+        mounts = self._mounts(scrape)
+        try:
+            names = sorted(listdir(ext4_dir))
+        except OSError as e:
+            scrape.error(f"{ext4_dir}: {e}", reason_of(e), subject="ext4 dir")
+            names = []
+        journals = {}
+        read = []  # (device, mountpoint, options text, journal bytes or None) of each filesystem
+        for i, device in enumerate(names):
+            if scrape.past_deadline("the remaining filesystems", len(names) - i):
+                break
+            mount = mounts.get(device)
+            try:
+                text = read_text(os.path.join(ext4_dir, device, "options"), MAX_OPTIONS_BYTES)
+            except FileNotFoundError:
+                continue  # unmounted between listing and reading
+            except (OSError, ParseError) as e:
+                scrape.error(f"{device}: options: {e}", reason_of(e), subject=f"{device} options")
+                continue
+            key = (device, mount.mount_id if mount else None)
+            size = self._journal.get(key) if key[1] is not None else None
+            if key not in self._journal or key[1] is None:
+                try:
+                    sb = self.reads.pread(os.path.join(scrape.paths.dev, device), 1024, 1024, scrape.remaining())
+                    size = parse_superblock_journal_bytes(sb)
+                    if key[1] is not None:
+                        journals[key] = size
+                except (OSError, ParseError) as e:  # the options are still published
+                    scrape.error(f"{device}: journal size: {e}", reason_of(e), subject=f"{device} journal size")
+                    size = None
+            else:
+                journals[key] = size
+            read.append((device, mount.mountpoint if mount else "", text, size))
+        self._journal = journals  # only mounts still there are kept
+        read = tuple(read)
+        return self._reuse.families_for(scrape, read, lambda: self._build(scrape, read))
+
+    @staticmethod
+    def _build(scrape, read):
         option_info = GaugeMetricFamily(
             "blockstack_ext4_option_info",
             "Every mount option in effect for an ext4 filesystem, from /proc/fs/ext4/DEV/options "
@@ -77,28 +118,9 @@ class Ext4Collector:
         journal = GaugeMetricFamily(
             "blockstack_ext4_journal_size_bytes",
             "Size of the filesystem's internal journal, in bytes.", labels=["device", "mountpoint"])
-
-        ext4_dir = os.path.join(scrape.paths.procfs, "fs", "ext4")
-        mounts = self._mounts(scrape)
-        try:
-            names = sorted(listdir(ext4_dir))
-        except OSError as e:
-            scrape.error(f"{ext4_dir}: {e}", reason_of(e), subject="ext4 dir")
-            names = []
-        journals = {}
-        for i, device in enumerate(names):
-            if scrape.past_deadline("the remaining filesystems", len(names) - i):
-                break
-            mount = mounts.get(device)
-            mountpoint = mount.mountpoint if mount else ""
+        for device, mountpoint, text, size in read:
             labels = [device, mountpoint]
-            try:
-                options = parse_options(read_text(os.path.join(ext4_dir, device, "options"), MAX_OPTIONS_BYTES))
-            except FileNotFoundError:
-                continue  # unmounted between listing and reading
-            except (OSError, ParseError) as e:
-                scrape.error(f"{device}: options: {e}", reason_of(e), subject=f"{device} options")
-                continue
+            options = parse_options(text)
             if len(options) > MAX_OPTIONS:
                 scrape.error(f"{device}: {len(options)} options, only the first {MAX_OPTIONS} published",
                              "series_limit", subject=f"{device} options count", count=len(options) - MAX_OPTIONS)
@@ -114,23 +136,9 @@ class Ext4Collector:
                     commit.add_metric(labels, parse_uint(present["commit"], "commit"))
                 except ParseError as e:
                     scrape.error(f"{device}: {e}", subject=f"{device} commit")
-            key = (device, mount.mount_id if mount else None)
-            size = self._journal.get(key) if key[1] is not None else None
-            if key not in self._journal or key[1] is None:
-                try:
-                    sb = self.reads.pread(os.path.join(scrape.paths.dev, device), 1024, 1024, scrape.remaining())
-                    size = parse_superblock_journal_bytes(sb)
-                    if key[1] is not None:
-                        journals[key] = size
-                except (OSError, ParseError) as e:
-                    scrape.error(f"{device}: journal size: {e}", reason_of(e), subject=f"{device} journal size")
-                    continue
-            else:
-                journals[key] = size
             if size is not None:
                 journal.add_metric(labels, size)
-        self._journal = journals  # only mounts still there are kept
-        yield from (option_info, dioread_nolock, delalloc, commit, journal)
+        return option_info, dioread_nolock, delalloc, commit, journal
 
     @staticmethod
     def _mounts(scrape):

@@ -23,7 +23,7 @@ import re
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..fs import ParseError, listdir, parse_uint, read_text
-from ..scrape import reason_of
+from ..scrape import Reuse, reason_of
 
 HEAD = re.compile(r"^(\d+) transactions \((\d+) requested\), each up to (\d+) blocks$", re.ASCII)
 PHASES = (  # line text after the number -> phase label
@@ -79,7 +79,31 @@ def parse_info(text):
 class Jbd2Collector:
     name = "jbd2"
 
+    def __init__(self):
+        self._reuse = Reuse()  # the families, built again only when a journal's info changed
+
     def collect(self, scrape):
+        jbd2_dir = os.path.join(scrape.paths.procfs, "fs", "jbd2")
+        try:
+            names = sorted(listdir(jbd2_dir))
+        except OSError as e:
+            scrape.error(f"{jbd2_dir}: {e}", reason_of(e), subject="jbd2 dir")
+            names = []
+        read = []  # (journal, info text)
+        for i, journal in enumerate(names):
+            if scrape.past_deadline("the remaining journals", len(names) - i):
+                break
+            try:
+                read.append((journal, read_text(os.path.join(jbd2_dir, journal, "info"))))
+            except FileNotFoundError:
+                continue  # unmounted between listing and reading
+            except (OSError, ParseError) as e:
+                scrape.error(f"{journal}: {e}", reason_of(e), subject=f"{journal} info")
+        read = tuple(read)
+        return self._reuse.families_for(scrape, read, lambda: self._build(scrape, read))
+
+    @staticmethod
+    def _build(scrape, read):
         labels = ["device", "journal"]
         transactions = CounterMetricFamily(
             "blockstack_jbd2_transactions", "Transactions committed since mount.", labels=labels)
@@ -105,23 +129,12 @@ class Jbd2Collector:
         logged = GaugeMetricFamily(
             "blockstack_jbd2_logged_blocks_per_transaction", "Average logged blocks per transaction.",
             labels=labels)
-
-        jbd2_dir = os.path.join(scrape.paths.procfs, "fs", "jbd2")
-        try:
-            names = sorted(listdir(jbd2_dir))
-        except OSError as e:
-            scrape.error(f"{jbd2_dir}: {e}", reason_of(e), subject="jbd2 dir")
-            names = []
-        for i, journal in enumerate(names):
-            if scrape.past_deadline("the remaining journals", len(names) - i):
-                break
+        for journal, text in read:
             device = journal.rpartition("-")[0] or journal
             lv = [device, journal]
             try:
-                info = parse_info(read_text(os.path.join(jbd2_dir, journal, "info")))
-            except FileNotFoundError:
-                continue  # unmounted between listing and reading
-            except (OSError, ParseError) as e:
+                info = parse_info(text)
+            except ParseError as e:
                 scrape.error(f"{journal}: {e}", reason_of(e), subject=f"{journal} info")
                 continue
             for e in info["bad_lines"][:1]:
@@ -136,4 +149,4 @@ class Jbd2Collector:
                                 (logged, "logged_blocks")):
                 if key in info:
                     family.add_metric(lv, info[key])
-        yield from (transactions, requested, max_blocks, phases, commit, handles, blocks, logged)
+        return transactions, requested, max_blocks, phases, commit, handles, blocks, logged

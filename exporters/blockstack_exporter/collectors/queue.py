@@ -37,6 +37,11 @@ SETTINGS = (
 FILES = tuple(filename for filename, *_ in SETTINGS) + ("scheduler",)
 
 
+# Read on every scrape (writable at run time), and read once per device identity.
+CHANGING = tuple(filename for filename, _, _, _, is_fixed in SETTINGS if not is_fixed) + ("scheduler",)
+FIXED = tuple(filename for filename, _, _, _, is_fixed in SETTINGS if is_fixed)
+
+
 def parse_scheduler(text):
     """'none [mq-deadline] kyber' -> 'mq-deadline'; 'none' (bio-based devices) -> 'none'."""
     if "[" in text:
@@ -60,11 +65,14 @@ class QueueCollector:
 
     def __init__(self):
         self._fixed = {}  # queue owner -> (identity, {filename: value}) of the settings that never change
+        self._parsed = {}  # queue owner -> ((identity, raw bytes read), values, scheduler, errors) of the last scrape
+        self._next = {}
         self._reuse = Reuse()
 
     def collect(self, scrape):
         read = {}  # queue owner -> (values, scheduler): a disk's queue is read once for all its partitions
         fixed, self._fixed = self._fixed, {}  # only devices present now are kept
+        self._next = {}
         devices = list(scrape.devices.items())
         for i, (name, dev) in enumerate(devices):
             if scrape.past_deadline("queues of the remaining devices", len(devices) - i):
@@ -72,6 +80,7 @@ class QueueCollector:
                 break
             if dev.queue_owner not in read:
                 read[dev.queue_owner] = self._read_queue(scrape, dev.queue_owner, fixed)
+        self._parsed = self._next
         per_device = tuple((name, *read[dev.queue_owner]) for name, dev in devices)
         return self._reuse.families_for(scrape, per_device, lambda: self._build(per_device))
 
@@ -96,11 +105,40 @@ class QueueCollector:
             scrape.error(f"{owner}: disk of a partition is missing", "vanished")
             return (None,) * len(SETTINGS), None
         dev = scrape.devices[owner]
-        queue = os.path.join(dev.path, "queue")
+        queue = f"{dev.path}/queue"
         identity = scrape.identity(dev)
         known_identity, known = fixed.get(owner, (None, {}))
         if identity is None or identity != known_identity:
             known = {}  # a new device behind the name: read everything afresh
+        # The files read on every scrape, raw; what was parsed from the same bytes of the same
+        # device last time (values and the errors met) is taken again without parsing.
+        raw, failed = {}, False
+        read_bytes = scrape.attributes.read_bytes
+        for filename in CHANGING:
+            try:
+                raw[filename] = read_bytes(f"{queue}/{filename}")
+            except (OSError, ParseError) as e:
+                raw[filename], failed = e, True
+        key = None
+        if identity is not None and len(known) == len(FIXED) and not failed:
+            key = (identity, tuple(raw.values()))
+            last = self._parsed.get(owner)
+            if last is not None and last[0] == key:
+                self._fixed[owner] = (identity, known)
+                self._next[owner] = last
+                for args in last[3]:
+                    scrape.error(*args)
+                return last[1], last[2]
+        with scrape.recording() as errors:
+            values, sched, kept = self._parse(scrape, owner, queue, raw, known)
+        if identity is not None:
+            self._fixed[owner] = (identity, kept)
+        if key is not None:
+            self._next[owner] = (key, values, sched, errors)
+        return values, sched
+
+    @staticmethod
+    def _parse(scrape, owner, queue, raw, known):
         kept = {}
         values = []
         for filename, _, _, multiplier, is_fixed in SETTINGS:
@@ -109,25 +147,29 @@ class QueueCollector:
                 kept[filename] = known[filename]
                 continue
             try:
-                value = parse_setting(scrape.attributes.read_text(f"{queue}/{filename}"), multiplier)
+                data = raw[filename] if filename in raw else scrape.attributes.read_bytes(f"{queue}/{filename}")
+                if isinstance(data, Exception):
+                    raise data
+                value = parse_setting(data.decode("utf-8", "replace"), multiplier)
                 values.append(value)
                 if is_fixed:
                     kept[filename] = value
             except FileNotFoundError:
                 if not os.path.isdir(queue):
                     scrape.error(f"{owner}: device vanished while being read", "vanished")
-                    return (None,) * len(SETTINGS), None
+                    return (None,) * len(SETTINGS), None, {}
                 values.append(None)  # an older kernel without this file
             except (OSError, ParseError) as e:
                 scrape.error(f"{owner}: {filename}: {e}", reason_of(e), subject=f"{owner} {filename}")
                 values.append(None)
         try:
-            sched = parse_scheduler(scrape.attributes.read_text(f"{queue}/scheduler"))
+            data = raw["scheduler"]
+            if isinstance(data, Exception):
+                raise data
+            sched = parse_scheduler(data.decode("utf-8", "replace").strip())
         except FileNotFoundError:
             sched = None
         except (OSError, ParseError) as e:
             scrape.error(f"{owner}: scheduler: {e}", reason_of(e), subject=f"{owner} scheduler")
             sched = None
-        if identity is not None:
-            self._fixed[owner] = (identity, kept)
-        return tuple(values), sched
+        return tuple(values), sched, kept

@@ -15,6 +15,7 @@ empty for a volume a user made (an origin, a snapshot, a thin volume) and names 
 layer otherwise: "real" for a snapshot origin's -real device, "cow" for a snapshot's -cow,
 "tpool" for a thin pool. A device that is not dm has name = its kernel name and the rest empty.
 """
+import functools
 import os
 
 from prometheus_client.core import GaugeMetricFamily
@@ -26,6 +27,7 @@ from ..scrape import Reuse, reason_of
 INFO_LABELS = ["device", "kind", "name", "uuid", "vg_name", "lv_name", "lv_layer", "backing_file"]
 
 
+@functools.lru_cache(maxsize=16384)  # a pure function of the name, called for every dm device every scrape
 def split_lvm_name(dm_name):
     """'vg--a-lv-real' -> ('vg-a', 'lv', 'real'), 'vg-lv' -> ('vg', 'lv', ''); None if the name
     is not VG-LV[-LAYER]."""
