@@ -296,11 +296,16 @@ def lineup_panels(k):
     return [size, iops, tput, ratio, missed]
 
 
-def distribution_panels(k):
-    EB = f'{k["ebpf_selector"]}, {SEL}'
+def ebpf_rate(k, metric, extra=""):
+    """rate() of an ebpf_exporter series, named: its series carry the device number (devno), and
+    the rules' device map (host_devno:blockstack_device:info) gives the device's name now."""
+    return (f'rate({metric}{{{k["ebpf_selector"]}, host="$host"{extra}}}[$__rate_interval])'
+            f' * on (host, devno) group_left (device) host_devno:blockstack_device:info{{{SEL}}}')
 
+
+def distribution_panels(k):
     def buckets(metric, extra=""):
-        return q(f"sum by (le) (rate({metric}_bucket{{{EB}{extra}}}[$__rate_interval]))", legend="{{le}}",
+        return q(f"sum by (le) ({ebpf_rate(k, metric + '_bucket', extra)})", legend="{{le}}",
                  fmt=pm.PromQueryFormat.HEATMAP)
 
     bio = heat(
@@ -323,16 +328,18 @@ def distribution_panels(k):
         "band (NVMe incident, healthy: 0.36-5.9 ms per 512-sector request). Sick: more, slower requests as the queue "
         "saturates (snapshot case: up to 24.8 ms, 98% of requests slower, 64x as many requests: 131194 vs 2049).",
         buckets("ebpf_exporter_block_rq_latency_seconds", ', stage="service"'), "s")
-    pct_expr = ("histogram_quantile({q}, sum by (host, device, operation, le) "
-                "(rate(ebpf_exporter_block_rq_latency_seconds_bucket{{{sel}, stage=\"{stage}\"}}[$__rate_interval])))")
+    pct_expr = "histogram_quantile({q}, sum by (host, device, operation, le) ({rate}))"
     pcts = ts(
         "Latency p50 / p99 per layer",
         "Per device and operation: p50 and p99 of service time (issue to complete) and p99 of queue time (request made to "
         "issue; devices with an I/O scheduler only). Healthy: p99 within a few ms on SSD/NVMe (NVMe incident, healthy max 5.9 ms). Sick: p99 climbs with "
         "the queue full of small requests (24.8 ms in the snapshot case; await 10 ms at avgqu-sz 30).",
-        [q(pct_expr.format(q=0.5, sel=EB, stage="service"), legend="p50 service {{device}} {{operation}}", ref="A"),
-         q(pct_expr.format(q=0.99, sel=EB, stage="service"), legend="p99 service {{device}} {{operation}}", ref="B"),
-         q(pct_expr.format(q=0.99, sel=EB, stage="queue"), legend="p99 queue {{device}} {{operation}}", ref="C")],
+        [q(pct_expr.format(q=0.5, rate=ebpf_rate(k, "ebpf_exporter_block_rq_latency_seconds_bucket", ', stage="service"')),
+           legend="p50 service {{device}} {{operation}}", ref="A"),
+         q(pct_expr.format(q=0.99, rate=ebpf_rate(k, "ebpf_exporter_block_rq_latency_seconds_bucket", ', stage="service"')),
+           legend="p99 service {{device}} {{operation}}", ref="B"),
+         q(pct_expr.format(q=0.99, rate=ebpf_rate(k, "ebpf_exporter_block_rq_latency_seconds_bucket", ', stage="queue"')),
+           legend="p99 queue {{device}} {{operation}}", ref="C")],
         "s", w=24, h=8, log=10)
     return [bio, rq, lat, pcts]
 
@@ -393,7 +400,6 @@ def snapshot_panels(k):
 
 def ext4_panels(k):
     sel = f'{k["blockstack_selector"]}, {SEL}'
-    EB = f'{k["ebpf_selector"]}, {SEL}'
     options = (table.Panel().title("ext4 effective mount options").datasource(DS).span(12).height(8)
                .description(
                    "Every option in effect per ext4 filesystem of the stack, from /proc/fs/ext4/DEV/options (defaults "
@@ -423,7 +429,7 @@ def ext4_panels(k):
         "Time tasks wait for journal credits when starting a handle (add_transaction_credits), all ext4 filesystems "
         "of the stack. Healthy: the mass below 10 us (ext4 incident with dioread_lock: average 0.27 ms, mode "
         "0.5-4 us). Sick: a second mode at 8 ms - 1 s (with dioread_nolock: average 154 ms, waits up to 4 s).",
-        q(f"sum by (le) (rate(ebpf_exporter_jbd2_credit_wait_seconds_bucket{{{EB}}}[$__rate_interval]))",
+        q(f"sum by (le) ({ebpf_rate(k, 'ebpf_exporter_jbd2_credit_wait_seconds_bucket')})",
           legend="{{le}}", fmt=pm.PromQueryFormat.HEATMAP),
         "s", w=12, h=8, repeat=False)
     wait_p99 = ts(
@@ -431,8 +437,8 @@ def ext4_panels(k):
         "p99 and average credit wait per filesystem device. Healthy: average well under 1 ms (0.27 ms in the ext4 "
         "incident with dioread_lock). Sick: average ~154 ms (the incident with dioread_nolock and a 128 MiB journal); "
         "p99 of hundreds of ms to seconds.",
-        [q("histogram_quantile(0.99, sum by (host, device, le) (rate(ebpf_exporter_jbd2_credit_wait_seconds_bucket"
-           f"{{{EB}}}[$__rate_interval])))", legend="p99 {{device}}", ref="A"),
+        [q("histogram_quantile(0.99, sum by (host, device, le) ("
+           f"{ebpf_rate(k, 'ebpf_exporter_jbd2_credit_wait_seconds_bucket')}))", legend="p99 {{device}}", ref="A"),
          q(f"host_device:ebpf_jbd2_credit_wait_seconds:avg{{{SEL}}}", legend="average {{device}}", ref="B")],
         "s", w=12, h=8, log=10)
     tx = ts(
