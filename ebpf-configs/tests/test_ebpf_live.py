@@ -195,7 +195,7 @@ def test_request_size_agrees_with_iostat(exporter, device, nomerges):
                 fio_proc.kill()
                 fio_proc.wait(10)
         after = exporter.scrape()
-    count, total = Delta(before, after, name).hist("ebpf_exporter_block_rq_size_bytes", operation="read")
+    count, total = Delta(before, after, devno(device)).hist("ebpf_exporter_block_rq_size_bytes", operation="read")
     print(f"nomerges={nomerges}: {total / count / 1024:.2f} KiB/read request, iostat rareq-sz {rareq_sz:.2f}")
     assert count > 1000
     assert_close(total / count / 1024, rareq_sz, "KiB per read request (iostat rareq-sz)")
