@@ -215,13 +215,13 @@ SICK += [
          "again with the same number; then nomerges 0 -> 2 under batched sequential reads on it",
          [("extra", BATCHED_READ)], fault=_on(("extra",), NOMERGES2), pages=("extra",), own=("extra",),
          churn=("extra",)),
-    Case("sick-collapse-device-removed", "nomerges 0 -> 2 under batched sequential reads on a device, then the "
-         "device is removed while collapsed: one page, resolved", [("extra", BATCHED_READ)],
-         fault=_on(("extra",), NOMERGES2), pages=("extra",), own=("extra",), fix_remove=("extra",)),
     Case("sick-split-upper-removed", "stacked split (the lower's max_sectors_kb=4) under batched reads on the "
          "upper; the fix is taking the stack apart (the upper removed, the lower keeps max_sectors_kb=4): one "
          "page, resolved, no new one", [("tupper", BATCHED_READ)], fault=_on(("tlower",), SPLIT4K),
          pages=("tlower",), own=("tpair",), fix_remove=("tupper",)),
+    Case("sick-collapse-device-removed", "nomerges 0 -> 2 under batched sequential reads on a device, then the "
+         "device is removed while collapsed: one page, resolved", [("extra", BATCHED_READ)],
+         fault=_on(("extra",), NOMERGES2), pages=("extra",), own=("extra",), fix_remove=("extra",)),
 ]
 
 CASES = {c.name: c for c in HEALTHY + SICK}
