@@ -375,11 +375,16 @@ def with_traffic(expr):
     return f"(\n  ({expr} or {issued} * 0)\n    and on (host, device, operation) ({issued} > 0)\n)"
 
 
-def distribution_panels(k):
-    EB = f'{k["ebpf_selector"]}, {SEL}'
+def ebpf_rate(k, metric, extra=""):
+    """rate() of an ebpf_exporter series, named: its series carry the device number (devno), and
+    the rules' device map (host_devno:blockstack_device:info) gives the device's name now."""
+    return (f'rate({metric}{{{k["ebpf_selector"]}, host="$host"{extra}}}[$__rate_interval])'
+            f' * on (host, devno) group_left (device) host_devno:blockstack_device:info{{{SEL}}}')
 
+
+def distribution_panels(k):
     def buckets(metric, extra=""):
-        return q(f"sum by (le) (rate({metric}_bucket{{{EB}{extra}}}[$__rate_interval]))", legend="{{le}}",
+        return q(f"sum by (le) ({ebpf_rate(k, metric + '_bucket', extra)})", legend="{{le}}",
                  fmt=pm.PromQueryFormat.HEATMAP)
 
     bio = heat(
@@ -403,8 +408,8 @@ def distribution_panels(k):
         "saturates (snapshot case: up to 24.8 ms, 98% of requests slower, 64x as many requests: 131194 vs 2049).",
         buckets("ebpf_exporter_block_rq_latency_seconds", ', stage="service"'), "s")
     def quantile(q, stage):
-        return per_layer(in_range(q, f"sum by (host, device, le) (rate(ebpf_exporter_block_rq_latency_seconds_bucket"
-                                     f'{{{EB}, stage="{stage}"}}[$__rate_interval]))', "block_rq_latency_seconds"))
+        rate = ebpf_rate(k, "ebpf_exporter_block_rq_latency_seconds_bucket", f', stage="{stage}"')
+        return per_layer(in_range(q, f"sum by (host, device, le) ({rate})", "block_rq_latency_seconds"))
     pcts = ts(
         "Latency p50 / p99 per layer",
         "Per layer with requests (reads and writes together): p50 and p99 of service time (issue to complete) and p99 "
@@ -483,7 +488,6 @@ NO_SNAPSHOT = "No dm snapshot on this stack"
 
 def ext4_panels(k):
     sel = f'{k["blockstack_selector"]}, {SEL}'
-    EB = f'{k["ebpf_selector"]}, {SEL}'
     options = (table.Panel().title("ext4 effective mount options").datasource(DS).span(12).height(8)
                .description(
                    "Every option in effect per ext4 filesystem of the stack, from /proc/fs/ext4/DEV/options (defaults "
@@ -515,7 +519,7 @@ def ext4_panels(k):
         "Time tasks wait for journal credits when starting a handle (add_transaction_credits), all ext4 filesystems "
         "of the stack. Healthy: the mass below 10 us (ext4 incident with dioread_lock: average 0.27 ms, mode "
         "0.5-4 us). Sick: a second mode at 8 ms - 1 s (with dioread_nolock: average 154 ms, waits up to 4 s).",
-        q(f"sum by (le) (rate(ebpf_exporter_jbd2_credit_wait_seconds_bucket{{{EB}}}[$__rate_interval]))",
+        q(f"sum by (le) ({ebpf_rate(k, 'ebpf_exporter_jbd2_credit_wait_seconds_bucket')})",
           legend="{{le}}", fmt=pm.PromQueryFormat.HEATMAP),
         "s", w=12, h=8, repeat=False)
     wait_p99 = ts(
@@ -523,8 +527,8 @@ def ext4_panels(k):
         "p99 (drawn only below the histogram's top bucket) and average credit wait per filesystem device. Healthy: average well under 1 ms (0.27 ms in the ext4 "
         "incident with dioread_lock). Sick: average ~154 ms (the incident with dioread_nolock and a 128 MiB journal); "
         "p99 of hundreds of ms to seconds.",
-        [q(in_range(0.99, "sum by (host, device, le) (rate(ebpf_exporter_jbd2_credit_wait_seconds_bucket"
-                    f"{{{EB}}}[$__rate_interval]))", "jbd2_credit_wait_seconds", JBD2), legend="p99 {{device}}", ref="A"),
+        [q(in_range(0.99, f"sum by (host, device, le) ({ebpf_rate(k, 'ebpf_exporter_jbd2_credit_wait_seconds_bucket')})",
+                    "jbd2_credit_wait_seconds", JBD2), legend="p99 {{device}}", ref="A"),
          q(f"host_device:ebpf_jbd2_credit_wait_seconds:avg{{{SEL}}}", legend="average {{device}}", ref="B")],
         "s", w=12, h=8, log=10)
     tx = ts(
@@ -591,8 +595,8 @@ def collapse_annotation(panel_ids):
          .filter(db.AnnotationPanelFilter().exclude(False).ids(panel_ids))
          .expr(expr).build())
     # Prometheus annotation options Grafana reads from the annotation object itself.
-    extra = {"step": "15s", "titleFormat": "{{alertname}}", "textFormat": "{{device}} beneath {{upper_device}} ({{operation}}), stack {{stack}}: "
-                             "nomerges={{nomerges}} max_sectors_kb={{max_sectors_kb}}",
+    extra = {"step": "15s", "titleFormat": "{{alertname}}", "textFormat": "{{device}} {{operation}} on {{host}}: merge collapse paged (the alert's "
+                             "annotations name the cause and the settings)",
              "tagKeys": "alertname,severity,device", "useValueForTime": False}
     return a, extra
 

@@ -127,6 +127,7 @@ class Scrape:
         self._dm = None
         self._backing = {}
         self._names = {}  # device number -> kernel name, as read from DEV/dev this scrape
+        self._devts = {}  # kernel name -> device number, the same reads
         self._recording = None
         self.families = []  # every family the collectors yielded so far (the findings collector reads them)
         self.facts = {}  # what a collector read but does not publish, for the findings: {"crypt_flags": {dev: set}}
@@ -217,13 +218,20 @@ class Scrape:
         looked up again through /sys/dev/block."""
         return self._names.get(majmin) or devices.name_of_devno(self.paths.sysfs, majmin)
 
+    def devt(self, dev):
+        """The device number as its DEV/dev file gives it ('7:3'), read once per scrape. Raises
+        OSError or ParseError as read_text does."""
+        if dev.name not in self._devts:
+            devt = self.attributes.read_text(f"{dev.path}/dev")
+            self._names[devt], self._devts[dev.name] = dev.name, devt
+        return self._devts[dev.name]
+
     def identity(self, dev):
         """What makes a device the same device from one scrape to the next: its device number,
         and for a dm device its uuid, for a loop device its backing file (a loop device keeps
         its number when detached and attached to another file). None if it cannot be told."""
         try:
-            devt = self.attributes.read_text(f"{dev.path}/dev")
-            self._names[devt] = dev.name
+            devt = self.devt(dev)
             if dev.name.startswith("dm-"):
                 return devt, self.dm.get(dev.name, ("", None))[1]
             if dev.name.startswith("loop"):

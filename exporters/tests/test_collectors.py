@@ -1,6 +1,9 @@
 """Collectors on the host-loop fixture: a tree captured on a real machine (kernel 6.18) with
 loop1 on a file on ext4 on loop0 (loop0 nomerges=2, max_sectors_kb=4), ext4 on loop1 mounted
 dioread_lock,nodelalloc,commit=10, a partitioned loop2, and the host's vda and zram0."""
+import os
+
+from blockstack_exporter.collectors import stack
 from exporter_testlib import HOST_LOOP, Scraped, full_tree, registry_for
 
 
@@ -74,3 +77,11 @@ def test_dm_identity_labels_are_node_exporters(tmp_path):
                                     ("dm-2", "vg-lv", "lv", ""), ("dm-3", "vg-snap", "snap", "")):
         assert s.get("blockstack_device_info", device=device, kind="dm", name=name, uuid=f"LVM-{device}fixture",
                      vg_name="vg", lv_name=lv, lv_layer=layer, backing_file="") == 1
+
+
+def test_device_numbers_encoded_as_st_rdev():
+    # loop0 is 7:0 in the fixture; devno is what stat(2) gives as st_rdev (os.makedev)
+    assert value("blockstack_device_number_info", device="loop0", major_minor="7:0",
+                 devno=str(os.makedev(7, 0))) == 1
+    assert stack.encode_dev(259, 300) == os.makedev(259, 300)
+    assert stack.encode_dev(7, 1048575) == os.makedev(7, 1048575)

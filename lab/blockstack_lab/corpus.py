@@ -12,6 +12,19 @@ Devices (roles; `Lab` makes the first three, `extend` the others, all under the 
     upper -> lower         upper (direct-io, ext4 mounted) on a file on ext4 on lower
     upper2 -> lower2       a second, independent stacked pair
 
+Devices a case makes for itself (`Case.own`, see `Own`), each one removable during the case:
+
+    extra                  a loop device alone (removed for good with LOOP_CTL_REMOVE: gone from
+                           sysfs and /proc/partitions, its number free for the next one)
+    tupper -> tlower       a stacked pair like upper -> lower
+    pupper -> pdisk1       an upper (buffered) on a file on ext4 on partition 1 of pdisk, a
+                           partitioned loop device whose partition 2 (pdisk2) is left raw
+
+`Case.churn` removes devices and makes them again (the same number when it is free) before the
+onset, with I/O before and after; `Case.fix_remove` fixes a sick case by removing devices (the
+upper device taken apart, or the collapsed device itself) instead of undoing the fault, and the
+case then watches that nothing new pages.
+
 A workload's target is a role (the raw device; reads are --readonly) or "fs:ROLE" (a file in the
 ext4 mounted on ROLE: upper, upper2, lower, lower2). Sick cases run their workload healthy for
 `warmup` seconds, then apply the fault (the onset) and wait for the pages; consecutive sick cases
@@ -20,6 +33,9 @@ lands in the next. Resolve times are read from the receiver's file at the end of
 """
 import contextlib
 import dataclasses
+import fcntl
+import os
+import subprocess
 import time
 
 from blockstack_deploy import procs
@@ -28,7 +44,10 @@ from . import loop, scenarios
 from .lab import CleanupStack
 
 SINGLE2_SIZE = 1536 << 20
-STACK_ROLES = {"upper": "lower", "upper2": "lower2"}
+STACK_ROLES = {"upper": "lower", "upper2": "lower2", "tupper": "tlower", "pupper": "pdisk1"}
+PDISK_SIZE = 768 << 20
+# ioctls of /dev/loop-control (include/uapi/linux/loop.h)
+LOOP_CTL_REMOVE = 0x4C81
 
 
 # -- fio workloads ------------------------------------------------------------------------------
@@ -65,6 +84,9 @@ class Case:
     fault: dict = dataclasses.field(default_factory=dict)     # {(role, attr): value} at onset (sick)
     pages: tuple = ()               # roles that must page, one page each; () = healthy
     intermittent: tuple = ()        # (collapsed s, healthy s, cycles): the fault comes and goes
+    own: tuple = ()                 # devices the case makes for itself (`Own`): extra, tpair, parted
+    churn: tuple = ()               # roles removed and made again, with I/O on them, before the onset
+    fix_remove: tuple = ()          # sick: the fix is removing these roles (the fault stays)
 
     @property
     def sick(self):
@@ -73,6 +95,8 @@ class Case:
     def roles(self):
         roles = {t.split(":", 1)[-1] for t, _ in self.workloads} | {r for r, _ in self.settings} | \
             {r for r, _ in self.fault} | set(self.pages)
+        for group in self.own:
+            roles |= set(OWN[group])
         for upper, lower in STACK_ROLES.items():  # a stack's devices go together
             if upper in roles or lower in roles:
                 roles |= {upper, lower}
@@ -166,6 +190,40 @@ SICK = [
          fault=_on(("lower", "lower2"), SPLIT4K), pages=("lower", "lower2")),
 ]
 
+# Shared devices, devices that come and go, topology changes during a page. A page rests on the
+# device's own requests (refused merges, split pieces): small requests of another user of the
+# device beneath a stack never page, and a device's name, identity and page survive it going and
+# coming back or the stack above it changing.
+HEALTHY += [
+    Case("healthy-shared-disk", "a stack above streams 1 MiB direct reads while another application on the "
+         "device beneath reads 4 KiB one request at a time (a file beside the stack's backing file, and the raw "
+         "device): the small requests are not the stack's", [
+             ("upper2", seq("read", "1m", 4)), ("fs:lower2", seq("read", depth=16)),
+             ("lower2", [*seq("read", depth=8), "--offset=256m"])]),
+    Case("healthy-shared-partition", "a buffered loop device on a file on partition 1 of a disk streams 1 MiB "
+         "direct reads (mostly from the page cache) while partition 2 serves 4 KiB direct reads one request at a "
+         "time and 4 KiB random reads: the averages line up as a collapse of the disk (the issue's false page)", [
+             ("pupper", seq("read", "1m", 4)), ("pdisk2", seq("read", depth=16)),
+             ("pdisk2", [*rand("randread", "4k", 8), "--offset=128m"])], own=("parted",)),
+    Case("healthy-device-churn", "a device attached, used, removed and attached again (its number reused) "
+         "during the run, then batched sequential reads on it with merging on, random I/O beside it",
+         [("extra", BATCHED_READ), ("single", rand("randrw", "4k", 8))], own=("extra",), churn=("extra",)),
+]
+
+SICK += [
+    Case("sick-nomerges2-reattached", "a device attached after the stack started, used, removed and attached "
+         "again with the same number; then nomerges 0 -> 2 under batched sequential reads on it",
+         [("extra", BATCHED_READ)], fault=_on(("extra",), NOMERGES2), pages=("extra",), own=("extra",),
+         churn=("extra",)),
+    Case("sick-split-upper-removed", "stacked split (the lower's max_sectors_kb=4) under batched reads on the "
+         "upper; the fix is taking the stack apart (the upper removed, the lower keeps max_sectors_kb=4): one "
+         "page, resolved, no new one", [("tupper", BATCHED_READ)], fault=_on(("tlower",), SPLIT4K),
+         pages=("tlower",), own=("tpair",), fix_remove=("tupper",)),
+    Case("sick-collapse-device-removed", "nomerges 0 -> 2 under batched sequential reads on a device, then the "
+         "device is removed while collapsed: one page, resolved", [("extra", BATCHED_READ)],
+         fault=_on(("extra",), NOMERGES2), pages=("extra",), own=("extra",), fix_remove=("extra",)),
+]
+
 CASES = {c.name: c for c in HEALTHY + SICK}
 GROUPS = {"healthy": [c.name for c in HEALTHY], "sick": [c.name for c in SICK]}
 
@@ -209,6 +267,102 @@ def extend(lab):
             f"{lab.name('lower2')}")
 
 
+# -- devices a case makes for itself ------------------------------------------------------------
+
+OWN = {"extra": ("extra",), "tpair": ("tupper", "tlower"), "parted": ("pupper", "pdisk", "pdisk1", "pdisk2")}
+MAKES = {"extra": ("extra",), "tpair": ("tlower", "tupper"), "parted": ("pdisk", "pupper")}
+
+
+class Own:
+    """The devices one case makes (`Case.own`), each role in a stack of its own so that the case
+    can remove it (`remove`) and make it again (`make`); everything left goes on exit."""
+
+    def __init__(self, lab):
+        self.lab, self.stacks = lab, {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for role in reversed(list(self.stacks)):
+            self.remove(role)
+
+    def make(self, role):
+        with CleanupStack() as es:
+            self._make(role, es)
+            self.stacks[role] = es.pop_all()
+
+    def _make(self, role, es):
+        lab = self.lab
+        if role == "extra":
+            lab.devices[role] = es.enter_context(removable(SINGLE2_SIZE // 4, lab.dir))
+        elif role == "tlower":
+            lab.devices[role] = es.enter_context(loop.attached(512 << 20, directory=lab.dir))
+            lab.mounts[role] = es.enter_context(loop.ext4(lab.devices[role], loop.NO_DISCARD, directory=lab.dir))
+            loop.fill(os.path.join(lab.mounts[role], "upper.img"), 192 << 20)
+        elif role == "pdisk":
+            disk = es.enter_context(partitioned(PDISK_SIZE, lab.dir))
+            lab.devices.update(pdisk=disk, pdisk1=disk + "p1", pdisk2=disk + "p2")
+            lab.mounts["pdisk1"] = es.enter_context(loop.ext4(disk + "p1", loop.NO_DISCARD, directory=lab.dir))
+            loop.fill(os.path.join(lab.mounts["pdisk1"], "upper.img"), 192 << 20)
+        else:  # an upper on the file its lower holds; pupper buffered (losetup's default): its
+            # reads come from the page cache once the file is cached, as the issue's loop on vda did
+            lower = {"tupper": "tlower", "pupper": "pdisk1"}[role]
+            lab.devices[role] = es.enter_context(loop.attached(
+                path=os.path.join(lab.mounts[lower], "upper.img"), direct_io=role == "tupper"))
+        lab._save()
+        if role != "pdisk":
+            es.enter_context(lab._baseline_cm(role))
+        lab.say(f"made {role}: {lab.name(role)}")
+
+    def remove(self, role):
+        lab = self.lab
+        name = lab.name(role)
+        self.stacks.pop(role).close()
+        for r in ("pdisk", "pdisk1", "pdisk2") if role == "pdisk" else (role,):
+            lab.devices.pop(r, None)
+            lab.mounts.pop(r, None)
+        lab._save()
+        lab.say(f"removed {role}: {name}")
+
+
+@contextlib.contextmanager
+def removable(size, directory):
+    """A loop device over a sparse file; on exit detached and removed for good (LOOP_CTL_REMOVE),
+    as a device-mapper device or a hot-unplugged disk goes: out of sysfs and /proc/partitions."""
+    with loop.attached(size, directory=directory) as dev:
+        yield dev
+    number = int(loop.name(dev)[len("loop"):])
+    fd = os.open("/dev/loop-control", os.O_RDWR)
+    try:
+        for _ in range(20):  # the detach completes asynchronously while the device is still open
+            try:
+                fcntl.ioctl(fd, LOOP_CTL_REMOVE, number)
+                return
+            except OSError:
+                time.sleep(0.1)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def partitioned(size, directory):
+    """A loop device with two partitions (p1 256 MiB, p2 the rest); yields '/dev/loopN'."""
+    with loop.backing_file(size, directory) as path:
+        dev = loop._run(["losetup", "--find", "--show", "--partscan", path])
+        try:
+            subprocess.run(["sfdisk", "--quiet", dev], input="label: dos\n,256M\n,\n", text=True,
+                           check=True, capture_output=True, timeout=60)
+            # sfdisk's re-read of the table does not always add the partitions of a loop device
+            # reused from an earlier owner; partx adds what is missing (and fails on what is there)
+            subprocess.run(["partx", "--add", dev], capture_output=True, timeout=60)
+            procs.wait_until(f"{dev}'s partitions", lambda: os.path.exists(dev + "p2") and os.path.exists(dev + "p1"), 30,
+                             interval=0.2)
+            yield dev
+        finally:
+            loop.detach(dev)
+
+
 def fio_args(lab, target, args, index):
     if target.startswith("fs:"):
         mnt = lab.mounts[target[3:]]
@@ -224,13 +378,23 @@ def run_case(r, case):
     """Run one case on runner r; returns its Check (resolve time filled in later by `resolves`)."""
     lab = r.lab
     extend(lab)
-    devices = {lab.name(role) for role in case.roles()}
-    settle(r, devices)
     with CleanupStack() as es:
+        own = es.enter_context(Own(lab))
+        for group in case.own:
+            for role in MAKES[group]:
+                own.make(role)
+        devices = {lab.name(role) for role in case.roles()}
+        settle(r, devices)
+        for role in case.churn:
+            churn(r, own, role, case.name)
+            devices.add(lab.name(role))
         for (role, attr), value in case.settings.items():
             es.enter_context(lab.setting(role, attr, value))
+        fios = {}  # role -> its fio, stopped before the role is removed
         for i, (target, args) in enumerate(case.workloads):
-            es.enter_context(r.fio(fio_args(lab, target, args, i), f"{case.name}-{i}"))
+            role = target.split(":", 1)[-1]
+            fios.setdefault(role, es.enter_context(CleanupStack())).enter_context(
+                r.fio(fio_args(lab, target, args, i), f"{case.name}-{i}"))
         roles = case.roles()
         if not case.sick:
             onset = time.time()
@@ -253,11 +417,53 @@ def run_case(r, case):
                     r.watch(off, roles, onset)
             check = judge(r, case, onset, devices, watch)
             check.fixed_at = fixed[-1]  # the last flip back
+        elif case.fix_remove:
+            with CleanupStack() as faults:
+                for (role, attr), value in case.fault.items():  # a removed device takes its setting along
+                    stack = own.stacks[role] if role in case.fix_remove else faults
+                    stack.enter_context(lab.setting(role, attr, value))
+                check = judge(r, case, onset, devices, lambda: wait_pages(r, case, onset))
+                check.fixed_at = time.time()
+                for role in case.fix_remove:
+                    if role in fios:
+                        fios.pop(role).close()
+                    own.remove(role)
+                after_fix(r, case, check, devices)
         else:
             with fault(lab, case):
                 check = judge(r, case, onset, devices, lambda: wait_pages(r, case, onset))
                 check.fixed_at = time.time()
         return check
+
+
+def churn(r, own, role, name):
+    """I/O on a device, the device removed for longer than a scrape, made again (the lowest free
+    number: the same one when no one took it), I/O again: what a snapshot made and dropped for a
+    backup, or a reset NVMe, does to the numbers ebpf_exporter sees."""
+    lab = r.lab
+    for phase in ("before", "after"):
+        if phase == "after":
+            own.remove(role)
+            time.sleep(12)
+            own.make(role)
+        with r.fio(fio_args(lab, role, rand("randread", "4k", 4), 0), f"{name}-{phase}"):
+            r.watch(8, [role])
+
+
+def after_fix(r, case, check, devices):
+    """After a fix by removal: watch as long as a healthy case, then count a page that started
+    after the fix (one from the window before it, or under a new identity) as a false page."""
+    r.say(f"{case.name}: fixed by removing {', '.join(case.fix_remove)}; watching {r.t.corpus_quiet:.0f} s")
+    r.watch(r.t.corpus_quiet, [x for x in case.roles() if x in r.lab.devices])
+    if r.view is None:
+        return
+    late = pages_since(r, check.fixed_at + 1, devices)
+    starts = {(n.alertname, n.device, n.labels.get("operation", ""), round(n.starts_at)) for n in late}
+    if starts:
+        check.false_pages += len(starts)
+        check.correct = False
+        check.observed += "; after the fix " + ", ".join(f"page {a} on {d} ({op})" for a, d, op, _ in sorted(starts))
+        r.say(f"{case.name}: new pages after the fix - WRONG: {sorted(starts)}")
 
 
 @contextlib.contextmanager

@@ -4,21 +4,28 @@ from blockstack_lab import corpus, scenarios
 
 ROLES = {"single", "single2", "upper", "lower", "upper2", "lower2"}
 FILESYSTEMS = {"upper", "lower", "upper2", "lower2"}
+OWN_FILESYSTEMS = {"tlower", "pdisk1"}  # the devices a case makes for itself that hold a filesystem
 
 
 def test_every_case_names_known_devices_and_settings():
     for case in corpus.HEALTHY + corpus.SICK:
+        assert set(case.own) <= set(corpus.OWN), case.name
+        own = {role for group in case.own for role in corpus.OWN[group]}
+        roles, filesystems = ROLES | own, FILESYSTEMS | (OWN_FILESYSTEMS & own)
         assert case.workloads, case.name
         for target, args in case.workloads:
             role = target.split(":", 1)[-1]
-            assert role in (FILESYSTEMS if target.startswith("fs:") else ROLES), (case.name, target)
+            assert role in (filesystems if target.startswith("fs:") else roles), (case.name, target)
             assert not any(a.startswith(("--filename", "--directory", "--name")) for a in args), case.name
         for role, attr in {**case.settings, **case.fault}:
-            assert role in ROLES and attr.startswith("queue/"), (case.name, role, attr)
-        assert set(case.pages) <= ROLES
+            assert role in roles and attr.startswith("queue/"), (case.name, role, attr)
+        assert set(case.pages) <= roles
         # a sick case changes something at onset; a healthy one does not
         assert bool(case.fault) == case.sick, case.name
-        assert set(case.roles()) <= ROLES
+        assert set(case.roles()) <= roles
+        # only a case's own devices come and go
+        assert set(case.churn) | set(case.fix_remove) <= own, case.name
+        assert not case.fix_remove or case.sick, case.name
 
 
 def test_healthy_corpus_covers_the_workload_shapes_that_must_not_page():

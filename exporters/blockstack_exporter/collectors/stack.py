@@ -77,7 +77,7 @@ class StackCollector:
                 break
             labels, lower = self._describe(scrape, dev)
             if labels is not None:  # else vanished
-                described.append((tuple(labels), tuple(lower)))
+                described.append((tuple(labels), tuple(lower), self._number(scrape, dev)))
         described = tuple(described)
         return self._reuse.families_for(scrape, described, lambda: self._build(described))
 
@@ -101,11 +101,19 @@ class StackCollector:
             "blockstack_device_holders",
             "Number of devices directly above this one in the stack; 0 marks the top of a stack.",
             labels=["device"])
+        number = GaugeMetricFamily(
+            "blockstack_device_number_info",
+            "A block device's number now: major_minor as in DEV/dev and /proc/partitions, devno the "
+            "same encoded as stat(2)'s st_rdev, the label ebpf_exporter's series carry; the rules "
+            "name those series through it (value always 1).",
+            labels=["device", "major_minor", "devno"])
 
         edges = {}
-        for labels, lower in described:
+        for labels, lower, numbers in described:
             name = labels[0]
             info.add_metric(labels, 1)
+            if numbers:
+                number.add_metric([name, *numbers], 1)
             edges[name] = lower
             for low in lower:
                 lower_info.add_metric([name, low], 1)
@@ -121,7 +129,24 @@ class StackCollector:
         for name in edges:
             for low, depth in walk_down(edges, name):
                 beneath.add_metric([name, low, str(depth)], 1)
-        return info, lower_info, beneath, holders
+        return info, lower_info, beneath, holders, number
+
+    @staticmethod
+    def _number(scrape, dev):
+        """(major_minor, devno) of a device, or None (and an error) if DEV/dev cannot be read."""
+        try:
+            devt = scrape.devt(dev)
+        except FileNotFoundError:
+            return None  # vanished between listing and reading
+        except (OSError, ParseError) as e:
+            scrape.error(f"{dev.name}: dev: {e}", reason_of(e), subject=f"{dev.name} dev")
+            return None
+        major, _, minor = devt.partition(":")
+        # the kernel's dev_t: 12 bits of major, 20 of minor (include/linux/kdev_t.h MINORBITS)
+        if not (major.isdigit() and minor.isdigit() and int(major) < 1 << 12 and int(minor) < 1 << 20):
+            scrape.error(f"{dev.name}: dev {devt[:40]!r} is not MAJOR:MINOR", subject=f"{dev.name} dev")
+            return None
+        return f"{int(major)}:{int(minor)}", str(encode_dev(int(major), int(minor)))
 
     def _describe(self, scrape, dev):
         kind = kind_of(dev)
@@ -169,6 +194,13 @@ class StackCollector:
         # Files on tmpfs, overlayfs or btrfs sit on anonymous device numbers (major 0):
         # no block device beneath, so no edge.
         return backing, scrape.name_of_devno(mount.majmin)
+
+
+def encode_dev(major, minor):
+    """A device number as the kernel's new_encode_dev() and glibc's makedev() encode it (st_rdev;
+    include/linux/kdev_t.h): minor's low 8 bits, then major, then the rest of minor. The BPF
+    programs key their maps by it (ebpf-configs/block.bpf.h encode_dev)."""
+    return (minor & 0xff) | (major << 8) | ((minor & ~0xff) << 12)
 
 
 def walk_down(edges, top):
