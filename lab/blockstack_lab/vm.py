@@ -354,11 +354,14 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
     def ebpf_configs(self):
         """The ebpf_exporter configs the guest's kernel loads (ebpf-configs/select-configs.sh run
         there: on 6.1 and 6.12 block_io,jbd2_credit_wait_fexit)."""
-        out = self.run([os.path.join(REPO, "ebpf-configs", "select-configs.sh"), EBPF_EXPORTER, EBPF_CONFIG_DIR],
-                       timeout=600).stdout.strip()
-        if not out:
+        # each probe loads and verifies BPF programs: minutes under TCG on a busy machine
+        r = self.run(["env", "SELECT_CONFIGS_TIMEOUT=300", os.path.join(REPO, "ebpf-configs", "select-configs.sh"),
+                      EBPF_EXPORTER, EBPF_CONFIG_DIR], timeout=1200)
+        if r.stderr.strip():
+            self.say("vm: select-configs.sh in the guest: " + " ".join(r.stderr.split()))
+        if not r.stdout.strip():
             raise GuestError("no ebpf_exporter config loads in the guest")
-        return out
+        return r.stdout.strip()
 
     def exporter_commands(self, ebpf_configs=None):
         """{component: argv} of the stack's exporters (Stack.commands: the same flags as `make up`),
