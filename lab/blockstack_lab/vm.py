@@ -50,7 +50,7 @@ import tempfile
 import time
 
 from blockstack_deploy import procs
-from blockstack_deploy.stack import COMPONENTS, EBPF_CONFIG_DIR, EBPF_EXPORTER, REPO, Stack
+from blockstack_deploy.stack import EBPF_CONFIG_DIR, EBPF_EXPORTER, REPO, Stack
 
 VNG = os.path.join(REPO, ".venv", "bin", "vng")
 AGENT = os.path.join(REPO, "lab", "blockstack_lab", "vm_agent.py")

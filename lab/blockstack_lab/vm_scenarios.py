@@ -19,7 +19,6 @@ counter and the split counter show the contrast.
 import argparse
 import contextlib
 import dataclasses
-import os
 import sys
 import tempfile
 import time
