@@ -361,6 +361,7 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
             self.say("vm: select-configs.sh in the guest: " + " ".join(r.stderr.split()))
         if not r.stdout.strip():
             raise GuestError("no ebpf_exporter config loads in the guest")
+        self.say(f"vm: ebpf_exporter configs that load on {self.release}: {r.stdout.strip()}")
         return r.stdout.strip()
 
     def exporter_commands(self, ebpf_configs=None):
