@@ -242,11 +242,11 @@ soak: deps venv ebpf-build
 vm-deps:
 	@scripts/install-vm.sh
 
-## vm-lab: the NVMe incident on a real LVM snapshot over emulated NVMe, on each kernel of VM_KERNELS (root, ~5 min per kernel)
+## vm-lab: the NVMe incident on a real LVM snapshot over emulated NVMe, on each kernel of VM_KERNELS (root, 6-11 min per kernel)
 VM_KERNELS ?= 6.1 6.12
 vm-lab: deps vm-deps venv ebpf-build
 	@$(VPY) -m blockstack_lab.vm_scenarios $(VM_KERNELS)
 
-## test-vm: the VM tier alone (pytest -m vm: boots guests; root, ~8 min)
+## test-vm: the VM tier alone (pytest -m vm: boots a 6.1 and a 6.12 guest; root, 10-16 min on this 2-core machine)
 test-vm: deps vm-deps venv ebpf-build
 	@$(PYTEST) -m vm
