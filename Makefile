@@ -69,13 +69,13 @@ ebpf-build: $(EBPF_EXPORTER) ebpf-objects
 grafana: venv
 	@$(VPY) -m blockstack_deploy.grafana
 
-## test: every test (unit, golden, live on loop devices, real servers, the linters)
-test: deps venv ebpf-build thanos grafana upstream-servers linters
+## test: every test (unit, golden, live on loop devices, real servers, the linters, the VM tier)
+test: deps vm-deps venv ebpf-build thanos grafana upstream-servers linters
 	@echo ">> running tests"
 	@$(PYTEST)
 
 ## test-unit: the fast tier: every static check and unit test; no root, no servers, no Go build, under a minute
-UNIT := not root and not servers and not built and not linters
+UNIT := not root and not servers and not built and not linters and not vm
 test-unit: deps venv ebpf-objects
 	@echo ">> running unit tests"
 	@$(PYTEST) -m "$(UNIT)"
@@ -279,3 +279,19 @@ bench-servers: deps venv ebpf-build upstream-servers
 SOAK_MINUTES ?= 10
 soak: deps venv ebpf-build
 	@$(VPY) lab/bench/soak.py --minutes $(SOAK_MINUTES)
+
+## --- the VM lab (lab/README.md "VM lab"): Debian's 6.1 and 6.12 under QEMU/TCG with emulated NVMe ----------
+.PHONY: vm-deps vm-lab test-vm
+
+## vm-deps: QEMU, busybox, LVM2 and Debian's 6.1 and 6.12 kernels from apt (virtme-ng comes with make venv)
+vm-deps:
+	@scripts/install-vm.sh
+
+## vm-lab: the NVMe incident on a real LVM snapshot over emulated NVMe, on each kernel of VM_KERNELS (root, 6-11 min per kernel)
+VM_KERNELS ?= 6.1 6.12
+vm-lab: deps vm-deps venv ebpf-build
+	@$(VPY) -m blockstack_lab.vm_scenarios $(VM_KERNELS)
+
+## test-vm: the VM tier alone (pytest -m vm: boots a 6.1 and a 6.12 guest; root, 10-16 min on this 2-core machine)
+test-vm: deps vm-deps venv ebpf-build
+	@$(PYTEST) -m vm
