@@ -55,15 +55,15 @@ ebpf-build: $(EBPF_EXPORTER)
 grafana: venv
 	@$(VPY) -m blockstack_deploy.grafana
 
-## test: every test (unit, golden, live on loop devices, real servers)
-test: deps venv ebpf-build thanos grafana upstream-servers
+## test: every test (unit, golden, live on loop devices, real servers, the VM tier)
+test: deps vm-deps venv ebpf-build thanos grafana upstream-servers
 	@echo ">> running tests"
 	@$(PYTEST)
 
-## test-unit: the fast tier: no root, no servers, under a minute (pytest -m "not root and not servers")
+## test-unit: the fast tier: no root, no servers, no VM, under a minute (pytest -m "not root and not servers and not vm")
 test-unit: deps venv upstream-servers
 	@echo ">> running unit tests"
-	@$(PYTEST) -m "not root and not servers"
+	@$(PYTEST) -m "not root and not servers and not vm"
 
 ## test-exporter: blockstack-exporter's tests (fixtures, golden scrape, live on loop devices: root)
 test-exporter: venv
@@ -234,3 +234,19 @@ bench-servers: deps venv ebpf-build upstream-servers
 SOAK_MINUTES ?= 10
 soak: deps venv ebpf-build
 	@$(VPY) lab/bench/soak.py --minutes $(SOAK_MINUTES)
+
+## --- the VM lab (lab/README.md "VM lab"): Debian's 6.1 and 6.12 under QEMU/TCG with emulated NVMe ----------
+.PHONY: vm-deps vm-lab test-vm
+
+## vm-deps: QEMU, busybox, LVM2 and Debian's 6.1 and 6.12 kernels from apt (virtme-ng comes with make venv)
+vm-deps:
+	@scripts/install-vm.sh
+
+## vm-lab: the NVMe incident on a real LVM snapshot over emulated NVMe, on each kernel of VM_KERNELS (root, ~5 min per kernel)
+VM_KERNELS ?= 6.1 6.12
+vm-lab: deps vm-deps venv ebpf-build
+	@$(VPY) -m blockstack_lab.vm_scenarios $(VM_KERNELS)
+
+## test-vm: the VM tier alone (pytest -m vm: boots guests; root, ~8 min)
+test-vm: deps vm-deps venv ebpf-build
+	@$(PYTEST) -m vm

@@ -1,0 +1,440 @@
+"""The VM lab: a Debian kernel from apt (6.1 or 6.12) booted by virtme-ng under QEMU with software
+emulation (TCG), with emulated NVMe devices on fresh images, for what this host's kernel cannot
+show (device-mapper, LVM snapshots, fexit). `make vm-lab` runs the NVMe incident on it
+(vm_scenarios.py); the `vm` test tier (lab/tests/test_vm_*.py) and the benchmarks use this API:
+
+    with Guest("6.1", nvme=1) as g:                 # boots; everything undone on exit
+        g.run("pvcreate /dev/nvme0n1")              # synchronous, as root in the guest; raises on rc != 0
+        r = g.run(["cat", "/proc/diskstats"], check=False)   # Result(rc, stdout, stderr)
+        with g.background(["fio", ...]) as job:     # a guest process while the body runs
+            ...                                      # job.poll() -> (rc or None, output so far)
+        with g.exporters() as ports:                # node, blockstack, ebpf exporters in the guest
+            stack = HostStack(g, workdir, ports)     # Prometheus, Alertmanager, receiver on the host
+            with stack.running(): ...
+
+How the guest is made (the facts issue #20 measured):
+- virtme-ng (`vng --run /boot/vmlinuz-VERSION --disable-kvm`) boots the kernel with its own
+  initramfs and shows the guest the host's root read-only (9p) with tmpfs overlays, so the guest
+  runs this very repository, its .venv, .build/bin/ebpf_exporter and Debian's binaries. KVM did
+  not get past the firmware on this machine; TCG (-cpu max) works, about 10x slower than native.
+- Each Guest has its own directory in /var/tmp (blockstack-vm-*): one fresh sparse image per NVMe
+  device (`-device nvme`; nvme0n1, nvme1n1, ... in that order), the guest's start script, an
+  lvm.conf and a token. LVM in the guest runs without udev (udev_sync = 0, udev_rules = 0,
+  obtain_device_list_from_udev = 0) from that lvm.conf ($LVM_SYSTEM_DIR), not the host's /etc/lvm.
+- Network: QEMU user networking, restricted (no way out of the guest), with host-forwarded TCP
+  ports bound to 127.0.0.1 only: the agent (vm_agent.py, which runs the commands) and one per
+  exporter. The guest brings up lo (no exporter listens without it) and eth0 as 10.0.2.15.
+- virtme-ng's script output reaches the host only with --verbose (no virtio-serial port is used:
+  console fallback); it and the kernel's console go to console.log in the guest's directory.
+- On exit, or on any failure during the boot: the agent is asked to power the guest off; whatever
+  is left of QEMU's process group is killed; the directory (images included) is removed.
+  `sweep_stale` does the same for guests whose owning process was SIGKILLed.
+
+Kernels differ (README "Kernel matrix"): on 6.1 and 6.12 the jbd2 fexit variant loads (on this
+host's 6.18 only the tracepoint one), and device-mapper accounts the split bios in its own
+/proc/diskstats: a dm-snapshot with 4 KiB chunks shows 8-sector requests on dm-N at any nomerges,
+so only the missed-merge counter and the bio sizes entering dm show the NVMe incident's contrast.
+"""
+import contextlib
+import dataclasses
+import glob
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+from blockstack_deploy import procs
+from blockstack_deploy.stack import COMPONENTS, EBPF_CONFIG_DIR, EBPF_EXPORTER, REPO, Stack
+
+VNG = os.path.join(REPO, ".venv", "bin", "vng")
+AGENT = os.path.join(REPO, "lab", "blockstack_lab", "vm_agent.py")
+VM_ROOT = "/var/tmp"          # the guests' directories: images, script, console log
+PREFIX = "blockstack-vm-"
+JOURNAL = "vm.json"
+GUEST_ADDRESS = "10.0.2.15"   # QEMU user networking's first guest address
+# The guest's own ports (only reachable through the host-forwarded ones)
+AGENT_PORT = 7000
+EXPORTER_PORTS = {"node": 9100, "blockstack": 9363, "ebpf": 9435}
+GUEST_EXPORTERS = tuple(EXPORTER_PORTS)
+NVME_SIZE = 2 << 30           # sparse
+# Kernels by the name the tests use: the newest installed Debian package of each line
+KERNEL_GLOBS = {"6.1": "/boot/vmlinuz-6.1.0-*-amd64", "6.12": "/boot/vmlinuz-6.12.*+deb12-amd64"}
+LVM_CONF = """\
+# The VM lab's LVM configuration (vm.py): no udev in the guest, nothing written to /etc/lvm
+devices {
+    obtain_device_list_from_udev = 0
+    external_device_info_source = "none"
+}
+activation {
+    udev_sync = 0
+    udev_rules = 0
+    monitoring = 0
+}
+backup {
+    backup = 0
+    archive = 0
+}
+global {
+    use_lvmetad = 0
+}
+"""
+
+
+def kernel(name):
+    """'/boot/vmlinuz-...' of a kernel by name ('6.1', '6.12', or a path); FileNotFoundError naming
+    the make target that installs it."""
+    if name.startswith("/"):
+        return name
+    found = sorted(glob.glob(KERNEL_GLOBS[name]), key=_version_key)
+    if not found:
+        raise FileNotFoundError(f"no Debian {name} kernel ({KERNEL_GLOBS[name]}): run make vm-deps")
+    return found[-1]
+
+
+def _version_key(path):
+    return [int(n) for n in re.findall(r"\d+", os.path.basename(path))]
+
+
+def missing(kernels=("6.1", "6.12")):
+    """What the VM lab needs and cannot find here, each naming the make target that provides it."""
+    problems = [] if os.geteuid() == 0 else ["needs root (QEMU's 9p view of the host's root)"]
+    if not os.access(VNG, os.X_OK):
+        problems.append(f"{VNG} is missing (run make venv: virtme-ng from PyPI)")
+    for tool in ("qemu-system-x86_64", "busybox", "lvm"):
+        if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
+            problems.append(f"{tool} is not installed (run make vm-deps)")
+    for k in kernels:
+        try:
+            kernel(k)
+        except FileNotFoundError as e:
+            problems.append(str(e))
+    return problems
+
+
+@dataclasses.dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+class GuestError(RuntimeError):
+    pass
+
+
+class Background:
+    """A command running in the guest (Guest.background)."""
+
+    def __init__(self, guest, ident, argv):
+        self.guest, self.id, self.argv = guest, ident, argv
+
+    def poll(self):
+        """(exit status or None while it runs, its output so far: the last MiB)."""
+        a = self.guest.request("poll", id=self.id)
+        return a["rc"], a["output"]
+
+    def stop(self):
+        a = self.guest.request("stop", id=self.id)
+        return a["rc"], a["output"]
+
+
+class Guest:
+    """One booted guest: kernel `kernel` ('6.1', '6.12' or a vmlinuz path) with `nvme` emulated NVMe
+    devices of `nvme_size` bytes each on fresh images, `memory` and `cpus`, the exporters' ports
+    forwarded. `boot_timeout` bounds the boot (the agent answering); `qemu_opts` are appended to
+    QEMU's command line (e.g. other device layouts: nvme-subsys for multipath). A context manager:
+    booted on enter, powered off and removed on exit, also on failure."""
+
+    def __init__(self, kernel="6.1", nvme=1, nvme_size=NVME_SIZE, memory="2G", cpus=2, boot_timeout=240,
+                 qemu_opts=(), say=print, root=VM_ROOT):
+        self.kernel_name, self.vmlinuz = kernel, globals()["kernel"](kernel)
+        self.release = os.path.basename(self.vmlinuz).removeprefix("vmlinuz-")
+        self.nvme, self.nvme_size, self.memory, self.cpus = nvme, nvme_size, memory, cpus
+        self.boot_timeout, self.extra_qemu_opts, self.say, self.root = boot_timeout, list(qemu_opts), say, root
+        self.dir = self.proc = self.token = None
+        self.ports = {}          # name -> host port forwarded to the guest ("agent", "node", ...)
+        self.images = []         # the NVMe devices' image files, nvme0n1 first
+        self.boot_seconds = None
+        self._console = None
+        self.console = ""       # the console's text, kept after close()
+
+    # -- boot and teardown --------------------------------------------------------------
+
+    def __enter__(self):
+        self.dir = tempfile.mkdtemp(prefix=PREFIX, dir=self.root)
+        try:
+            self._prepare()
+            self._boot()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def console_log(self):
+        return os.path.join(self.dir, "console.log")
+
+    def _prepare(self):
+        self.token = secrets.token_hex(16)
+        _write(os.path.join(self.dir, "token"), self.token + "\n", 0o600)
+        _write(os.path.join(self.dir, "lvm.conf"), LVM_CONF)
+        _write(os.path.join(self.dir, "guest.sh"), self._guest_script(), 0o755)
+        for i in range(self.nvme):
+            path = os.path.join(self.dir, f"nvme{i}.img")
+            with open(path, "wb") as f:
+                f.truncate(self.nvme_size)
+            self.images.append(path)
+        for name in ("agent", *GUEST_EXPORTERS):
+            self.ports[name] = procs.free_port()
+        self._save()
+
+    def _guest_script(self):
+        d = self.dir
+        return f"""#!/bin/sh
+# the VM lab's guest (blockstack_lab/vm.py): network, an lvm.conf without udev, then the agent
+echo "blockstack-vm: $(uname -r) up after $(cut -d' ' -f1 /proc/uptime) s"
+ip link set lo up
+nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
+ip addr add {GUEST_ADDRESS}/24 dev "$nic" && ip link set "$nic" up
+modprobe nvme 2>/dev/null
+mkdir -p /tmp/lvm && cp {d}/lvm.conf /tmp/lvm/lvm.conf
+export LVM_SYSTEM_DIR=/tmp/lvm
+exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file {d}/token
+"""
+
+    def qemu_opts(self):
+        forwards = [f"hostfwd=tcp:127.0.0.1:{self.ports['agent']}-{GUEST_ADDRESS}:{AGENT_PORT}"]
+        forwards += [f"hostfwd=tcp:127.0.0.1:{self.ports[n]}-{GUEST_ADDRESS}:{p}" for n, p in EXPORTER_PORTS.items()]
+        opts = ["-netdev", "user,id=lab,restrict=on," + ",".join(forwards),
+                "-device", "virtio-net-pci,netdev=lab"]
+        for i, img in enumerate(self.images):
+            opts += ["-drive", f"file={img},if=none,id=nv{i},format=raw,cache=none",
+                     "-device", f"nvme,drive=nv{i},serial=nvme{i}"]
+        return opts + self.extra_qemu_opts
+
+    def command(self):
+        """vng's command line: the kernel, TCG, memory and CPUs, the start script, QEMU's extras."""
+        return [VNG, "--run", self.vmlinuz, "--disable-kvm", "--disable-microvm", "--memory", self.memory,
+                "--cpus", str(self.cpus), "--verbose", f"--rwdir={self.dir}", "--exec", f"sh {self.dir}/guest.sh",
+                "--qemu-opts=" + " ".join(self.qemu_opts())]
+
+    def _boot(self):
+        self.say(f"vm: booting {self.release} (TCG, {self.nvme} NVMe, {self.memory}) in {self.dir}")
+        start = time.monotonic()
+        self._console = open(self.console_log, "ab")
+        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._console,
+                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=self.dir,
+                                     # vng runs virtme-run from PATH: the one beside it in .venv
+                                     env=dict(os.environ, PATH=os.path.dirname(VNG) + ":" + os.environ["PATH"]))
+        self._save()
+        deadline = start + self.boot_timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise GuestError(f"virtme-ng exited with {self.proc.returncode} during the boot:\n{self.console_tail()}")
+            try:
+                self.request("run", argv=["true"], timeout=30, connect_timeout=5)
+                break
+            except (OSError, ValueError, GuestError) as e:
+                last = e
+                time.sleep(1)
+        else:
+            raise GuestError(f"the guest's agent did not answer within {self.boot_timeout} s ({last}):\n"
+                             f"{self.console_tail()}")
+        self.boot_seconds = time.monotonic() - start
+        self.say(f"vm: {self.release} up in {self.boot_seconds:.1f} s; agent on 127.0.0.1:{self.ports['agent']}")
+
+    def console_tail(self, lines=40):
+        with open(self.console_log, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+
+    def close(self):
+        """Power off (the agent exits: virtme-ng's script ends), kill what is left of QEMU's
+        process group, remove the directory. Safe to call twice."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                with contextlib.suppress(OSError, ValueError, GuestError):
+                    self.request("shutdown", timeout=30, connect_timeout=5)
+                try:
+                    self.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    pass
+            _kill_group(self.proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            self.proc = None
+        if self._console:
+            self._console.close()
+            self._console = None
+        if self.dir:
+            with contextlib.suppress(OSError):
+                self.console = self.console_tail(10 ** 6)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.say(f"vm: {self.release} powered off, {self.dir} removed")
+            self.dir = None
+
+    def _save(self):
+        path = os.path.join(self.dir, JOURNAL)
+        _write(path, json.dumps({"pid": os.getpid(), "vng": self.proc.pid if self.proc else None}))
+
+    # -- commands in the guest -------------------------------------------------------------
+
+    def request(self, op, connect_timeout=10, timeout=600, **fields):
+        """One request to the guest's agent; its answer (raises GuestError on an error answer)."""
+        with socket.create_connection(("127.0.0.1", self.ports["agent"]), timeout=connect_timeout) as s:
+            s.settimeout(timeout + 30)
+            s.sendall(json.dumps({"token": self.token, "op": op, "timeout": timeout, **fields}).encode() + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+        answer = json.loads(data)  # ValueError on an empty answer (the guest is not up yet)
+        if "error" in answer and op != "run":
+            raise GuestError(f"{op}: {answer['error']}")
+        return answer
+
+    def run(self, cmd, timeout=600, check=True):
+        """Run cmd (argv list, or a string for sh -c) in the guest as root and wait; Result. With
+        check, raises GuestError on a non-zero exit or a timeout."""
+        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        a = self.request("run", argv=argv, timeout=timeout)
+        result = Result(a.get("rc"), a.get("stdout", ""), a.get("stderr", ""))
+        if check and (result.rc != 0 or "error" in a):
+            raise GuestError(f"{cmd!r} in the guest: {a.get('error') or f'exit {result.rc}'}\n"
+                             f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        return result
+
+    def start(self, cmd):
+        """Start cmd in the background in the guest; a Background."""
+        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        return Background(self, self.request("start", argv=argv)["id"], argv)
+
+    @contextlib.contextmanager
+    def background(self, cmd):
+        """cmd running in the guest for the body (Guest.start), stopped on exit."""
+        job = self.start(cmd)
+        try:
+            yield job
+        finally:
+            with contextlib.suppress(OSError, ValueError, GuestError):
+                job.stop()
+
+    def write_sysfs(self, dev, attr, value):
+        self.run(["sh", "-c", f"echo {value} > /sys/block/{dev}/{attr}"])
+
+    def read_sysfs(self, dev, attr):
+        return self.run(["cat", f"/sys/block/{dev}/{attr}"]).stdout.strip()
+
+    # -- the exporters in the guest ---------------------------------------------------------
+
+    def ebpf_configs(self):
+        """The ebpf_exporter configs the guest's kernel loads (ebpf-configs/select-configs.sh run
+        there: on 6.1 and 6.12 block_io,jbd2_credit_wait_fexit)."""
+        out = self.run([os.path.join(REPO, "ebpf-configs", "select-configs.sh"), EBPF_EXPORTER, EBPF_CONFIG_DIR],
+                       timeout=600).stdout.strip()
+        if not out:
+            raise GuestError("no ebpf_exporter config loads in the guest")
+        return out
+
+    def exporter_commands(self, ebpf_configs=None):
+        """{component: argv} of the stack's exporters (Stack.commands: the same flags as `make up`),
+        listening on the guest's address instead of 127.0.0.1."""
+        stack = Stack(os.path.join(self.dir, "guest-stack"), components=GUEST_EXPORTERS, ports=EXPORTER_PORTS,
+                      ebpf_configs=ebpf_configs or self.ebpf_configs())
+        listen = "--web.listen-address=127.0.0.1:"
+        return {c: [a.replace(listen, f"--web.listen-address={GUEST_ADDRESS}:") for a in argv]
+                for c, (argv, _, _) in stack.commands().items()}
+
+    @contextlib.contextmanager
+    def exporters(self, timeout=300, ebpf_configs=None):
+        """node_exporter, blockstack-exporter and ebpf_exporter running in the guest for the body,
+        each answering on its host-forwarded port; yields {component: host port}. Their output is
+        in guest.exporter_logs() while they run."""
+        with contextlib.ExitStack() as es:
+            self._exporters = {}
+            for c, argv in self.exporter_commands(ebpf_configs).items():
+                job = es.enter_context(self.background(
+                    ["env", "OTEL_TRACES_EXPORTER=none", *argv] if c == "ebpf" else argv))
+                self._exporters[c] = job
+            for c, job in self._exporters.items():
+                url = f"http://127.0.0.1:{self.ports[c]}/metrics"
+
+                def up():
+                    rc, out = job.poll()
+                    if rc is not None:
+                        raise GuestError(f"{c} exporter exited with {rc} in the guest:\n{out[-3000:]}")
+                    try:
+                        procs.http_get(url, timeout=20)
+                        return True
+                    except OSError:
+                        return False
+                procs.wait_until(f"the guest's {c} exporter on {url}", up, timeout, interval=2)
+            self.say("vm: exporters up in the guest: " + ", ".join(
+                f"{c} on 127.0.0.1:{self.ports[c]}" for c in self._exporters))
+            yield {c: self.ports[c] for c in self._exporters}
+
+    def exporter_logs(self):
+        return {c: job.poll()[1] for c, job in getattr(self, "_exporters", {}).items()}
+
+
+class HostStack(Stack):
+    """The stack's servers on the host — Prometheus with the project's rules, Alertmanager, the
+    page receiver (and Grafana if listed) — scraping a guest's exporters through their
+    host-forwarded ports. Only the servers run here (`commands`)."""
+
+    def __init__(self, guest, workdir, servers=("receiver", "alertmanager", "prometheus"), host=None, **kw):
+        ports = {c: guest.ports[c] for c in GUEST_EXPORTERS}
+        super().__init__(workdir, host=host or f"vm-{guest.kernel_name}",
+                         components=[*GUEST_EXPORTERS, *servers], ports=ports, **kw)
+
+    def commands(self):
+        return {c: cmd for c, cmd in super().commands().items() if c not in GUEST_EXPORTERS}
+
+
+def _write(path, text, mode=0o644):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _kill_group(pid):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        time.sleep(1)
+
+
+def sweep_stale(say=print, root=VM_ROOT):
+    """Power off and remove the guests whose owning process is gone (SIGKILL): kill their QEMU's
+    process group, remove their directory. Guests of running processes are left alone."""
+    swept = []
+    for d in sorted(glob.glob(os.path.join(root, PREFIX + "*"))):
+        try:
+            with open(os.path.join(d, JOURNAL)) as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(saved["pid"], 0)
+            continue
+        except ProcessLookupError:
+            pass
+        if saved.get("vng"):
+            say(f"sweep: stopping the guest of dead process {saved['pid']} (process group {saved['vng']})")
+            _kill_group(saved["vng"])
+        shutil.rmtree(d, ignore_errors=True)
+        swept.append(d)
+    return swept
