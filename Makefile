@@ -58,7 +58,7 @@ grafana: venv
 ## test: every test (unit, golden, live on loop devices, real servers, the VM tier)
 test: deps vm-deps venv ebpf-build thanos grafana upstream-servers
 	@echo ">> running tests"
-	@$(PYTEST)
+	@$(PYTEST) -m "not vm_long"
 
 ## test-unit: the fast tier: no root, no servers, no VM, under a minute (pytest -m "not root and not servers and not vm")
 test-unit: deps venv upstream-servers
@@ -246,6 +246,15 @@ vm-deps:
 VM_KERNELS ?= 6.1 6.12
 vm-lab: deps vm-deps venv ebpf-build
 	@$(VPY) -m blockstack_lab.vm_scenarios $(VM_KERNELS)
+
+## vm-lab-stacks: md RAID1/RAID5, thin, dm-crypt, NVMe multipath and the LVM2 write-up (chunk sizes, COW page) on 6.1 (root, ~15 min)
+.PHONY: vm-lab-stacks test-vm-long
+vm-lab-stacks: deps vm-deps venv ebpf-build
+	@$(VPY) -m blockstack_lab.vm_stacks
+
+## test-vm-long: the VM scenarios too long for make test (pytest -m vm_long: the LVM2 write-up; root, ~10 min)
+test-vm-long: deps vm-deps venv ebpf-build
+	@$(PYTEST) -m vm_long
 
 ## test-vm: the VM tier alone (pytest -m vm: boots guests; root, ~8 min)
 test-vm: deps vm-deps venv ebpf-build
