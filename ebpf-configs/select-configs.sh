@@ -24,8 +24,9 @@ exporter=$1
 config_dir=$2
 
 loads() {
-  # Loads and attaches every program of the config, then exits; bounded in time.
-  OTEL_TRACES_EXPORTER=none timeout 60 "$exporter" --config.dir="$config_dir" --config.names="$1" \
+  # Loads and attaches every program of the config, then exits; bounded in time
+  # ($SELECT_CONFIGS_TIMEOUT seconds, default 60; the VM lab's emulated CPU needs more).
+  OTEL_TRACES_EXPORTER=none timeout "${SELECT_CONFIGS_TIMEOUT:-60}" "$exporter" --config.dir="$config_dir" --config.names="$1" \
     --config.check --config.strict >/dev/null 2>&1
 }
 

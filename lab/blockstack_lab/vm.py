@@ -50,7 +50,7 @@ import tempfile
 import time
 
 from blockstack_deploy import procs
-from blockstack_deploy.stack import COMPONENTS, EBPF_CONFIG_DIR, EBPF_EXPORTER, REPO, Stack
+from blockstack_deploy.stack import EBPF_CONFIG_DIR, EBPF_EXPORTER, REPO, Stack
 
 VNG = os.path.join(REPO, ".venv", "bin", "vng")
 AGENT = os.path.join(REPO, "lab", "blockstack_lab", "vm_agent.py")
@@ -63,6 +63,16 @@ AGENT_PORT = 7000
 EXPORTER_PORTS = {"node": 9100, "blockstack": 9363, "ebpf": 9435}
 GUEST_EXPORTERS = tuple(EXPORTER_PORTS)
 NVME_SIZE = 2 << 30           # sparse
+# Modules the guest's udev would load for QEMU's q35 machine and `-cpu max` (SATA and CD-ROM,
+# KVM, watchdog, SMBus, CPU crypto and frequency drivers) that no scenario uses: under TCG on a
+# busy machine each modprobe took 10-40 s, and udev's coldplug held the boot for minutes. Kernel
+# parameter modprobe.blacklist: kmod refuses them when loaded by alias (udev); an explicit
+# `modprobe NAME` in the guest still loads one.
+BLACKLIST = ("kvm", "kvm_amd", "kvm_intel", "iTCO_wdt", "iTCO_vendor_support", "i2c_i801", "i2c_smbus", "lpc_ich",
+             "ahci", "libahci", "sr_mod", "cdrom", "sg", "pcspkr", "serio_raw", "joydev", "evdev", "psmouse",
+             "bochs", "drm_vram_helper", "powernow_k8", "acpi_cpufreq", "intel_rapl_msr", "intel_rapl_common",
+             "aesni_intel", "ghash_clmulni_intel", "crc32_pclmul", "polyval_clmulni", "sha512_ssse3",
+             "sha256_ssse3", "sha1_ssse3", "button", "qemu_fw_cfg")
 # Kernels by the name the tests use: the newest installed Debian package of each line
 KERNEL_GLOBS = {"6.1": "/boot/vmlinuz-6.1.0-*-amd64", "6.12": "/boot/vmlinuz-6.12.*+deb12-amd64"}
 LVM_CONF = """\
@@ -147,16 +157,18 @@ class Background:
 class Guest:
     """One booted guest: kernel `kernel` ('6.1', '6.12' or a vmlinuz path) with `nvme` emulated NVMe
     devices of `nvme_size` bytes each on fresh images, `memory` and `cpus`, the exporters' ports
-    forwarded. `boot_timeout` bounds the boot (the agent answering); `qemu_opts` are appended to
-    QEMU's command line (e.g. other device layouts: nvme-subsys for multipath). A context manager:
+    forwarded. `boot_timeout` bounds the boot (the agent answering: ~1 min on a quiet machine, up
+    to 5 on a loaded one); `qemu_opts` are appended to QEMU's command line (e.g. other device
+    layouts: nvme-subsys for multipath); `blacklist`: modules udev must not load (BLACKLIST). A context manager:
     booted on enter, powered off and removed on exit, also on failure."""
 
-    def __init__(self, kernel="6.1", nvme=1, nvme_size=NVME_SIZE, memory="2G", cpus=2, boot_timeout=240,
-                 qemu_opts=(), say=print, root=VM_ROOT):
+    def __init__(self, kernel="6.1", nvme=1, nvme_size=NVME_SIZE, memory="2G", cpus=2, boot_timeout=600,
+                 qemu_opts=(), blacklist=BLACKLIST, say=print, root=VM_ROOT):
         self.kernel_name, self.vmlinuz = kernel, globals()["kernel"](kernel)
         self.release = os.path.basename(self.vmlinuz).removeprefix("vmlinuz-")
         self.nvme, self.nvme_size, self.memory, self.cpus = nvme, nvme_size, memory, cpus
         self.boot_timeout, self.extra_qemu_opts, self.say, self.root = boot_timeout, list(qemu_opts), say, root
+        self.blacklist = list(blacklist)
         self.dir = self.proc = self.token = None
         self.ports = {}          # name -> host port forwarded to the guest ("agent", "node", ...)
         self.images = []         # the NVMe devices' image files, nvme0n1 first
@@ -224,7 +236,8 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
     def command(self):
         """vng's command line: the kernel, TCG, memory and CPUs, the start script, QEMU's extras."""
         return [VNG, "--run", self.vmlinuz, "--disable-kvm", "--disable-microvm", "--memory", self.memory,
-                "--cpus", str(self.cpus), "--verbose", f"--rwdir={self.dir}", "--exec", f"sh {self.dir}/guest.sh",
+                "--cpus", str(self.cpus), "--verbose", f"--rwdir={self.dir}",
+                *([f"--append=modprobe.blacklist={','.join(self.blacklist)}"] if self.blacklist else []), "--exec", f"sh {self.dir}/guest.sh",
                 "--qemu-opts=" + " ".join(self.qemu_opts())]
 
     def _boot(self):
@@ -341,11 +354,15 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
     def ebpf_configs(self):
         """The ebpf_exporter configs the guest's kernel loads (ebpf-configs/select-configs.sh run
         there: on 6.1 and 6.12 block_io,jbd2_credit_wait_fexit)."""
-        out = self.run([os.path.join(REPO, "ebpf-configs", "select-configs.sh"), EBPF_EXPORTER, EBPF_CONFIG_DIR],
-                       timeout=600).stdout.strip()
-        if not out:
+        # each probe loads and verifies BPF programs: minutes under TCG on a busy machine
+        r = self.run(["env", "SELECT_CONFIGS_TIMEOUT=300", os.path.join(REPO, "ebpf-configs", "select-configs.sh"),
+                      EBPF_EXPORTER, EBPF_CONFIG_DIR], timeout=1200)
+        if r.stderr.strip():
+            self.say("vm: select-configs.sh in the guest: " + " ".join(r.stderr.split()))
+        if not r.stdout.strip():
             raise GuestError("no ebpf_exporter config loads in the guest")
-        return out
+        self.say(f"vm: ebpf_exporter configs that load on {self.release}: {r.stdout.strip()}")
+        return r.stdout.strip()
 
     def exporter_commands(self, ebpf_configs=None):
         """{component: argv} of the stack's exporters (Stack.commands: the same flags as `make up`),

@@ -1,0 +1,215 @@
+"""The incidents on real devices in the VM lab (vm.py): scenarios that build a device stack in a
+guest, run the exporters there and the servers with the project's rules on the host, and report
+what the user sees (the page at the receiver, its text) and what the exporters report.
+
+    python -m blockstack_lab.vm_scenarios [KERNEL ...]      (make vm-lab; default 6.1 6.12)
+
+The NVMe incident (docs/incidents, "nomerges=2 under an LVM snapshot on NVMe"): volume group vg0 on
+nvme0n1, logical volume vg0/lv with ext4 and a 200 MiB file, a classic snapshot vg0/snap of it
+with 4 KiB chunks, mounted; the file read buffered through the snapshot in a loop (page cache
+dropped every pass). dm-snapshot cuts every bio into 4 KiB chunks (a split per chunk); at
+nomerges=0 the NVMe queue merges them back (~510-sector requests on nvme0n1), at nomerges=2 it
+cannot: 8-sector requests, each one a refused merge, and the collapse page on nvme0n1.
+
+Kernels differ in what diskstats shows of the snapshot: on 6.1 and 6.12 dm accounts the split
+bios, so the snapshot's dm-N shows 8-sector requests at either nomerges (the write-up's iostat,
+dm at 512 over nvme at 8, is an older kernel's); only nvme0n1's request size, the missed-merge
+counter and the split counter show the contrast.
+"""
+import argparse
+import contextlib
+import dataclasses
+import sys
+import tempfile
+import time
+
+from blockstack_deploy import procs
+
+from . import vm
+from .view import StackView
+
+# the guest sees the host's root read-only: mountpoints on its own tmpfs
+MNT_ORIGIN, MNT_SNAP = "/tmp/blockstack-lv", "/tmp/blockstack-snap"
+DATA_MIB = 200
+# The snapshot's stack in the guest
+SNAPSHOT_SETUP = f"""set -e
+pvcreate -q /dev/nvme0n1
+vgcreate -q vg0 /dev/nvme0n1
+lvcreate -q -y -L 512M -n lv vg0
+mkfs.ext4 -q -E lazy_itable_init=0,lazy_journal_init=0,nodiscard /dev/vg0/lv
+mkdir -p {MNT_ORIGIN} {MNT_SNAP}
+mount /dev/vg0/lv {MNT_ORIGIN}
+dd if=/dev/zero of={MNT_ORIGIN}/data bs=1M count={DATA_MIB} conv=fsync status=none
+umount {MNT_ORIGIN}
+lvcreate -q -y -s -c {{chunk}} -L 256M -n snap vg0/lv
+mount /dev/vg0/snap {MNT_SNAP}
+"""
+# Buffered reads of the file through the snapshot, from the device every pass
+SNAPSHOT_READS = (f"while :; do echo 1 > /proc/sys/vm/drop_caches; "
+                  f"dd if={MNT_SNAP}/data of=/dev/null bs=1M status=none; done")
+
+
+@dataclasses.dataclass
+class Timing:
+    """Phases of the NVMe incident, seconds. The healthy watch starts when Prometheus sees the
+    reads on nvme0n1 (its rate windows full)."""
+    scrape_interval: str = "5s"     # `make up`'s
+    healthy: float = 180            # nomerges=0 under snapshot reads: no page
+    page_timeout: float = 150       # nomerges=2 -> the page (TCG: the exporters are ~10x slower)
+    linger: float = 20              # after the page: a second one would show up here
+    lineup_timeout: float = 180
+
+
+@dataclasses.dataclass
+class Outcome:
+    kernel: str
+    release: str
+    boot_seconds: float = None
+    healthy_seconds: float = 0.0        # watched at nomerges=0 under reads
+    healthy_pages: list = dataclasses.field(default_factory=list)
+    page_seconds: float = None          # nomerges 0 -> 2 to the page at the receiver
+    pages: list = dataclasses.field(default_factory=list)   # every firing page after the onset
+    facts: dict = dataclasses.field(default_factory=dict)   # what the exporters reported
+    healthy_lineup: dict = dataclasses.field(default_factory=dict)
+    sick_lineup: dict = dataclasses.field(default_factory=dict)
+
+
+def build_snapshot(guest, chunk="4k"):
+    """The NVMe incident's stack in the guest (SNAPSHOT_SETUP); {layer: dm-N} by LVM name."""
+    guest.run(SNAPSHOT_SETUP.format(chunk=chunk), timeout=900)
+    out = guest.run("for d in /sys/block/dm-*; do echo ${d##*/} $(cat $d/dm/name); done").stdout
+    return {name: dev for dev, name in (line.split() for line in out.splitlines())}
+
+
+@contextlib.contextmanager
+def host_stack(guest, workdir, timing, servers=("receiver", "alertmanager", "prometheus")):
+    """The servers on the host scraping the guest's exporters; yields (HostStack, StackView)."""
+    stack = vm.HostStack(guest, workdir, servers=servers, scrape_interval=timing.scrape_interval,
+                         evaluation_interval=timing.scrape_interval)
+    missing = stack.missing()
+    if missing:
+        raise RuntimeError("the VM lab's stack needs: " + "; ".join(missing))
+    with stack.running(timeout=120):
+        view = StackView.from_stack(stack)
+        view.prometheus.wait_targets_up(timeout=180)
+        yield stack, view
+
+
+def firing_pages(view, since):
+    return [n for n in view.notifications(since) if n.path == "/page" and n.status == "firing"]
+
+
+def exporter_facts(view, host):
+    """What the exporters in the guest report of the snapshot stack, through Prometheus."""
+    p = view.prometheus
+    sel = f'host="{host}"'
+    info = {r["metric"]["device"]: r["metric"] for r in p.query(f'blockstack_device_info{{{sel},kind="dm"}}')}
+    edges = sorted((r["metric"]["device"], r["metric"]["lower"]) for r in p.query(f"blockstack_device_lower_info{{{sel}}}"))
+    snap = p.query(f"blockstack_dm_snapshot_info{{{sel}}}")
+    chunk = {r["metric"]["device"]: float(r["value"][1]) for r in p.query(f"blockstack_dm_snapshot_chunk_size_bytes{{{sel}}}")}
+    used = {r["metric"]["device"]: float(r["value"][1]) for r in p.query(f"blockstack_dm_snapshot_cow_used_bytes{{{sel}}}")}
+    size = {r["metric"]["device"]: float(r["value"][1]) for r in p.query(f"blockstack_dm_snapshot_cow_size_bytes{{{sel}}}")}
+    return {"dm": {dev: {k: m.get(k, "") for k in ("name", "vg_name", "lv_name", "lv_layer")} for dev, m in info.items()},
+            "edges": edges, "snapshot": [r["metric"] for r in snap], "chunk_bytes": chunk,
+            "cow_used_bytes": used, "cow_size_bytes": size}
+
+
+def counter_increase(view, metric, device, seconds):
+    return view.prometheus.value(f'sum(increase({metric}{{device="{device}"}}[{int(seconds)}s]))', 0.0)
+
+
+def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
+    """The NVMe incident on a booted guest (vm.Guest with nvme >= 1): the snapshot stack, the
+    exporters in the guest, the servers on the host; `healthy` seconds (timing.healthy) at
+    nomerges=0 under snapshot reads, then nomerges=2 until the page. An Outcome."""
+    t = timing or Timing()
+    out = Outcome(guest.kernel_name, guest.release, guest.boot_seconds)
+    dm = build_snapshot(guest)
+    snap = dm["vg0-snap"]
+    say(f"vm: vg0/lv (ext4, {DATA_MIB} MiB file) and vg0/snap (4 KiB chunks) on nvme0n1: " +
+        ", ".join(f"{n}={d}" for n, d in sorted(dm.items())))
+    with guest.exporters(), host_stack(guest, workdir, t) as (stack, view), guest.background(SNAPSHOT_READS):
+        def reads_seen():
+            lineup = view.lineup(["nvme0n1", snap])
+            return lineup if "read" in lineup.get("nvme0n1", {}) else None
+        out.healthy_lineup = procs.wait_until("snapshot reads on nvme0n1 in Prometheus", reads_seen,
+                                              t.lineup_timeout, interval=5)
+        out.facts = exporter_facts(view, stack.host)
+        say(f"vm: healthy lineup (nomerges=0): {_lineup(out.healthy_lineup)}")
+        if healthy:
+            start = time.time()
+            while time.time() - start < t.healthy:
+                time.sleep(15)
+                out.healthy_pages = firing_pages(view, start - 60)
+                alerts = view.alerts(["nvme0n1", *dm.values()])
+                say(f"vm: +{time.time() - start:.0f}s nomerges=0: {_lineup(view.lineup(['nvme0n1', snap]))}; "
+                    f"alerts: {alerts or 'none'}; pages: {len(out.healthy_pages)}")
+            out.healthy_seconds = time.time() - start
+            out.facts["missed_merges_healthy"] = counter_increase(
+                view, "ebpf_exporter_block_rq_missed_merges_total", "nvme0n1", 60)
+            out.facts["splits_healthy"] = counter_increase(view, "ebpf_exporter_block_bio_splits_total", snap, 60)
+        onset = time.time()
+        guest.write_sysfs("nvme0n1", "queue/nomerges", 2)
+        say("vm: nvme0n1 nomerges 0 -> 2")
+
+        def paged():
+            return [n for n in firing_pages(view, onset) if n.alertname == "BlockStackMergeCollapse"
+                    and n.device == "nvme0n1"]
+        hit = procs.wait_until("the collapse page on nvme0n1", paged, t.page_timeout, interval=1)
+        out.page_seconds = hit[0].received_at - onset
+        say(f"vm: +{out.page_seconds:.0f}s PAGE {hit[0].alertname} on {hit[0].device}: {hit[0].annotations.get('summary')}")
+        say(f"    description: {' '.join(hit[0].annotations.get('description', '').split())}")
+        time.sleep(t.linger)
+        out.pages = firing_pages(view, onset)
+        out.sick_lineup = view.lineup(["nvme0n1", snap])
+        seconds = max(time.time() - onset, 30)
+        out.facts["missed_merges_sick"] = counter_increase(
+            view, "ebpf_exporter_block_rq_missed_merges_total", "nvme0n1", min(seconds, 60))
+        out.facts["splits_sick"] = counter_increase(view, "ebpf_exporter_block_bio_splits_total", snap, min(seconds, 60))
+        out.facts["dm_names"] = dm
+        say(f"vm: sick lineup (nomerges=2): {_lineup(out.sick_lineup)}")
+    return out
+
+
+def _lineup(lineup):
+    return "; ".join(f"{dev} " + ", ".join(f"{op} {rate:.0f}/s x {size:.1f} sectors" for op, (rate, size) in ops.items())
+                     for dev, ops in sorted(lineup.items())) or "idle"
+
+
+def run(kernel, healthy=True, timing=None, say=print):
+    """Boot `kernel`, run the NVMe incident, tear down; an Outcome."""
+    with tempfile.TemporaryDirectory(prefix="blockstack-vm-stack-") as workdir, vm.Guest(kernel, nvme=1, say=say) as g:
+        return nvme_incident(g, workdir, timing, healthy, say)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="The NVMe incident on Debian's kernels in the VM lab")
+    ap.add_argument("kernels", nargs="*", default=["6.1", "6.12"])
+    ap.add_argument("--healthy-seconds", type=float, default=Timing.healthy)
+    args = ap.parse_args(argv)
+    problems = vm.missing(args.kernels)
+    if problems:
+        print("the VM lab needs: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    vm.sweep_stale()
+
+    def say(msg):
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    rows, ok = [], True
+    for k in args.kernels:
+        o = run(k, timing=Timing(healthy=args.healthy_seconds), say=say)
+        good = not o.healthy_pages and o.page_seconds is not None and len(o.pages) == 1
+        ok &= good
+        rows.append(f"| NVMe incident (LVM snapshot 4 KiB chunks on nvme0n1) | {o.release} | page "
+                    f"BlockStackMergeCollapse on nvme0n1 at nomerges=2, none at 0 | "
+                    f"{'; '.join(f'{p.alertname} on {p.device}' for p in o.pages) or 'no page'}"
+                    f"{'; healthy: ' + ', '.join(p.alertname for p in o.healthy_pages) if o.healthy_pages else ''} | "
+                    f"{o.page_seconds:.0f} | {o.healthy_seconds / 60:.1f} | boot {o.boot_seconds:.0f} s |")
+    print("\n| scenario | kernel | expected | observed | onset→page s | healthy min watched | |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
