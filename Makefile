@@ -242,20 +242,20 @@ soak: deps venv ebpf-build
 vm-deps:
 	@scripts/install-vm.sh
 
-## vm-lab: the NVMe incident on a real LVM snapshot over emulated NVMe, on each kernel of VM_KERNELS (root, ~5 min per kernel)
+## vm-lab: the NVMe incident on a real LVM snapshot over emulated NVMe, on each kernel of VM_KERNELS (root, 6-11 min per kernel)
 VM_KERNELS ?= 6.1 6.12
 vm-lab: deps vm-deps venv ebpf-build
 	@$(VPY) -m blockstack_lab.vm_scenarios $(VM_KERNELS)
 
-## vm-lab-stacks: md RAID1/RAID5, thin, dm-crypt, NVMe multipath and the LVM2 write-up (chunk sizes, COW page) on 6.1 (root, ~15 min)
+## vm-lab-stacks: md RAID1/RAID5, thin, dm-crypt, NVMe multipath, the LVM2 and the ext4 write-ups on 6.1 (root, 15-30 min)
 .PHONY: vm-lab-stacks test-vm-long
 vm-lab-stacks: deps vm-deps venv ebpf-build
 	@$(VPY) -m blockstack_lab.vm_stacks
 
-## test-vm-long: the VM scenarios too long for make test (pytest -m vm_long: the LVM2 write-up; root, ~10 min)
+## test-vm-long: the VM scenarios too long for make test (pytest -m vm_long: the LVM2 and ext4 write-ups; root, 10-20 min)
 test-vm-long: deps vm-deps venv ebpf-build
 	@$(PYTEST) -m vm_long
 
-## test-vm: the VM tier alone (pytest -m vm: boots guests; root, ~8 min)
+## test-vm: the VM tier alone (pytest -m vm: boots a 6.1 and a 6.12 guest; root, 10-16 min on this 2-core machine)
 test-vm: deps vm-deps venv ebpf-build
 	@$(PYTEST) -m vm

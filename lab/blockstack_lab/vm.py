@@ -370,8 +370,12 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
         stack = Stack(os.path.join(self.dir, "guest-stack"), components=GUEST_EXPORTERS, ports=EXPORTER_PORTS,
                       ebpf_configs=ebpf_configs or self.ebpf_configs())
         listen = "--web.listen-address=127.0.0.1:"
-        return {c: [a.replace(listen, f"--web.listen-address={GUEST_ADDRESS}:") for a in argv]
-                for c, (argv, _, _) in stack.commands().items()}
+        commands = {c: [a.replace(listen, f"--web.listen-address={GUEST_ADDRESS}:") for a in argv]
+                    for c, (argv, _, _) in stack.commands().items()}
+        # dmsetup under TCG on a busy machine outlasted the default 5 s: the dm collector then
+        # reported no snapshot status (COW use) on 6.12
+        commands["blockstack"].append("--collector.dm.timeout=30")
+        return commands
 
     @contextlib.contextmanager
     def exporters(self, timeout=300, ebpf_configs=None):
