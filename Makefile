@@ -72,7 +72,7 @@ grafana: venv
 ## test: every test (unit, golden, live on loop devices, real servers, the linters, the VM tier)
 test: deps vm-deps venv ebpf-build thanos grafana upstream-servers linters
 	@echo ">> running tests"
-	@$(PYTEST)
+	@$(PYTEST) -m "not vm_long"
 
 ## test-unit: the fast tier: every static check and unit test; no root, no servers, no Go build, under a minute
 UNIT := not root and not servers and not built and not linters and not vm
@@ -292,6 +292,15 @@ VM_KERNELS ?= 6.1 6.12
 vm-lab: deps vm-deps venv ebpf-build
 	@$(VPY) -m blockstack_lab.vm_scenarios $(VM_KERNELS)
 
+## vm-lab-stacks: md RAID1/RAID5, thin, dm-crypt, NVMe multipath, the LVM2 and the ext4 write-ups on 6.1 (root, 15-30 min)
+.PHONY: vm-lab-stacks test-vm-long
+vm-lab-stacks: deps vm-deps venv ebpf-build
+	@$(VPY) -m blockstack_lab.vm_stacks
+
+## test-vm-long: the VM scenarios too long for make test (pytest -m vm_long: the LVM2 and ext4 write-ups; root, 10-20 min)
+test-vm-long: deps vm-deps venv ebpf-build
+	@$(PYTEST) -m vm_long
+
 ## test-vm: the VM tier alone (pytest -m vm: boots a 6.1 and a 6.12 guest; root, 10-16 min on this 2-core machine)
 test-vm: deps vm-deps venv ebpf-build
-	@$(PYTEST) -m vm
+	@$(PYTEST) -m "vm and not vm_long"

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what the VM lab (lab/blockstack_lab/vm.py, `make vm-lab`, the `vm` test tier) needs from
-# Debian: QEMU (software emulation: the guest boots under -accel tcg), busybox (virtme-ng builds the
+# Debian: QEMU (software emulation: the guest boots under -accel tcg), busybox-static (virtme-ng builds the
 # guest's initramfs from it), LVM2 (the guest runs the host's binaries over a read-only view of its
 # root) and the two Debian 12 kernels the lab boots: 6.1 (linux-image-amd64) and 6.12 (the newest
 # linux-image-6.12.*+deb12-amd64). virtme-ng itself comes from PyPI into .venv (requirements-dev.txt).
 # Idempotent: a no-op when all are present.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-packages=(qemu-system-x86 busybox lvm2 linux-image-amd64)
+packages=(qemu-system-x86 busybox-static lvm2 linux-image-amd64
+          mdadm cryptsetup-bin thin-provisioning-tools)  # vm_stacks.py: md RAID, dm-crypt, LVM thin pools
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 missing=()
 for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done

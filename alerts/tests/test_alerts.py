@@ -197,7 +197,8 @@ def test_every_critical_alert_pages_and_the_rest_do_not():
     assert pytest.approx(5) == int(page_route["group_wait"].rstrip("s"))
     severities = {rule["alert"]: rule["labels"]["severity"] for _, rule in rules("alert")}
     assert {a for a, s in severities.items() if s == "critical"} == {
-        "BlockStackMergeCollapse", "BlockStackSnapshotInvalid", "BlockStackHostDown",
+        "BlockStackMergeCollapse", "BlockStackSnapshotCowNearlyFull", "BlockStackSnapshotInvalid",
+        "BlockStackHostDown",
         # the pager itself: a page lost, an alert that cannot fire, the pager's disk or servers
         "BlockStackNotificationsFailing", "BlockStackRuleEvaluationFailing", "BlockStackPagerDown",
         "BlockStackPagerDiskFilling", "BlockStackReceiverWriteFailing"}

@@ -4,7 +4,10 @@ Edges come from the kernel alone, never from udev:
 - dm and md devices list what they are built on in /sys/block/DEV/slaves/;
 - a partition sits on its disk;
 - a loop device sits on the block device holding its backing file
-  (/sys/block/loopN/loop/backing_file, located through /proc/self/mountinfo).
+  (/sys/block/loopN/loop/backing_file, located through /proc/self/mountinfo);
+- an NVMe native-multipath namespace nvmeSnN sits on its paths nvmeScCnN, one per controller
+  (drivers/nvme/host/multipath.c names them so; the paths are hidden disks, in /sys/block and
+  /proc/diskstats but not in the head's slaves/, and on 6.1 only the paths account I/O).
 The identity labels are node_exporter's node_disk_device_mapper_info labels, with the values
 udev gives them, so that the two join on `device` without relabelling: name and uuid from
 /sys/block/dm-N/dm/{name,uuid} (udev's DM_NAME, DM_UUID); for a device whose uuid starts with
@@ -17,12 +20,15 @@ layer otherwise: "real" for a snapshot origin's -real device, "cow" for a snapsh
 """
 import functools
 import os
+import re
 
 from prometheus_client.core import GaugeMetricFamily
 
 from .. import devices as devmod
 from ..fs import ParseError, listdir
 from ..scrape import Reuse, reason_of
+
+_NVME_PATH = re.compile(r"^nvme(\d+)c\d+n(\d+)$", re.ASCII)  # subsystem S, controller C, namespace N
 
 INFO_LABELS = ["device", "kind", "name", "uuid", "vg_name", "lv_name", "lv_layer", "backing_file"]
 
@@ -72,10 +78,11 @@ class StackCollector:
     def collect(self, scrape):
         described = []
         devices = list(scrape.devices.values())
+        paths = nvme_paths(scrape.devices)
         for i, dev in enumerate(devices):
             if scrape.past_deadline("the remaining devices", len(devices) - i):
                 break
-            labels, lower = self._describe(scrape, dev)
+            labels, lower = self._describe(scrape, dev, paths)
             if labels is not None:  # else vanished
                 described.append((tuple(labels), tuple(lower), self._number(scrape, dev)))
         described = tuple(described)
@@ -148,11 +155,13 @@ class StackCollector:
             return None
         return f"{int(major)}:{int(minor)}", str(encode_dev(int(major), int(minor)))
 
-    def _describe(self, scrape, dev):
+    def _describe(self, scrape, dev, paths):
         kind = kind_of(dev)
         name, uuid, vg, lv, layer, backing = dev.name, "", "", "", "", ""
         lower = []
-        if kind == "partition":
+        if dev.name in paths:
+            lower = paths[dev.name]
+        elif kind == "partition":
             lower = [dev.parent]
         elif kind in ("dm", "md"):
             try:
@@ -201,6 +210,16 @@ def encode_dev(major, minor):
     include/linux/kdev_t.h): minor's low 8 bits, then major, then the rest of minor. The BPF
     programs key their maps by it (ebpf-configs/block.bpf.h encode_dev)."""
     return (minor & 0xff) | (major << 8) | ((minor & ~0xff) << 12)
+
+
+def nvme_paths(devices):
+    """{'nvme8n1': ['nvme8c7n1', 'nvme8c8n1']}: each native-multipath namespace with its paths."""
+    heads = {}
+    for name in devices:
+        m = _NVME_PATH.match(name)
+        if m:
+            heads.setdefault(f"nvme{m.group(1)}n{m.group(2)}", []).append(name)
+    return {head: sorted(p) for head, p in heads.items() if head in devices}
 
 
 def walk_down(edges, top):
