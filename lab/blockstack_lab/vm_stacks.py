@@ -28,7 +28,8 @@ import sys
 import tempfile
 import time
 
-from blockstack_deploy import knobs, procs
+from blockstack_deploy import procs
+from blockstack_rules import knobs
 
 from . import vm
 from .view import StackView
