@@ -46,6 +46,8 @@ def find(unpack_shared=True):
             return path, APT_HOME
     binary = os.path.join(CACHE, "bin", "grafana")
     if os.access(binary, os.X_OK):
+        if os.stat(CACHE).st_mode & 0o777 != 0o755 and os.geteuid() == os.stat(CACHE).st_uid:
+            os.chmod(CACHE, 0o755)  # unpacked 0700 by an older version: Grafana's own user must get in
         return binary, CACHE
     if unpack_shared and os.path.exists(TARBALL):
         unpack(TARBALL, CACHE)

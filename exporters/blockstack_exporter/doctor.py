@@ -56,9 +56,10 @@ def parse_diskstats(text):
     return out
 
 
-def read_ebpf(url, timeout=10):
+def read_ebpf(url, names, timeout=10):
     """Counters of ebpf_exporter by (what, device[, operation]): refused merges, splits, jbd2
-    credit waits and their seconds."""
+    credit waits and their seconds. Its series carry the device number (`devno`, ebpf-configs/
+    README.md); `names` ({devno: device}, the exporter's blockstack_device_number_info) names them."""
     import urllib.request  # only here: its import is a tenth of the doctor's start on a busy host
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -72,8 +73,9 @@ def read_ebpf(url, timeout=10):
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             what = wanted.get(s.name)
-            if what and "device" in s.labels:
-                key = (what, s.labels["device"], s.labels.get("operation", ""))
+            device = names.get(s.labels.get("devno"))
+            if what and device:
+                key = (what, device, s.labels.get("operation", ""))
                 out[key] = out.get(key, 0.0) + s.value
     return out
 
@@ -110,7 +112,9 @@ class Doctor:
         if with_rates:
             diskstats = parse_diskstats(read_text(os.path.join(self.args.procfs, "diskstats")))
             if self.args.ebpf:
-                ebpf = read_ebpf(self.args.ebpf)
+                names = {s.labels["devno"]: s.labels["device"] for f in families
+                         if f.name == "blockstack_device_number_info" for s in f.samples}
+                ebpf = read_ebpf(self.args.ebpf, names)
         return Sample(self.findings.host, errors, failed, diskstats, ebpf, time.monotonic())
 
     def lvm_conf(self):
