@@ -196,6 +196,12 @@ generate: venv
 dashboard-screenshot: deps venv ebpf-build grafana
 	@$(VPY) dashboards/tools/screenshot.py
 
+## dashboard-screenshot-vm: the same during the NVMe incident in the VM lab (LVM snapshot over NVMe, Debian VM_SHOT_KERNEL), to docs/dashboard-vm.png (root, ~6-10 minutes)
+VM_SHOT_KERNEL ?= 6.1
+.PHONY: dashboard-screenshot-vm
+dashboard-screenshot-vm: deps vm-deps venv ebpf-build grafana
+	@$(VPY) dashboards/tools/screenshot.py --vm $(VM_SHOT_KERNEL)
+
 ## bench-dashboard: time to every panel loaded in Grafana + chromium, slowest panel query (root, ~5 minutes)
 .PHONY: bench-dashboard
 bench-dashboard: deps venv ebpf-build grafana

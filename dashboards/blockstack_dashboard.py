@@ -221,7 +221,9 @@ def alert_panels(k):
         .with_target(table_q(firing))
         .with_transformation(organize(exclude=["Time", "Value", "__name__", "alertstate", "job", "instance"],
                                       order=["alertname", "severity", "host", "device"]))
-        .no_value("No alert is firing for this stack."),
+        .no_value("No alert is firing for this stack.")
+        # a host-wide alert has no device or operation: its cells empty, not the panel's empty state
+        .override_by_name("device", [prop("noValue", "")]).override_by_name("operation", [prop("noValue", "")]),
         findings_panel(k),
     ]
 
@@ -370,9 +372,10 @@ def per_layer(expr):
 
 def with_traffic(expr):
     """expr for the devices and operations that issued requests (ebpf_exporter, block_rq_issue), 0 where
-    it has no series (an ebpf_exporter counter appears only once it counts)."""
+    it has no series (an ebpf_exporter counter appears only once it counts), and wherever expr is above 0:
+    a bio-based device (dm, md) issues no requests of its own, yet splits bios (a dm snapshot every one)."""
     issued = f"host_device_operation:ebpf_block_rq:rate{{{SEL}}}"
-    return f"(\n  ({expr} or {issued} * 0)\n    and on (host, device, operation) ({issued} > 0)\n)"
+    return f"(\n  ({expr} or {issued} * 0)\n    and on (host, device, operation) ({issued} > 0)\n  or {expr} > 0\n)"
 
 
 def ebpf_rate(k, metric, extra=""):

@@ -22,6 +22,7 @@ import dataclasses
 import sys
 import tempfile
 import time
+import types
 
 from blockstack_deploy import procs
 
@@ -169,6 +170,38 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
         out.facts["dm_names"] = dm
         say(f"vm: sick lineup (nomerges=2): {_lineup(out.sick_lineup)}")
     return out
+
+
+@contextlib.contextmanager
+def nvme_collapse(guest, workdir, healthy=60, settle=25, timing=None, servers=("receiver", "alertmanager", "prometheus", "grafana"),
+                  say=print):
+    """The NVMe incident held open for a look at it (the dashboard screenshot): the snapshot stack,
+    the exporters in the guest, `servers` on the host (Grafana too by default), `healthy` seconds
+    of snapshot reads at nomerges=0 once Prometheus sees them, then nomerges=2 until the collapse
+    page on nvme0n1, `settle` seconds more (the recording rules' windows full of the collapse).
+    Yields a namespace: stack, view, dm ({LVM name: dm-N}), snap (dm-N), start (the reads seen,
+    Unix seconds), onset, paged. The reads go on until the context exits."""
+    t = timing or Timing()
+    dm = build_snapshot(guest)
+    snap = dm["vg0-snap"]
+    say("vm: vg0/snap (4 KiB chunks) over nvme0n1: " + ", ".join(f"{n}={d}" for n, d in sorted(dm.items())))
+    with guest.exporters(), host_stack(guest, workdir, t, servers) as (stack, view), guest.background(SNAPSHOT_READS):
+        procs.wait_until("snapshot reads on nvme0n1 in Prometheus",
+                         lambda: "read" in view.lineup(["nvme0n1"]).get("nvme0n1", {}), t.lineup_timeout, interval=5)
+        start = time.time()
+        say(f"vm: healthy (nomerges=0) for {healthy:.0f} s: {_lineup(view.lineup(['nvme0n1', snap]))}")
+        time.sleep(healthy)
+        onset = time.time()
+        guest.write_sysfs("nvme0n1", "queue/nomerges", 2)
+        say("vm: nvme0n1 nomerges 0 -> 2")
+        hit = procs.wait_until("the collapse page on nvme0n1", lambda: [
+            n for n in firing_pages(view, onset) if n.alertname == "BlockStackMergeCollapse" and n.device == "nvme0n1"],
+            t.page_timeout, interval=1)
+        paged = hit[0].received_at
+        say(f"vm: +{paged - onset:.0f}s PAGE {hit[0].alertname} on {hit[0].device}; "
+            f"sick: {_lineup(view.lineup(['nvme0n1', snap]))}")
+        time.sleep(settle)
+        yield types.SimpleNamespace(stack=stack, view=view, dm=dm, snap=snap, start=start, onset=onset, paged=paged)
 
 
 def _lineup(lineup):
