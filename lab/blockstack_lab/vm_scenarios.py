@@ -116,7 +116,11 @@ def exporter_facts(view, host):
 
 
 def counter_increase(view, metric, device, seconds):
-    return view.prometheus.value(f'sum(increase({metric}{{device="{device}"}}[{int(seconds)}s]))', 0.0)
+    """increase() of an ebpf_exporter counter on `device` over the last `seconds`: its series carry
+    the device number (devno), named through the rules' device map."""
+    return view.prometheus.value(
+        f'sum(increase({metric}[{int(seconds)}s]) * on (host, devno) group_left (device)'
+        f' host_devno:blockstack_device:info{{device="{device}"}})', 0.0)
 
 
 def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
