@@ -17,6 +17,7 @@ capability. systemd.py gives the units the same identities (User=, AmbientCapabi
     Thanos sidecars
     Alertmanager       blockstack-alertmanager  none
     page receiver      blockstack-receiver      none
+    alert gates        blockstack-gate          none
     Thanos Query       blockstack-thanos        none
     Grafana            blockstack-grafana       none
 
@@ -40,6 +41,7 @@ IDENTITIES = {
     "sidecar": ("blockstack-prometheus", (GROUP,), ()),  # reads its Prometheus's TSDB
     "alertmanager": ("blockstack-alertmanager", (GROUP,), ()),
     "receiver": ("blockstack-receiver", (GROUP,), ()),
+    "gate": ("blockstack-gate", (GROUP,), ()),  # the fleet's alert gates (alert_gate.py)
     "query": ("blockstack-thanos", (GROUP,), ()),
     "grafana": ("blockstack-grafana", (GROUP,), ()),
 }

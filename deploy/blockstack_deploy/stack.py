@@ -51,6 +51,7 @@ PROGRAMS = {
     "blockstack": ((os.path.join(VENV_BIN, "blockstack-exporter"),), "venv"),
     "ebpf": ((EBPF_EXPORTER,), "ebpf-build"),
     "receiver": ((os.path.join(VENV_BIN, "python"),), "venv"),
+    "gate": ((os.path.join(VENV_BIN, "python"),), "venv"),  # the fleet's alert gate (alert_gate.py)
 }
 
 # The Prometheus-family servers and their tools, in two tested sets (docs/deploy.md):

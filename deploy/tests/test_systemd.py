@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from blockstack_deploy import grafana, pki, roles, systemd
+from blockstack_deploy import fleet_auth, grafana, roles, systemd
 
 pytestmark = [pytest.mark.built]  # the units' ExecStart: ebpf_exporter and Thanos must exist
 
@@ -32,8 +32,9 @@ def role_units(role):
 
 @pytest.fixture(scope="module")
 def secrets(tmp_path_factory):
-    return pki.Secrets(tmp_path_factory.mktemp("secrets")).ensure(
-        server_names={"central": ["10.9.0.1"], "db1": ["10.9.0.11"]}, client_names=["query"])
+    s = fleet_auth.CentralSecrets(tmp_path_factory.mktemp("secrets"))
+    s.ensure(server_names={"central": ["10.9.0.1"]}, client_names=["query"]).issue("db1", "10.9.0.11")
+    return s
 
 
 def test_standalone_units(tmp_path):
@@ -52,7 +53,8 @@ def test_standalone_units(tmp_path):
 
 
 def test_agent_units(tmp_path, secrets):
-    role = roles.Agent(tmp_path / "state", "db1", ["10.9.0.1:9093"], secrets, replicas=("A", "B"),
+    role = roles.Agent(tmp_path / "state", "db1", ["10.9.0.1:9093"], fleet_auth.HostSecrets(secrets.host_dir("db1"), "db1"),
+                       replicas=("A", "B"),
                        listen="10.9.0.11", ebpf_configs="block_sizes")
     units = role_units(role)
     assert {"blockstack-prometheus-A.service", "blockstack-sidecar-B.service"} <= set(units)
@@ -63,7 +65,9 @@ def test_agent_units(tmp_path, secrets):
 def test_central_units(tmp_path, secrets):
     role = roles.Central(tmp_path / "state", str(tmp_path / "inventory.yml"), secrets, listen="10.9.0.1")
     units = role_units(role)
-    assert {"blockstack-alertmanager-1.service", "blockstack-watcher-A.service", "blockstack-query.service"} <= set(units)
+    assert {"blockstack-alertmanager-1.service", "blockstack-gate-1.service", "blockstack-watcher-A.service",
+            "blockstack-query.service"} <= set(units)
+    assert "User=blockstack-gate" in units["blockstack-gate-1.service"]
     assert verify(tmp_path, units) == ""
 
 
