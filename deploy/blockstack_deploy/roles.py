@@ -90,6 +90,7 @@ class Role:
     reloads = ()
     ca = None
     owned = ()  # (program, directory) it writes besides its --storage path (privileges.apply)
+    sockets = ()  # (program, directory) of its metrics socket: only the front may enter (privileges.apply)
 
     def __init__(self, state, ports=None, listen="127.0.0.1", grafana_server=None):
         """grafana_server: (binary, home) of the Grafana that runs with the role (grafana.find())."""
@@ -137,9 +138,12 @@ class Standalone(Role):
         self.stack.receiver_token_file = os.path.join(self.state, "secrets", "receiver-token")
         self.stack.pages_file = os.path.join(self.state, "pages", "pages.jsonl")
         self.owned = [("receiver", os.path.dirname(self.stack.pages_file)), ("grafana", os.path.join(self.state, "grafana"))]
-        # Alertmanager takes the admin password in every mode (plain HTTP on loopback by default)
-        self.stack.alertmanager_web_config = os.path.join(self.config, "alertmanager-web.yml")
-        self.stack.alertmanager_client = self.admin.client_http(tls=False)
+        # Prometheus and Alertmanager take the admin password in every mode (plain HTTP on loopback
+        # by default); the exporters with a /debug/pprof/ answer /metrics only (metrics_front.py)
+        self.stack.loopback_web_config = os.path.join(self.config, "loopback-web.yml")
+        self.stack.loopback_client = self.admin.client_http(tls=False)
+        self.stack.metrics_socket_dir = os.path.join(self.state, "run")
+        self.sockets = [(c, os.path.dirname(self.stack.metrics_socket(c))) for c in ("node", "ebpf")]
         if self.web:
             self.ca = os.path.join(self.state, "secrets", "operator-ca.crt") if tls else self.web.ca
             self.stack.web_client = self.web.client_http(tls=True)
@@ -150,16 +154,18 @@ class Standalone(Role):
                 self.stack.web_address = listen
 
     def render(self):
+        for _, directory in self.sockets:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
         if self.web:  # before the stack: prometheus.yml names the password file and the CA
             self._render_web_auth()
         else:
             os.makedirs(self.config, exist_ok=True)
-            self.admin.web_config(self.stack.alertmanager_web_config, cert_name=None)
+            self.admin.web_config(self.stack.loopback_web_config, cert_name=None)
         if self.grafana:  # Prometheus scrapes Grafana's /metrics too (BlockStackGrafanaDown)
             self.stack.also_scrape["grafana"] = (f"{self.stack.address('grafana')}:{self.ports['grafana']}",
                                                  "https" if self.web else "http")
         self.stack.render()
-        auth = {}
+        auth = {"datasource_auth": (self.admin.user, self.admin.password_file, None)}  # Prometheus's basic auth
         if self.web:
             auth = {"tls": self.web.cert(self.cert_name), "datasource_auth": (self.web.user, self.web.password_file, self.ca)}
         return self._render_grafana(self.stack.url("prometheus"), **auth)
@@ -196,7 +202,7 @@ class Standalone(Role):
         scheme = "https" if self.web else "http"
         p = self.ports
         lines = [f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}, servers: {servers_name()}",
-                 f"  Prometheus     {scheme}://{host}:{p['prometheus']}/   (alerts: /alerts)",
+                 f"  Prometheus     {scheme}://{host}:{p['prometheus']}/   (alerts: /alerts; admin, password in {self.admin.password_file})",
                  f"  Alertmanager   {scheme}://{host}:{p['alertmanager']}/   (admin, password in {self.admin.password_file})",
                  f"  pages file     {self.stack.pages_file}"]
         for name, label in (("node", "node_exporter"), ("blockstack", "blockstack-exporter"), ("ebpf", "ebpf_exporter")):

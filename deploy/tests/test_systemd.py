@@ -49,6 +49,12 @@ def test_standalone_units(tmp_path):
     assert "--web.listen-address=0.0.0.0:9090" in prometheus
     node = units["blockstack-node-exporter.service"]
     assert r"--collector.diskstats.device-exclude=^(ram|fd|sr)\\d+$$" in node  # the regex, escaped for systemd
+    # the exporters serve /metrics on a socket systemd makes (only the front's group may connect)
+    for exporter in ("node-exporter", "ebpf-exporter"):
+        assert "SocketGroup=blockstack-front" in units[f"blockstack-{exporter}.socket"]
+        assert f"Requires=blockstack-{exporter}.socket" in units[f"blockstack-{exporter}.service"]
+    assert "--web.systemd-socket" in node and "metrics_front.py" not in node
+    assert "User=blockstack-front" in units["blockstack-front.service"]
     assert verify(tmp_path, units) == ""
 
 
