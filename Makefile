@@ -31,12 +31,26 @@ deps:
 ## venv: Python virtual environment with the exporter, the stack model (deploy/), the rules and dashboard generators, the lab kit and test tools
 venv: $(VENV)/.stamp
 PACKAGES := exporters deploy lab alerts alerts/receiver dashboards
-$(VENV)/.stamp: $(addsuffix /pyproject.toml,$(PACKAGES)) requirements-dev.txt
+# Third-party packages only from requirements.txt, each checked against its sha256 (--require-hashes,
+# wheels only: no build step fetches anything unchecked); then the project's own packages, editable,
+# with no dependency resolution and the locked setuptools (their dependencies are in the lock:
+# pip check fails otherwise).
+$(VENV)/.stamp: $(addsuffix /pyproject.toml,$(PACKAGES)) requirements.txt
 	@echo ">> creating $(VENV)"
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	@$(VPY) -m pip install -q --upgrade pip
-	@$(VPY) -m pip install -q -r requirements-dev.txt $(addprefix -e ,$(PACKAGES))
+	@$(VPY) -m pip install -q --require-hashes --only-binary=:all: -r requirements.txt
+	@$(VPY) -m pip install -q --no-deps --no-build-isolation $(addprefix -e ,$(PACKAGES))
+	@$(VPY) -m pip check
 	@touch $@
+
+## lock: recompile requirements.txt from requirements.in with pip-tools (every transitive dependency, sha256 hashes; LOCK_ARGS=--upgrade to move pins)
+PIP_TOOLS_VERSION := 7.6.2
+.PHONY: lock
+lock:
+	@test -x $(BUILD)/pip-tools/bin/pip-compile || \
+		{ $(PYTHON) -m venv $(BUILD)/pip-tools && $(BUILD)/pip-tools/bin/pip install -q pip-tools==$(PIP_TOOLS_VERSION); }
+	@$(BUILD)/pip-tools/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
+		--no-emit-find-links $(LOCK_ARGS) --output-file=requirements.txt requirements.in
 
 ## ebpf-exporter: build cloudflare ebpf_exporter from the Go module proxy against a static libbpf 1.5 (cached)
 ebpf-exporter: $(EBPF_EXPORTER)

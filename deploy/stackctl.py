@@ -6,7 +6,7 @@
     stackctl.py down | status | logs [NAME] | clean | render      (all take --state)
     stackctl.py up --role agent --host NAME --listen ADDR --alertmanager ADDR:PORT ... [--replica A ...]
     stackctl.py up --role central --listen ADDR [--inventory FILE] [--cluster-peer ADDR:PORT ...]
-    stackctl.py fleet-cert --host NAME --address ADDR      (on the central side: a host's TLS certificate)
+    stackctl.py fleet-cert --host NAME --address ADDR      (on the central side: a host's certificate and push secret)
     stackctl.py install-systemd [the options of up]       (the same commands as systemd units)
 
 `up` renders the configuration into the state directory, starts supervisord there (or updates
@@ -25,9 +25,10 @@ only, never from the environment. Exporters always stay on loopback.
 
 Roles (docs/fleet.md; blockstack_deploy/roles.py): `--role agent` runs the exporters, one
 Prometheus per `--replica` evaluating alerts/alerts.rules.yml + recording.rules.yml and a Thanos sidecar each on `--listen`
-(TLS + basic auth, gRPC mutual TLS); `--role central` runs Thanos Query (Grafana's datasource),
-two Alertmanager peers in a cluster on `--listen` (TLS + basic auth), the watcher Prometheus
-(BlockStackHostDown) and the page receiver. The default role is the single-host stack above.
+(TLS + the central's scrape user, gRPC mutual TLS) and pushes alerts with the host's own secret;
+`--role central` runs Thanos Query (Grafana's datasource), two Alertmanager peers in a cluster on
+127.0.0.1 (admin password), each behind an alert gate on `--listen` (TLS) that takes only a host's
+pushes of its own alerts, the watcher Prometheus (BlockStackHostDown) and the page receiver. The default role is the single-host stack above.
 """
 import argparse
 import json
@@ -36,7 +37,7 @@ import shutil
 import subprocess
 import sys
 
-from blockstack_deploy import pki, roles, systemd
+from blockstack_deploy import fleet_auth, roles, systemd
 from blockstack_deploy.files import write_if_changed
 from blockstack_deploy.stack import DEFAULT_SERVERS, REPO, SERVERS
 from blockstack_deploy.supervisor import Supervisor
@@ -71,7 +72,7 @@ def main(argv=None):
     fleet.add_argument("--replica", action="append", default=[], help="agent: a Prometheus replica name (A, B); repeat for two")
     fleet.add_argument("--alertmanager", action="append", default=[], metavar="ADDR:PORT",
                        help="agent: a central Alertmanager peer; repeat for every peer")
-    fleet.add_argument("--fleet-secrets", help="CA, certificates and the fleet password (default STATE/secrets/fleet)")
+    fleet.add_argument("--fleet-secrets", help="the fleet credentials: central, all of them; agent, the host's copy of hosts/HOST (default STATE/secrets/fleet)")
     fleet.add_argument("--inventory", help="central: the file_sd inventory of agent sidecars (default STATE/inventory.yml)")
     fleet.add_argument("--cluster-peer", action="append", default=[], metavar="ADDR:PORT",
                        help="central: an Alertmanager peer on another central machine (its cluster port)")
@@ -81,10 +82,10 @@ def main(argv=None):
     if args.command == "fleet-cert":
         if not (args.host and args.address):
             p.error("fleet-cert needs --host and --address")
-        secrets = pki.Secrets(args.fleet_secrets or os.path.join(state, "secrets", "fleet")).ensure(
-            server_names={args.host: [args.address]})
-        crt, key = secrets.cert(args.host)
-        print(f"copy to {args.host}'s fleet secrets directory (0700): {secrets.ca} {crt} {key} {secrets.password_file}")
+        bundle = fleet_auth.CentralSecrets(args.fleet_secrets or os.path.join(state, "secrets", "fleet")).issue(
+            args.host, args.address)
+        print(f"copy the files in {bundle.dir} ({', '.join(sorted(os.listdir(bundle.dir)))}) to {args.host}'s "
+              "fleet secrets directory (0700); the central alert gates take its push secret from now on")
         return
     if args.command == "clean":
         if os.path.exists(os.path.join(state, "supervisord.pid")):

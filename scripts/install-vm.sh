@@ -3,7 +3,7 @@
 # Debian: QEMU (software emulation: the guest boots under -accel tcg), busybox-static (virtme-ng builds the
 # guest's initramfs from it), LVM2 (the guest runs the host's binaries over a read-only view of its
 # root) and the two Debian 12 kernels the lab boots: 6.1 (linux-image-amd64) and 6.12 (the newest
-# linux-image-6.12.*+deb12-amd64). virtme-ng itself comes from PyPI into .venv (requirements-dev.txt).
+# linux-image-6.12.*+deb12-amd64). virtme-ng itself comes from PyPI into .venv (requirements.in, locked with hashes in requirements.txt).
 # Idempotent: a no-op when all are present.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive

@@ -85,3 +85,31 @@ def test_no_code_edits_sys_path():
              for n, line in enumerate(p.read_text().splitlines(), 1)
              if re.search(r"\bsys\.path\.(insert|append|extend)\(|\bsys\.path\s*[+]?=", line)]
     assert not edits, edits
+
+
+def test_venv_installs_third_party_packages_only_by_hash():
+    """requirements.txt (make lock) pins every third-party dependency of every package here, at the
+    version its pyproject.toml pins, each with sha256 hashes; `make venv` installs it with
+    --require-hashes and the project's own packages with --no-deps (nothing resolved unhashed)."""
+    locked, name = {}, None
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if re.match(r"^[A-Za-z0-9]", line):
+            name, version = line.split(" ")[0].split("==")
+            locked[canonical(name)] = (version, [])
+        elif "--hash=sha256:" in line:
+            locked[canonical(name)][1].append(line.split("sha256:")[1].split()[0])
+    assert locked and all(len(h) >= 1 and all(len(x) == 64 for x in h) for _, h in locked.values()), locked
+    ours_names = {project(d)[0] for d in PROJECTS}
+    for directory in PROJECTS:
+        meta = tomllib.loads((directory / "pyproject.toml").read_text())["project"]
+        for req in meta.get("dependencies", []) + [r for e in meta.get("optional-dependencies", {}).values() for r in e]:
+            dep = canonical(re.split(r"[\s<>=!~\[;]", req, maxsplit=1)[0])
+            if dep in ours_names:
+                continue
+            assert dep in locked, f"{directory.name}: {dep} is not in requirements.txt (add it to requirements.in, make lock)"
+            pinned = re.search(r"==\s*([^\s;,]+)", req)
+            assert not pinned or pinned.group(1) == locked[dep][0], (directory.name, req, locked[dep][0])
+    venv = re.search(r"^\$\(VENV\)/\.stamp:.*?(?=^\S)", (ROOT / "Makefile").read_text(), re.S | re.M).group(0)
+    installs = [line for line in venv.splitlines() if "pip install" in line]
+    assert len(installs) == 2 and "--require-hashes -r requirements.txt" in installs[0].replace("--only-binary=:all: ", ""), installs
+    assert "--no-deps" in installs[1] and "-r " not in installs[1], installs

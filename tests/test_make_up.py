@@ -1,8 +1,8 @@
 """`make up` end to end: the supervised stack in a temporary state directory on free ports,
 a loop-device ext4 under sequential direct reads, a merge collapse paged and resolved, every
 component killed once and restarted, `make down` leaving nothing behind; each server under its
-own user with its capabilities (privileges.py), the watchdog at the receiver, and what a web page
-of a foreign origin can do to each listener."""
+own user with its capabilities (privileges.py), the watchdog at the receiver, what a web page
+of a foreign origin can do to each listener, and no /debug/pprof/ without credentials."""
 import http.client
 import json
 import os
@@ -22,10 +22,11 @@ from blockstack_lab.view import StackView
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
 COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")  # conftest.state's ports
+PROGRAMS = COMPONENTS + ("front",)  # metrics_front.py: the exporters' /metrics on their ports
 
 
 def pids(state):
-    return {name: Supervisor(state).program_pid(name) for name in COMPONENTS}
+    return {name: Supervisor(state).program_pid(name) for name in PROGRAMS}
 
 
 def identities(state):
@@ -83,11 +84,11 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
                     "receiver": ("blockstack-receiver", "0" * 16, "1"),
                     "alertmanager": ("blockstack-alertmanager", "0" * 16, "1"),
                     "prometheus": ("blockstack-prometheus", "0" * 16, "1"),
-                    "grafana": ("blockstack-grafana", "0" * 16, "1")}, seen
+                    "grafana": ("blockstack-grafana", "0" * 16, "1"),
+                    "front": ("blockstack-front", "0" * 16, "1")}, seen
 
-    # a web page of another origin: Alertmanager wants the password (a silence through v2's JSON
-    # API or 0.25's v1 text/plain one), Prometheus shares nothing cross-origin, the receiver wants
-    # its token and JSON
+    # a web page of another origin: Alertmanager and Prometheus want the password (a silence
+    # through v2's JSON API or 0.25's v1 text/plain one, a query), the receiver wants its token and JSON
     am, prom, rcv = (f"http://127.0.0.1:{ports[c]}" for c in ("alertmanager", "prometheus", "receiver"))
     silence = json.dumps({"matchers": [{"name": "alertname", "value": ".+", "isRegex": True}],
                           "startsAt": "2020-01-01T00:00:00Z", "endsAt": "2099-01-01T00:00:00Z",
@@ -101,10 +102,25 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     }
     print("\nforeign origin:", json.dumps(browser))
     assert browser == {"alertmanager preflight": (401, None), "alertmanager v2 silence": (401, None),
-                       "alertmanager v1 silence (text/plain)": (401, None), "prometheus query": (200, None),
+                       "alertmanager v1 silence (text/plain)": (401, None), "prometheus query": (401, None),
                        "receiver page (text/plain)": (401, None)}, browser
     admin = ("admin", files.secret(os.path.join(state_dir, "secrets", "admin-password")))
     assert request(am + "/api/v2/status", admin)[0] == 200
+    assert request(prom + "/api/v1/query?query=up", admin)[0] == 200
+
+    # Go's /debug/pprof/ without credentials: Prometheus and Alertmanager want the password, the
+    # exporters' ports answer /metrics only (metrics_front.py); behind them, the exporters' sockets
+    # (which still serve it) are closed to any user but root and the front
+    pprof = {c: request(f"http://127.0.0.1:{ports[c]}/debug/pprof/")[0] for c in ("prometheus", "alertmanager", "node", "ebpf")}
+    print("/debug/pprof/ without credentials:", json.dumps(pprof))
+    assert pprof == {"prometheus": 401, "alertmanager": 401, "node": 404, "ebpf": 404}, pprof
+    assert all(request(f"http://127.0.0.1:{ports[c]}/metrics")[0] == 200 for c in ("node", "ebpf"))
+    for c in ("node", "ebpf"):
+        sock = os.path.join(state_dir, "run", c, "metrics.sock")
+        curl = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", sock, "http://x/debug/pprof/"]
+        as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *curl]
+        seen_socket = [subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout for argv in (curl, as_nobody)]
+        assert seen_socket == ["200", "000"], (c, seen_socket)
     dashboard = f"http://127.0.0.1:{ports['grafana']}/api/dashboards/uid/blockstack-merges"
     status, found = request(dashboard, ("admin", files.secret(password_file)))
     assert status == 200 and json.loads(found)["meta"]["provisioned"], found
@@ -123,7 +139,7 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     assert os.stat(os.path.join(state_dir, "supervisord.conf")).st_mtime == conf_mtime
     print(f"\nmake up: cold {cold:.1f} s, warm {warm:.1f} s")
 
-    prometheus = Prometheus(f"http://127.0.0.1:{ports['prometheus']}")
+    prometheus = Prometheus(f"http://127.0.0.1:{ports['prometheus']}", auth=admin)
     view = StackView.from_state(state_dir)
     with fio.reads_on_ext4(runtime=400) as dev:
         name = loop.name(dev)
@@ -136,12 +152,14 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
             f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'), 60)
 
         # faults: kill each component once; the supervisor restarts it
-        first_sample_time = time.time()
+        # up to 10 s ago: a scrape in flight (stamped when it started, stored when it ends; a
+        # scrape times out after its 5 s interval) would add a sample to the range after this query
+        first_sample_time = time.time() - 10
         samples_query = (f'node_disk_reads_completed_total{{device="{name}"}}', first_sample_time - 60,
                          first_sample_time, 1)
         before_kills = prometheus.query_range(*samples_query)
         assert before_kills and before_kills[0]["values"]
-        for component in COMPONENTS:
+        for component in PROGRAMS:
             old = pids(state_dir)[component]
             os.kill(old, signal.SIGKILL)
             procs.wait_until(f"{component} restarted", lambda: (pids(state_dir)[component] or old) != old, 30, 0.2)
@@ -195,7 +213,7 @@ def test_make_up_switches_servers(state):
 
     out, _ = make("up", variables=["SERVERS=upstream"])
     assert "servers: upstream" in out
-    alertmanager.auth = ("admin", files.secret(os.path.join(state_dir, "secrets", "admin-password")))
+    alertmanager.auth = prometheus.auth = ("admin", files.secret(os.path.join(state_dir, "secrets", "admin-password")))
     assert versions() == (PROMETHEUS3_VERSION, ALERTMANAGER_UPSTREAM_VERSION)
     prometheus.wait_targets_up()
     before = pids(state_dir)
@@ -204,5 +222,5 @@ def test_make_up_switches_servers(state):
     prometheus2, alertmanager025 = versions()
     assert prometheus2.startswith("2.") and alertmanager025.startswith("0.25"), (prometheus2, alertmanager025)
     after = pids(state_dir)
-    assert {c for c in COMPONENTS if after[c] != before[c]} == {"prometheus", "alertmanager"}
+    assert {c for c in PROGRAMS if after[c] != before[c]} == {"prometheus", "alertmanager"}
     make("down")

@@ -103,10 +103,10 @@ def cert_names(crt):
 class Secrets:
     """Credentials in one directory (0700): the basic-auth password of `user` (clients read it
     from USER-password), its bcrypt hash, and the private CA with the certificates made from it.
-    The fleet's (user fleet) are made on the central side, and each agent gets ca.crt, its own
-    cert/key and fleet-password (docs/fleet.md); `make up --listen/--auth` makes its own (user admin)."""
+    The fleet's are made on the central side (fleet_auth.CentralSecrets: users admin and scrape,
+    and each host's push secret); `make up` makes its own (user admin)."""
 
-    def __init__(self, directory, user="fleet"):
+    def __init__(self, directory, user="admin"):
         self.dir = os.path.abspath(directory)
         self.user = user
 

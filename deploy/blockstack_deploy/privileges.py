@@ -17,6 +17,9 @@ capability. systemd.py gives the units the same identities (User=, AmbientCapabi
     Thanos sidecars
     Alertmanager       blockstack-alertmanager  none
     page receiver      blockstack-receiver      none
+    alert gates        blockstack-gate          none
+    metrics front      blockstack-front         none (the only one but the exporters that may enter
+                                               STATE/run/node and STATE/run/ebpf, their sockets)
     Thanos Query       blockstack-thanos        none
     Grafana            blockstack-grafana       none
 
@@ -30,6 +33,7 @@ import pwd
 import subprocess
 
 GROUP = "blockstack"
+FRONT = "blockstack-front"  # its group alone enters the exporters' socket directories
 # (user, extra groups, capabilities) by kind of program (its name before the first "-")
 IDENTITIES = {
     "node": ("blockstack-node", (), ()),
@@ -40,6 +44,8 @@ IDENTITIES = {
     "sidecar": ("blockstack-prometheus", (GROUP,), ()),  # reads its Prometheus's TSDB
     "alertmanager": ("blockstack-alertmanager", (GROUP,), ()),
     "receiver": ("blockstack-receiver", (GROUP,), ()),
+    "gate": ("blockstack-gate", (GROUP,), ()),  # the fleet's alert gates (alert_gate.py)
+    "front": (FRONT, (), ()),  # /metrics of node_exporter and ebpf_exporter (metrics_front.py)
     "query": ("blockstack-thanos", (GROUP,), ()),
     "grafana": ("blockstack-grafana", (GROUP,), ()),
 }
@@ -114,6 +120,10 @@ def apply(role):
     for name, path in role.owned:
         os.makedirs(path, exist_ok=True)
         chown(path, identity(name)[0], recursive=True)
+    for name, path in role.sockets:
+        os.makedirs(path, exist_ok=True)
+        chown(path, identity(name)[0], group=FRONT, recursive=True)
+        os.chmod(path, 0o750)
     gid = grp.getgrnam(GROUP).gr_gid
     secrets = getattr(role, "secrets", None)
     for top in [os.path.join(state, "secrets"), os.path.join(state, "config")] + ([secrets.dir] if secrets else []):

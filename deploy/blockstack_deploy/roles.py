@@ -6,13 +6,15 @@ standalone (`make up`)
 agent (`make up-agent`, on every monitored host)
     node_exporter, blockstack-exporter, ebpf_exporter on 127.0.0.1 (stack.py); one Prometheus
     per replica (A, B, ...) on 127.0.0.1 that scrapes them, evaluates alerts/{alerts,recording}.rules.yml next to
-    the data and sends alerts to every central Alertmanager peer; `external_labels: {host,
-    replica}`; `replica` is dropped from alerts (alert_relabel_configs) so both replicas' alerts
-    are the same alert to Alertmanager; one Thanos sidecar per replica: StoreAPI (gRPC, mutual
-    TLS) and /metrics (HTTP, TLS + basic auth) on the host's fleet address.
+    the data and sends alerts to every central alert gate with the host's own push secret;
+    `external_labels: {host, replica}`; `replica` is dropped from alerts (alert_relabel_configs)
+    so both replicas' alerts are the same alert to Alertmanager; one Thanos sidecar per replica:
+    StoreAPI (gRPC, mutual TLS) and /metrics (HTTP, TLS + the central's scrape user) on the
+    host's fleet address.
 central (`make up-central`)
     the page receiver (127.0.0.1); an Alertmanager cluster of `peers` peers (gossip on 127.0.0.1,
-    or --cluster.peer to peers on other machines), web on the fleet address with TLS + basic auth;
+    or --cluster.peer to peers on other machines), web on 127.0.0.1 behind the admin password,
+    each behind an alert gate (alert_gate.py) on the fleet address that takes only hosts' pushes;
     Thanos Query on 127.0.0.1 (Grafana's datasource) with --query.replica-label=replica, its
     StoreAPI endpoints read from the inventory file (--store.sd-files, re-read on change);
     a "watcher" Prometheus that scrapes every sidecar in the same inventory (file_sd) and raises
@@ -36,7 +38,7 @@ import yaml
 
 from blockstack_rules import knobs
 
-from . import grafana, pki
+from . import alert_gate, fleet_auth, grafana, pki
 from .files import secret, write_if_changed, write_yaml
 from .stack import BUILD, COMPONENTS, CORS_ORIGIN, RETENTION, RETENTION_SIZE, Stack, program, servers_name, which
 
@@ -88,6 +90,7 @@ class Role:
     reloads = ()
     ca = None
     owned = ()  # (program, directory) it writes besides its --storage path (privileges.apply)
+    sockets = ()  # (program, directory) of its metrics socket: only the front may enter (privileges.apply)
 
     def __init__(self, state, ports=None, listen="127.0.0.1", grafana_server=None):
         """grafana_server: (binary, home) of the Grafana that runs with the role (grafana.find())."""
@@ -135,9 +138,12 @@ class Standalone(Role):
         self.stack.receiver_token_file = os.path.join(self.state, "secrets", "receiver-token")
         self.stack.pages_file = os.path.join(self.state, "pages", "pages.jsonl")
         self.owned = [("receiver", os.path.dirname(self.stack.pages_file)), ("grafana", os.path.join(self.state, "grafana"))]
-        # Alertmanager takes the admin password in every mode (plain HTTP on loopback by default)
-        self.stack.alertmanager_web_config = os.path.join(self.config, "alertmanager-web.yml")
-        self.stack.alertmanager_client = self.admin.client_http(tls=False)
+        # Prometheus and Alertmanager take the admin password in every mode (plain HTTP on loopback
+        # by default); the exporters with a /debug/pprof/ answer /metrics only (metrics_front.py)
+        self.stack.loopback_web_config = os.path.join(self.config, "loopback-web.yml")
+        self.stack.loopback_client = self.admin.client_http(tls=False)
+        self.stack.metrics_socket_dir = os.path.join(self.state, "run")
+        self.sockets = [(c, os.path.dirname(self.stack.metrics_socket(c))) for c in ("node", "ebpf")]
         if self.web:
             self.ca = os.path.join(self.state, "secrets", "operator-ca.crt") if tls else self.web.ca
             self.stack.web_client = self.web.client_http(tls=True)
@@ -148,16 +154,18 @@ class Standalone(Role):
                 self.stack.web_address = listen
 
     def render(self):
+        for _, directory in self.sockets:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
         if self.web:  # before the stack: prometheus.yml names the password file and the CA
             self._render_web_auth()
         else:
             os.makedirs(self.config, exist_ok=True)
-            self.admin.web_config(self.stack.alertmanager_web_config, cert_name=None)
+            self.admin.web_config(self.stack.loopback_web_config, cert_name=None)
         if self.grafana:  # Prometheus scrapes Grafana's /metrics too (BlockStackGrafanaDown)
             self.stack.also_scrape["grafana"] = (f"{self.stack.address('grafana')}:{self.ports['grafana']}",
                                                  "https" if self.web else "http")
         self.stack.render()
-        auth = {}
+        auth = {"datasource_auth": (self.admin.user, self.admin.password_file, None)}  # Prometheus's basic auth
         if self.web:
             auth = {"tls": self.web.cert(self.cert_name), "datasource_auth": (self.web.user, self.web.password_file, self.ca)}
         return self._render_grafana(self.stack.url("prometheus"), **auth)
@@ -194,7 +202,7 @@ class Standalone(Role):
         scheme = "https" if self.web else "http"
         p = self.ports
         lines = [f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}, servers: {servers_name()}",
-                 f"  Prometheus     {scheme}://{host}:{p['prometheus']}/   (alerts: /alerts)",
+                 f"  Prometheus     {scheme}://{host}:{p['prometheus']}/   (alerts: /alerts; admin, password in {self.admin.password_file})",
                  f"  Alertmanager   {scheme}://{host}:{p['alertmanager']}/   (admin, password in {self.admin.password_file})",
                  f"  pages file     {self.stack.pages_file}"]
         for name, label in (("node", "node_exporter"), ("blockstack", "blockstack-exporter"), ("ebpf", "ebpf_exporter")):
@@ -211,7 +219,7 @@ class Standalone(Role):
 
 
 class FleetRole(Role):
-    """What the agent and the central side share: the fleet's secrets (user fleet), its summary."""
+    """What the agent and the central side share: the fleet's secrets (fleet_auth.py), its summary."""
 
     extra = ()  # lines the role adds to the summary
 
@@ -219,8 +227,6 @@ class FleetRole(Role):
         lines = [f"Block Stack Merges {self.name} role is up ({elapsed:.1f} s), state in {self.state}"]
         lines += [f"  {name:<22} {url}" for name, (_, _, url) in self.commands().items()]
         lines += self.extra
-        if self.secure:
-            lines.append(f"  TLS + basic auth: user fleet, password in {self.secrets.password_file}")
         return lines
 
     @property
@@ -240,8 +246,9 @@ class Agent(FleetRole):
 
     def __init__(self, state, host, alertmanagers, secrets=None, replicas=("A",), listen="127.0.0.1",
                  ports=None, devices=None, scrape_interval="5s", ebpf_configs=None):
-        """alertmanagers: ["ADDR:PORT", ...] every central peer. secrets: a pki.Secrets with this
-        host's certificate named `host` (needed when listen is not loopback). devices: a regex
+        """alertmanagers: ["ADDR:PORT", ...] every central alert gate. secrets: this host's
+        fleet_auth.HostSecrets (its push secret; its certificate and the scrape user's hash when
+        listen is not loopback). devices: a regex
         of the block devices this host owns; only for simulated hosts sharing one kernel (the
         fleet test), real hosts own every device they see."""
         super().__init__(state, ports, listen)
@@ -274,10 +281,10 @@ class Agent(FleetRole):
                 sc["metric_relabel_configs"] = [{"source_labels": ["device"], "regex": f"({self.devices})?",
                                                  "action": "keep"}]
         am = {"static_configs": [{"targets": self.alertmanagers}], "timeout": "10s"}
-        if self.secrets and os.path.exists(self.secrets.password_file):
-            # The central Alertmanagers take TLS + basic auth whenever they listen beyond loopback.
+        if self.secrets:
+            # The gates take this host's push secret, over TLS whenever they listen beyond loopback.
             central_secure = not all(loopback(a.rsplit(":", 1)[0]) for a in self.alertmanagers)
-            am.update(self.secrets.client_http(tls=central_secure))
+            am.update(self.secrets.push_client(tls=central_secure))
         return {
             "global": {**base["global"], "external_labels": {"host": self.host, "replica": replica}},
             "rule_files": base["rule_files"],
@@ -295,7 +302,7 @@ class Agent(FleetRole):
         for r in self.replicas:
             write_yaml(os.path.join(self.config, f"prometheus-{r}.yml"), self.prometheus_config(r), SOURCE)
         if self.secure:
-            self.secrets.web_config(os.path.join(self.config, "web-config.yml"), cert_name=self.host)
+            self.secrets.sidecar_web_config(os.path.join(self.config, "web-config.yml"))
         return []
 
     def commands(self):
@@ -328,17 +335,19 @@ class Agent(FleetRole):
 
 
 class Central(FleetRole):
-    """The central side: receiver, Alertmanager cluster, Thanos Query, the watcher Prometheus, Grafana."""
+    """The central side: receiver, Alertmanager cluster (each peer behind an alert gate), Thanos
+    Query, the watcher Prometheus, Grafana."""
 
     name = "central"
+    # gate-N: what agents push to (the fleet address); alertmanager-N: the peer's web, 127.0.0.1
     PORTS = {"receiver": 9466, "query-http": 10904, "query-grpc": 10903, "watcher-A": 9089, "watcher-B": 9088,
-             "alertmanager-1": 9093, "alertmanager-1-cluster": 9094,
-             "alertmanager-2": 9095, "alertmanager-2-cluster": 9096, "grafana": 3000}
+             "gate-1": 9093, "alertmanager-1": 9193, "alertmanager-1-cluster": 9094,
+             "gate-2": 9095, "alertmanager-2": 9195, "alertmanager-2-cluster": 9096, "grafana": 3000}
 
     def __init__(self, state, inventory, secrets, listen="127.0.0.1", ports=None, peers=2, cluster_peers=(),
                  watchers=("A",), scrape_interval="5s", host_down_for=None, grafana_server=None):
-        """inventory: the file_sd file of every agent sidecar. listen: the address agents reach
-        the Alertmanager peers on (TLS + basic auth when not loopback). cluster_peers: Alertmanager
+        """inventory: the file_sd file of every agent sidecar. secrets: fleet_auth.CentralSecrets.
+        listen: the address agents reach the alert gates on (TLS when not loopback). cluster_peers: Alertmanager
         peers on other machines (ADDR:PORT of their cluster listener)."""
         super().__init__(state, ports, listen, grafana_server)
         self.inventory, self.secrets = os.path.abspath(inventory), secrets
@@ -346,7 +355,8 @@ class Central(FleetRole):
         self.scrape_interval, self.host_down_for = scrape_interval, host_down_for
         self.reloads = tuple(f"watcher-{r}" for r in self.watchers)
         for i in range(1, peers + 1):
-            self.ports.setdefault(f"alertmanager-{i}", 9093 + 2 * (i - 1))
+            self.ports.setdefault(f"gate-{i}", 9093 + 2 * (i - 1))
+            self.ports.setdefault(f"alertmanager-{i}", 9193 + 2 * (i - 1))
             self.ports.setdefault(f"alertmanager-{i}-cluster", 9094 + 2 * (i - 1))
         for r in self.watchers:
             self.ports.setdefault(f"watcher-{r}", 9089 - (ord(r) - ord("A")))
@@ -360,7 +370,8 @@ class Central(FleetRole):
         return self.receiver_stack.pages_file
 
     def alertmanager_addresses(self):
-        return [f"{self.listen}:{self.ports[f'alertmanager-{i}']}" for i in range(1, self.peers + 1)]
+        """Where agents send alerts: the gate of every peer."""
+        return [f"{self.listen}:{self.ports[f'gate-{i}']}" for i in range(1, self.peers + 1)]
 
     def query_url(self, path=""):
         return f"http://127.0.0.1:{self.ports['query-http']}{path}"
@@ -376,11 +387,10 @@ class Central(FleetRole):
             "metric_relabel_configs": [{"source_labels": ["__name__"], "regex": "thanos_sidecar_prometheus_up",
                                         "action": "keep"}],
         }
-        if self.secrets:
-            agent_job.update(self.secrets.client_http(tls=self.secure))
-        am = {"static_configs": [{"targets": self.alertmanager_addresses()}], "timeout": "10s"}
-        if self.secrets and self.secure:
-            am.update(self.secrets.client_http(tls=True))
+        agent_job.update(self.secrets.scrape.client_http(tls=self.secure))
+        am = {"static_configs": [{"targets": [f"127.0.0.1:{self.ports[f'alertmanager-{i}']}"
+                                              for i in range(1, self.peers + 1)]}],
+              "timeout": "10s", **self.secrets.client_http(tls=False)}
         return {
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval,
                        "external_labels": {"watcher": replica}},
@@ -405,8 +415,7 @@ class Central(FleetRole):
                          knobs.rule_files(knobs.load(), **overrides)[knobs.FLEET_RULES])
         for r in self.watchers:
             write_yaml(os.path.join(self.config, f"watcher-{r}.yml"), self.watcher_config(r), SOURCE)
-        if self.secure:
-            self.secrets.web_config(os.path.join(self.config, "web-config.yml"), cert_name="central")
+        self.secrets.web_config(os.path.join(self.config, "alertmanager-web.yml"), cert_name=None)
         return self._render_grafana(self.query_url())
 
     def commands(self):
@@ -414,17 +423,22 @@ class Central(FleetRole):
         cmds = {"receiver": self.receiver_stack.commands()["receiver"]}
         for i in range(1, self.peers + 1):
             argv = [program("alertmanager"), f"--config.file={w}/alertmanager.yml",
-                    f"--storage.path={d}/alertmanager-{i}", f"--web.listen-address={self.listen}:{p[f'alertmanager-{i}']}",
+                    f"--storage.path={d}/alertmanager-{i}", f"--web.listen-address=127.0.0.1:{p[f'alertmanager-{i}']}",
+                    f"--web.config.file={w}/alertmanager-web.yml",
                     f"--cluster.listen-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
                     f"--cluster.advertise-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
                     "--cluster.settle-timeout=15s"]
             argv += [f"--cluster.peer=127.0.0.1:{p[f'alertmanager-{j}-cluster']}"
                      for j in range(1, self.peers + 1) if j != i]
             argv += [f"--cluster.peer={peer}" for peer in self.cluster_peers]
+            cmds[f"alertmanager-{i}"] = (argv, {}, f"http://127.0.0.1:{p[f'alertmanager-{i}']}/-/healthy")
+            gate = [program("gate"), alert_gate.__file__, f"--listen={self.listen}:{p[f'gate-{i}']}",
+                    f"--alertmanager=http://127.0.0.1:{p[f'alertmanager-{i}']}",
+                    f"--credentials={self.secrets.push_credentials}", f"--admin-password-file={self.secrets.password_file}"]
             if self.secure:
-                argv.append(f"--web.config.file={w}/web-config.yml")
-            scheme = "https" if self.secure else "http"
-            cmds[f"alertmanager-{i}"] = (argv, {}, f"{scheme}://{self.listen}:{p[f'alertmanager-{i}']}/-/healthy")
+                crt, key = self.secrets.cert("central")
+                gate += [f"--tls-cert={crt}", f"--tls-key={key}"]
+            cmds[f"gate-{i}"] = (gate, {}, f"{'https' if self.secure else 'http'}://{self.listen}:{p[f'gate-{i}']}/-/healthy")
         for r in self.watchers:
             cmds[f"watcher-{r}"] = ([program("prometheus"), f"--config.file={w}/watcher-{r}.yml",
                                      f"--storage.tsdb.path={d}/watcher-{r}", f"--storage.tsdb.retention.time={RETENTION}",
@@ -459,18 +473,19 @@ def make(name, state, ports=None, listen="127.0.0.1", auth=False, tls=None, host
     """The role `name` on state, from the options of `stackctl.py up` (docs/fleet.md)."""
     if name == "standalone":
         return Standalone(state, ports, listen, auth=auth, tls=tls, grafana_server=grafana.find())
-    fleet_secrets = pki.Secrets(secrets or os.path.join(state, "secrets", "fleet"))
+    secrets_dir = secrets or os.path.join(state, "secrets", "fleet")
     if name == "agent":
         if not alertmanagers:
-            raise SystemExit("--role agent needs --alertmanager ADDR:PORT for every central Alertmanager peer")
+            raise SystemExit("--role agent needs --alertmanager ADDR:PORT for every central alert gate")
         host = host or os.uname().nodename
-        if not loopback(listen):
-            for f in (*fleet_secrets.cert(host), fleet_secrets.ca, fleet_secrets.password_file):
-                if not os.path.exists(f):
-                    raise SystemExit(f"{f} missing: on the central side run `stackctl.py fleet-cert --host {host} "
-                                     f"--address {listen}` and copy its output files here (docs/fleet.md)")
-        return Agent(state, host, alertmanagers, fleet_secrets, replicas=replicas or ("A",), listen=listen, ports=ports)
-    fleet_secrets.ensure(server_names={"central": [listen, "127.0.0.1"]}, client_names=["query"])
+        host_secrets = fleet_auth.HostSecrets(secrets_dir, host)
+        for f in host_secrets.files(secure=not loopback(listen)):
+            if not os.path.exists(f):
+                raise SystemExit(f"{f} missing: on the central side run `stackctl.py fleet-cert --host {host} "
+                                 f"--address {listen}` and copy the directory it names here (docs/fleet.md)")
+        return Agent(state, host, alertmanagers, host_secrets, replicas=replicas or ("A",), listen=listen, ports=ports)
+    fleet_secrets = fleet_auth.CentralSecrets(secrets_dir).ensure(
+        server_names={"central": [listen, "127.0.0.1"]}, client_names=["query"])
     return Central(state, inventory or os.path.join(state, "inventory.yml"), fleet_secrets, listen=listen, ports=ports,
                    cluster_peers=cluster_peers or (), grafana_server=grafana.find())
 

@@ -16,7 +16,7 @@ import yaml
 
 from blockstack_rules import knobs
 
-from . import grafana, procs
+from . import grafana, metrics_front, procs
 from .files import secret, write_yaml
 from .paths import BUILD, REPO, VENV_BIN
 EBPF_EXPORTER = os.path.join(BUILD, "bin", "ebpf_exporter")
@@ -51,6 +51,7 @@ PROGRAMS = {
     "blockstack": ((os.path.join(VENV_BIN, "blockstack-exporter"),), "venv"),
     "ebpf": ((EBPF_EXPORTER,), "ebpf-build"),
     "receiver": ((os.path.join(VENV_BIN, "python"),), "venv"),
+    "gate": ((os.path.join(VENV_BIN, "python"),), "venv"),  # alert_gate.py, metrics_front.py
 }
 
 # The Prometheus-family servers and their tools, in two tested sets (docs/deploy.md):
@@ -141,10 +142,15 @@ class Stack:
         # block Prometheus uses to reach them (pki.Secrets.client_http), at web_address.
         self.web_listen = self.web_address = "127.0.0.1"
         self.web_config_file = self.web_client = None
-        # Basic auth on Alertmanager alone, even on loopback (roles.Standalone's default mode):
-        # its web config and the basic_auth block its clients send. Alertmanager answers any
-        # origin's CORS preflight with `*`, so without a password a web page could silence pages.
-        self.alertmanager_web_config = self.alertmanager_client = None
+        # Basic auth on Prometheus and Alertmanager even on loopback (roles.Standalone's default
+        # mode): their web config and the basic_auth block their clients send. Alertmanager answers
+        # any origin's CORS preflight with `*`, so without a password a web page could silence
+        # pages; both serve Go's /debug/pprof/, which no flag turns off.
+        self.loopback_web_config = self.loopback_client = None
+        # With a directory: node_exporter and ebpf_exporter serve HTTP on Unix sockets in
+        # DIR/node and DIR/ebpf, and metrics_front.py (program "front") answers their ports with
+        # /metrics only (their /debug/pprof/ has no off switch, ebpf_exporter no web config).
+        self.metrics_socket_dir = None
         # The bearer token Alertmanager's webhooks send the receiver (generated 0600 by render).
         self.receiver_token_file = os.path.join(self.workdir, "receiver-token")
         self.pages_file = os.path.join(self.workdir, "pages.jsonl")  # the receiver's (roles: STATE/pages/)
@@ -179,7 +185,7 @@ class Stack:
         """The basic_auth (+ scheme/tls_config) block Prometheus sends to one of the stack's servers."""
         if self.web_client and component in self.AUTH_COMPONENTS:
             return self.web_client
-        return (self.alertmanager_client if component == "alertmanager" else None) or {}
+        return (self.loopback_client if component in ("alertmanager", "prometheus") else None) or {}
 
 
     # -- configuration ---------------------------------------------------------------
@@ -244,17 +250,27 @@ class Stack:
 
     # -- processes -------------------------------------------------------------------
 
+    def metrics_socket(self, component):
+        return os.path.join(self.metrics_socket_dir, component, "metrics.sock")
+
+    def _socketed(self, component, argv):
+        """argv, started by metrics_front.py on its Unix socket when metrics_socket_dir is set."""
+        if not self.metrics_socket_dir:
+            return argv
+        return [program("gate"), metrics_front.__file__, "exec", f"--socket={self.metrics_socket(component)}", "--", *argv]
+
     def commands(self):
         """{component: (argv, env, health_url)} in start order."""
         w, p = self.workdir, self.ports
         web = [f"--web.config.file={self.web_config_file}"] if self.web_config_file else []
-        am_web = [f"--web.config.file={self.alertmanager_web_config}"] if self.alertmanager_web_config and not web else web
+        web = web or ([f"--web.config.file={self.loopback_web_config}"] if self.loopback_web_config else [])
         cmds = {}
         if "node" in self.components:
-            cmds["node"] = ([program("node"), f"--web.listen-address=127.0.0.1:{p['node']}",
+            listen = ["--web.systemd-socket"] if self.metrics_socket_dir else [f"--web.listen-address=127.0.0.1:{p['node']}"]
+            cmds["node"] = (self._socketed("node", [program("node"), *listen,
                              "--collector.disable-defaults", "--collector.diskstats", "--collector.cpu",
                              "--collector.meminfo", "--collector.pressure",
-                             f"--collector.diskstats.device-exclude={DISKSTATS_EXCLUDE}"],
+                             f"--collector.diskstats.device-exclude={DISKSTATS_EXCLUDE}"]),
                             {}, self.url("node", "/metrics"))
         if "blockstack" in self.components:
             cmds["blockstack"] = ([program("blockstack"), f"--web.listen-address=127.0.0.1:{p['blockstack']}"],
@@ -263,10 +279,16 @@ class Stack:
             if self._ebpf_configs is None:
                 self._ebpf_configs = ebpf_config_names(self._ebpf_cache)
             # --capabilities.keep=none: every capability dropped once the programs are attached
-            cmds["ebpf"] = ([program("ebpf"), f"--config.dir={EBPF_CONFIG_DIR}", f"--config.names={self._ebpf_configs}",
-                             "--capabilities.keep=none",
-                             f"--web.listen-address=127.0.0.1:{p['ebpf']}"],
+            listen = "fd://0" if self.metrics_socket_dir else f"127.0.0.1:{p['ebpf']}"
+            cmds["ebpf"] = (self._socketed("ebpf", [program("ebpf"), f"--config.dir={EBPF_CONFIG_DIR}",
+                             f"--config.names={self._ebpf_configs}", "--capabilities.keep=none",
+                             f"--web.listen-address={listen}"]),
                             {"OTEL_TRACES_EXPORTER": "none"}, self.url("ebpf", "/metrics"))
+        socketed = [c for c in ("node", "ebpf") if c in self.components]
+        if self.metrics_socket_dir and socketed:
+            cmds["front"] = ([program("gate"), metrics_front.__file__, "serve",
+                              *(f"--route=127.0.0.1:{p[c]}={self.metrics_socket(c)}" for c in socketed)],
+                             {}, self.url(socketed[-1], "/metrics"))
         if "receiver" in self.components:
             cmds["receiver"] = ([program("receiver"), os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
                                  f"--listen=127.0.0.1:{p['receiver']}", f"--file={self.pages_file}",
@@ -275,7 +297,7 @@ class Stack:
         if "alertmanager" in self.components:
             cmds["alertmanager"] = ([program("alertmanager", self.servers), f"--config.file={w}/alertmanager.yml",
                                      f"--storage.path={self.data_dir}/alertmanager",
-                                     f"--web.listen-address={self.web_listen}:{p['alertmanager']}", "--cluster.listen-address=", *am_web],
+                                     f"--web.listen-address={self.web_listen}:{p['alertmanager']}", "--cluster.listen-address=", *web],
                                     {}, self.url("alertmanager", "/-/ready"))
         if "prometheus" in self.components:
             cmds["prometheus"] = ([program("prometheus", self.servers), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",

@@ -14,7 +14,7 @@ import re
 import string
 import subprocess
 
-from . import privileges
+from . import metrics_front, privileges
 from .files import write_if_changed
 
 UNIT_DIR = "/etc/systemd/system"
@@ -26,7 +26,7 @@ UNIT = string.Template("""\
 [Unit]
 Description=Block Stack Merges ${name}
 After=${after}
-
+${requires}
 [Service]
 ${environment}ExecStart=${exec_start}
 ${reload}${hardening}
@@ -77,6 +77,23 @@ ProtectControlGroups=yes
 RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
 LockPersonality=yes""",
 }
+# An exporter that serves its metrics on a Unix socket (stack.Stack.metrics_socket_dir): systemd
+# makes the socket and hands it over as fd 3, which metrics_front.py's `exec` does under supervisord;
+# only root and the front's group may connect.
+SOCKET = string.Template("""\
+# rendered by blockstack_deploy/systemd.py from the ${role} role's command: edit the source, not this file
+[Unit]
+Description=Block Stack Merges ${name} metrics socket (metrics_front.py answers its port)
+
+[Socket]
+ListenStream=${path}
+SocketMode=0660
+SocketGroup=${group}
+RemoveOnStop=yes
+
+[Install]
+WantedBy=sockets.target
+""")
 SERVER = string.Template("""\
 User=${user}
 Group=${user}
@@ -100,14 +117,23 @@ def unit_name(program):
 
 
 def units(role):
-    """{unit file name: text} for every program of the role."""
+    """{unit file name: text} for every program of the role (and a .socket for a socketed exporter)."""
     out = {}
     for name, (argv, env, _) in role.commands().items():
         kind = name.split("-")[0]
+        if argv[1:3] == [metrics_front.__file__, "exec"]:  # systemd makes the socket itself
+            path = argv[3].split("=", 1)[1]
+            argv = argv[argv.index("--") + 1:]
+            socket_unit = unit_name(name).replace(".service", ".socket")
+            out[socket_unit] = SOCKET.substitute(role=role.name, name=UNIT_NAMES.get(name, name), path=path,
+                                                 group=privileges.FRONT)
+            requires = f"Requires={socket_unit}\nAfter={socket_unit}\n"
+        else:
+            requires = ""
         hardening = HARDENING.get(kind) or SERVER.substitute(state=role.state, user=privileges.identity(name)[0],
                                                             group=privileges.GROUP)
         out[unit_name(name)] = UNIT.substitute(
-            role=role.name, name=UNIT_NAMES.get(name, name), after="local-fs.target" if kind in HARDENING else "network-online.target",
+            role=role.name, name=UNIT_NAMES.get(name, name), requires=requires, after="local-fs.target" if kind in HARDENING else "network-online.target",
             environment="".join(f"Environment={escape(f'{k}={v}')}\n" for k, v in env.items()),
             exec_start=" ".join(escape(a) for a in argv),
             reload="ExecReload=/bin/kill -HUP $MAINPID\n" if name in role.reloads else "",

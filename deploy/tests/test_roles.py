@@ -2,12 +2,13 @@
 promtool for the agent and watcher Prometheus configs, amtool for the Alertmanager config, and
 the properties paging depends on (replica dropped from alerts, host on every series, TLS + basic
 auth beyond loopback). The fleet rules' own unit tests are alerts/tests/fleet.test.yml's."""
+import os
 import subprocess
 
 import pytest
 import yaml
 
-from blockstack_deploy import pki, roles, stack
+from blockstack_deploy import fleet_auth, roles, stack
 
 
 def tool(name, servers):
@@ -23,14 +24,20 @@ servers_matrix = pytest.mark.parametrize("servers", list(stack.SERVERS))
 
 @pytest.fixture(scope="module")
 def secrets(tmp_path_factory):
-    s = pki.Secrets(tmp_path_factory.mktemp("secrets"))
-    return s.ensure(server_names={"central": ["10.9.0.1"], "db1": ["10.9.0.11"]}, client_names=["query"])
+    """The central's fleet credentials (fleet_auth.CentralSecrets) with db1 issued."""
+    s = fleet_auth.CentralSecrets(tmp_path_factory.mktemp("secrets"))
+    s.ensure(server_names={"central": ["10.9.0.1"]}, client_names=["query"]).issue("db1", "10.9.0.11")
+    return s
+
+
+def db1(secrets):
+    return fleet_auth.HostSecrets(secrets.host_dir("db1"), "db1")
 
 
 @pytest.mark.built  # the agent's commands name ebpf_exporter and the Thanos sidecar
 @servers_matrix
 def test_agent_config(tmp_path, secrets, servers):
-    agent = roles.Agent(tmp_path, "db1", ["10.9.0.1:9093", "10.9.0.1:9095"], secrets, replicas=("A", "B"),
+    agent = roles.Agent(tmp_path, "db1", ["10.9.0.1:9093", "10.9.0.1:9095"], db1(secrets), replicas=("A", "B"),
                         listen="10.9.0.11", ebpf_configs="block_sizes")
     agent.render()
     for r in ("A", "B"):
@@ -40,7 +47,9 @@ def test_agent_config(tmp_path, secrets, servers):
         assert config["global"]["external_labels"] == {"host": "db1", "replica": r}
         assert {"action": "labeldrop", "regex": "replica"} in config["alerting"]["alert_relabel_configs"]
         am = config["alerting"]["alertmanagers"][0]
-        assert am["scheme"] == "https" and am["basic_auth"]["username"] == "fleet"
+        # the host's own push secret, nothing shared with other hosts or the central side
+        assert am["scheme"] == "https" and am["basic_auth"] == {
+            "username": "db1", "password_file": db1(secrets).push_password_file}
         assert am["static_configs"][0]["targets"] == ["10.9.0.1:9093", "10.9.0.1:9095"]
         assert all(sc["static_configs"][0]["labels"]["host"] == "db1" for sc in config["scrape_configs"])
     cmds = agent.commands()
@@ -55,7 +64,10 @@ def test_agent_config(tmp_path, secrets, servers):
             assert any(a.startswith("--grpc-server-tls-client-ca=") for a in argv)
             assert any(a.startswith("--http.config=") for a in argv)
     web = yaml.safe_load((tmp_path / "config" / "web-config.yml").read_text())
-    assert "fleet" in web["basic_auth_users"] and web["tls_server_config"]["cert_file"].endswith("db1.crt")
+    # the sidecars take the central's scrape user only; the host holds its hash, not the password
+    assert list(web["basic_auth_users"]) == ["scrape"] and web["tls_server_config"]["cert_file"].endswith("db1.crt")
+    assert sorted(os.listdir(db1(secrets).dir)) == ["ca.crt", "db1.crt", "db1.key", "push-password",
+                                                    "scrape-password.bcrypt"]
     assert agent.inventory_entries()[1] == {"targets": ["10.9.0.11:10911"], "labels": {
         "host": "db1", "replica": "B", "__http_address__": "10.9.0.11:10912"}}
 
@@ -66,16 +78,28 @@ def test_central_config(tmp_path, secrets, servers):
     inventory = tmp_path / "inventory.yml"
     central = roles.Central(tmp_path / "central", str(inventory), secrets, listen="10.9.0.1")
     central.render()
-    roles.write_inventory(str(inventory), roles.Agent(tmp_path / "a", "db1", ["10.9.0.1:9093"], secrets,
+    roles.write_inventory(str(inventory), roles.Agent(tmp_path / "a", "db1", ["10.9.0.1:9093"], db1(secrets),
                                                       listen="10.9.0.11").inventory_entries())
     subprocess.run([tool("promtool", servers), "check", "config", str(tmp_path / "central" / "config" / "watcher-A.yml")], check=True,
                    capture_output=True, timeout=60)
     subprocess.run([tool("amtool", servers), "check-config", str(tmp_path / "central" / "config" / "alertmanager.yml")], check=True,
                    capture_output=True, timeout=60)
     cmds = central.commands()
-    assert {"receiver", "alertmanager-1", "alertmanager-2", "watcher-A", "query"} == set(cmds)
+    assert {"receiver", "alertmanager-1", "alertmanager-2", "gate-1", "gate-2", "watcher-A", "query"} == set(cmds)
     am1 = cmds["alertmanager-1"][0]
-    assert "--cluster.peer=127.0.0.1:9096" in am1 and any(a.startswith("--web.config.file=") for a in am1)
+    assert "--cluster.peer=127.0.0.1:9096" in am1 and "--web.listen-address=127.0.0.1:9193" in am1
+    # the peers: loopback, the admin password only; agents reach the gates, over TLS
+    am_web = yaml.safe_load((tmp_path / "central" / "config" / "alertmanager-web.yml").read_text())
+    assert f"--web.config.file={tmp_path / 'central' / 'config' / 'alertmanager-web.yml'}" in am1
+    assert list(am_web["basic_auth_users"]) == ["admin"] and "tls_server_config" not in am_web
+    assert central.alertmanager_addresses() == ["10.9.0.1:9093", "10.9.0.1:9095"]
+    gate = cmds["gate-1"][0]
+    assert "--listen=10.9.0.1:9093" in gate and "--alertmanager=http://127.0.0.1:9193" in gate
+    assert any(a.startswith("--tls-cert=") for a in gate)
+    watcher = yaml.safe_load((tmp_path / "central" / "config" / "watcher-A.yml").read_text())
+    assert watcher["scrape_configs"][0]["basic_auth"]["username"] == "scrape"
+    assert watcher["alerting"]["alertmanagers"][0]["basic_auth"]["username"] == "admin"
+    assert watcher["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9193", "127.0.0.1:9195"]
     query = cmds["query"][0]
     assert "--query.replica-label=replica" in query and f"--store.sd-files={inventory}" in query
     assert "--grpc-client-tls-secure" in query

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from blockstack_deploy import grafana, pki, roles, systemd
+from blockstack_deploy import fleet_auth, grafana, roles, systemd
 
 pytestmark = [pytest.mark.built]  # the units' ExecStart: ebpf_exporter and Thanos must exist
 
@@ -32,8 +32,9 @@ def role_units(role):
 
 @pytest.fixture(scope="module")
 def secrets(tmp_path_factory):
-    return pki.Secrets(tmp_path_factory.mktemp("secrets")).ensure(
-        server_names={"central": ["10.9.0.1"], "db1": ["10.9.0.11"]}, client_names=["query"])
+    s = fleet_auth.CentralSecrets(tmp_path_factory.mktemp("secrets"))
+    s.ensure(server_names={"central": ["10.9.0.1"]}, client_names=["query"]).issue("db1", "10.9.0.11")
+    return s
 
 
 def test_standalone_units(tmp_path):
@@ -48,11 +49,18 @@ def test_standalone_units(tmp_path):
     assert "--web.listen-address=0.0.0.0:9090" in prometheus
     node = units["blockstack-node-exporter.service"]
     assert r"--collector.diskstats.device-exclude=^(ram|fd|sr)\\d+$$" in node  # the regex, escaped for systemd
+    # the exporters serve /metrics on a socket systemd makes (only the front's group may connect)
+    for exporter in ("node-exporter", "ebpf-exporter"):
+        assert "SocketGroup=blockstack-front" in units[f"blockstack-{exporter}.socket"]
+        assert f"Requires=blockstack-{exporter}.socket" in units[f"blockstack-{exporter}.service"]
+    assert "--web.systemd-socket" in node and "metrics_front.py" not in node
+    assert "User=blockstack-front" in units["blockstack-front.service"]
     assert verify(tmp_path, units) == ""
 
 
 def test_agent_units(tmp_path, secrets):
-    role = roles.Agent(tmp_path / "state", "db1", ["10.9.0.1:9093"], secrets, replicas=("A", "B"),
+    role = roles.Agent(tmp_path / "state", "db1", ["10.9.0.1:9093"], fleet_auth.HostSecrets(secrets.host_dir("db1"), "db1"),
+                       replicas=("A", "B"),
                        listen="10.9.0.11", ebpf_configs="block_sizes")
     units = role_units(role)
     assert {"blockstack-prometheus-A.service", "blockstack-sidecar-B.service"} <= set(units)
@@ -63,7 +71,9 @@ def test_agent_units(tmp_path, secrets):
 def test_central_units(tmp_path, secrets):
     role = roles.Central(tmp_path / "state", str(tmp_path / "inventory.yml"), secrets, listen="10.9.0.1")
     units = role_units(role)
-    assert {"blockstack-alertmanager-1.service", "blockstack-watcher-A.service", "blockstack-query.service"} <= set(units)
+    assert {"blockstack-alertmanager-1.service", "blockstack-gate-1.service", "blockstack-watcher-A.service",
+            "blockstack-query.service"} <= set(units)
+    assert "User=blockstack-gate" in units["blockstack-gate-1.service"]
     assert verify(tmp_path, units) == ""
 
 

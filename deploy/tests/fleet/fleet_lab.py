@@ -6,7 +6,9 @@ with its own loop-device lab and an agent role, and the central role in the root
         plain loop devices p1, p2, ...                             (merge collapses to page on)
         node/blockstack/ebpf exporters + Prometheus replica(s) + Thanos sidecar(s)   (agent role)
     root namespace (10.200.K.1 on the bridge, and 127.0.0.1):
-        page receiver, 2 Alertmanager peers (cluster), watcher Prometheus, Thanos Query (central)
+        page receiver, 2 Alertmanager peers (cluster) behind 2 alert gates, watcher Prometheus,
+        Thanos Query (central); each host's secrets directory is the central's hosts/HOST/
+        (fleet_auth.py: its certificate, its own push secret, the scrape user's hash)
 
 All hosts share one kernel, so every exporter sees every loop device: each agent keeps only its
 own devices (Agent(devices=...)). Agent processes enter only the host's network namespace
@@ -20,7 +22,7 @@ import types
 
 import netns
 from blockstack_deploy import procs
-from blockstack_deploy.pki import Secrets
+from blockstack_deploy.fleet_auth import CentralSecrets
 from blockstack_deploy.procs import wait_until
 from blockstack_deploy.roles import Agent, Central, probe, write_inventory
 from blockstack_deploy.stack import ebpf_config_names
@@ -42,8 +44,9 @@ class Host:
 @contextlib.contextmanager
 def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=None, host_down_for="15s",
               scrape_interval="5s", log=print):
-    """Yields a namespace: central (Central), hosts {name: Host}, agents {name: Agent}, secrets,
-    auth (user, password), inventory path, start(host, component) / kill(host, component)."""
+    """Yields a namespace: central (Central), hosts {name: Host}, agents {name: Agent}, secrets
+    (the central's), admin and scrape (user, password), inventory path, start(host, component) /
+    kill(host, component)."""
     replicas = replicas or {}
     plain_devices = plain_devices or {}
     workdir = os.path.abspath(workdir)
@@ -51,10 +54,10 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
     with contextlib.ExitStack() as es:
         central_addr, nets = es.enter_context(netns.bridged_hosts(hosts))
         log(f">> fleet: central {central_addr}, hosts {', '.join(f'{h}={a}' for h, (_, a) in nets.items())}")
-        secrets = Secrets(os.path.join(workdir, "secrets")).ensure(
-            server_names={"central": [central_addr, "127.0.0.1"], **{h: [a] for h, (_, a) in nets.items()}},
-            client_names=["query"])
-        auth = (secrets.user, secrets.password())
+        secrets = CentralSecrets(os.path.join(workdir, "secrets")).ensure(
+            server_names={"central": [central_addr, "127.0.0.1"]}, client_names=["query"])
+        host_secrets = {h: secrets.issue(h, a) for h, (_, a) in nets.items()}  # what `stackctl.py fleet-cert` makes
+        admin, scrape = (secrets.user, secrets.password()), (secrets.scrape.user, secrets.scrape.password())
 
         # -- each host's loop-device lab ---------------------------------------------------
         fleet_hosts = {}
@@ -73,7 +76,7 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
         inventory = os.path.join(workdir, "inventory.yml")
         cports = {name: procs.free_port() for name in (
             "receiver", "query-http", "query-grpc", "watcher-A", "alertmanager-1", "alertmanager-1-cluster",
-            "alertmanager-2", "alertmanager-2-cluster")}
+            "alertmanager-2", "alertmanager-2-cluster", "gate-1", "gate-2")}
         central = Central(os.path.join(workdir, "central"), inventory, secrets, listen=central_addr, ports=cports,
                           scrape_interval=scrape_interval, host_down_for=host_down_for)
         central.render()
@@ -83,7 +86,7 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
                 argv, env=env, log_path=os.path.join(central.config, f"{name}.log")))
         for name, (argv, env, health) in central.commands().items():
             wait_until(f"central {name} ({health})", lambda: _alive(central_procs[name], name) and
-                       probe(health, auth=auth, ca=secrets.ca), 60)
+                       probe(health, auth=admin, ca=secrets.ca), 60)
 
         # -- agent role in each namespace ----------------------------------------------------
         ebpf_configs = ebpf_config_names()
@@ -91,7 +94,7 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
         starters = {}
         for h, host in fleet_hosts.items():
             devices = "|".join([host.upper, host.lower] + [loop.name(d) for d in host.plain])
-            agent = agents[h] = Agent(os.path.join(workdir, h), h, central.alertmanager_addresses(), secrets,
+            agent = agents[h] = Agent(os.path.join(workdir, h), h, central.alertmanager_addresses(), host_secrets[h],
                                       replicas=replicas.get(h, ("A",)), listen=host.address, devices=devices,
                                       scrape_interval=scrape_interval, ebpf_configs=ebpf_configs)
             agent.render()
@@ -112,7 +115,7 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
             health = starters[(h, name)][2]
             proc = fleet_hosts[h].procs[name]
             wait_until(f"{h} {name} ({health})", lambda: _alive(proc, f"{h} {name}") and
-                       netns.call_in(fleet_hosts[h].ns, probe, health, auth, secrets.ca), timeout)
+                       netns.call_in(fleet_hosts[h].ns, probe, health, scrape, secrets.ca), timeout)
 
         def kill(h, name):
             cm = ctx.pop((h, name))
@@ -134,7 +137,7 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
         write_inventory(inventory, [e for h, a in agents.items() for e in a.inventory_entries(fleet_hosts[h].address)])
         log(f">> fleet: {len(starters)} agent processes up; inventory {inventory}")
         yield types.SimpleNamespace(central=central, central_procs=central_procs, hosts=fleet_hosts, agents=agents,
-                                    secrets=secrets, auth=auth, inventory=inventory, start=start, kill=kill,
+                                    secrets=secrets, admin=admin, scrape=scrape, inventory=inventory, start=start, kill=kill,
                                     wait_ready=wait_ready, central_address=central_addr)
 
 

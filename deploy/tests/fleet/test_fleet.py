@@ -1,9 +1,12 @@
 """A small fleet on this machine (fleet_lab.py): 3 hosts as network namespaces, each with its own
 loop-device lab and the agent role; h1 runs two rule-evaluating Prometheus replicas (A, B); the
 central role (2 Alertmanager peers in a cluster, Thanos Query, watcher, receiver) in the root
-namespace. Cross-host traffic: TLS + basic auth (HTTP), mutual TLS (gRPC StoreAPI).
+namespace. Cross-host traffic: TLS + basic auth (HTTP), mutual TLS (gRPC StoreAPI); each host pushes alerts
+with its own secret through the central alert gates (fleet_auth.py, alert_gate.py).
 
 In order, on one fleet:
+0. From h2's namespace, h2's secret pushes an h2 alert and nothing else: no silence, no read, no
+   alert for h1, no scrape of h1's sidecar; the Alertmanager peers are unreachable from a host.
 1. Thanos Query returns each host's lineup series once (deduplicated across h1's replicas).
 2. The dashboard's queries, unchanged, run against Thanos Query; its host variable spans the fleet.
 3. A merge collapse on h1 pages exactly once, naming h1 (2 replicas x 2 Alertmanager peers).
@@ -30,7 +33,7 @@ import netns
 from blockstack_deploy import roles
 from blockstack_deploy.procs import wait_until
 from blockstack_lab import fio, loop
-from blockstack_lab.api import Prometheus
+from blockstack_lab.api import Prometheus, request
 from blockstack_lab.view import PAGE_ALERTS
 from fleet_lab import fleet_lab
 
@@ -107,6 +110,52 @@ def collapse():
         os.killpg(load.pid, signal.SIGTERM)
         load.wait(30)
         setting.__exit__(None, None, None)
+
+
+def test_a_hosts_secret_pushes_its_own_alerts_only(fleet):
+    h2 = fleet.agents["h2"].secrets
+    assert sorted(os.listdir(h2.dir)) == ["ca.crt", "h2.crt", "h2.key", "push-password", "scrape-password.bcrypt"]
+    mine = ("h2", open(h2.push_password_file).read().strip())
+    gate = f"https://{fleet.central.alertmanager_addresses()[0]}"
+    peer = f"http://127.0.0.1:{fleet.central.ports['alertmanager-1']}"
+    h1 = fleet.hosts["h1"]
+    sidecar = f"https://{h1.address}:{fleet.agents['h1'].ports['sidecar-A-http']}/metrics"
+    admin = fleet.admin
+
+    def from_h2(url, auth=mine, **kw):
+        try:
+            return netns.call_in(fleet.hosts["h2"].ns, request, url, auth, fleet.secrets.ca, **kw)[0]
+        except OSError as e:
+            return type(e).__name__
+
+    def alert(host):
+        return [{"labels": {"alertname": "BlockStackCredentialTest", "host": host, "severity": "info"},
+                 "endsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))}]
+
+    silence = {"matchers": [{"name": "host", "value": "h1", "isRegex": False}], "startsAt": "2020-01-01T00:00:00Z",
+               "endsAt": "2099-01-01T00:00:00Z", "createdBy": "h2", "comment": "h2 silencing h1"}
+    harmless = {**silence, "matchers": [{"name": "alertname", "value": "BlockStackNoSuchAlert", "isRegex": False}]}
+    existing = json.loads(request(peer + "/api/v2/silences", admin, body=harmless)[1])["silenceID"]
+    seen = {
+        "push h2's alert": from_h2(gate + "/api/v2/alerts", body=alert("h2")),
+        "push an alert for h1": from_h2(gate + "/api/v2/alerts", body=alert("h1")),
+        "POST /api/v2/silences": from_h2(gate + "/api/v2/silences", body=silence),
+        "DELETE /api/v2/silence/ID": from_h2(gate + f"/api/v2/silence/{existing}", method="DELETE"),
+        "GET /api/v2/alerts": from_h2(gate + "/api/v2/alerts"),
+        "GET /api/v2/status": from_h2(gate + "/api/v2/status"),
+        "scrape h1's sidecar": from_h2(sidecar),
+        "Alertmanager peer itself": from_h2(peer + "/api/v2/status"),
+    }
+    print("\nh2's secret:", json.dumps(seen))
+    assert seen == {"push h2's alert": 200, "push an alert for h1": 403, "POST /api/v2/silences": 403,
+                    "DELETE /api/v2/silence/ID": 403, "GET /api/v2/alerts": 403, "GET /api/v2/status": 403,
+                    "scrape h1's sidecar": 401, "Alertmanager peer itself": "URLError"}, seen
+    # the pushed alert reached the peers; the admin's silence still stands; the central's scrape user reads h1
+    alerts = json.loads(request(peer + "/api/v2/alerts", admin)[1])
+    assert [a["labels"]["host"] for a in alerts if a["labels"]["alertname"] == "BlockStackCredentialTest"] == ["h2"]
+    states = {s["id"]: s["status"]["state"] for s in json.loads(request(peer + "/api/v2/silences", admin)[1])}
+    assert states[existing] == "active" and list(states.values()).count("active") == 1, states
+    assert netns.call_in(fleet.hosts["h2"].ns, request, sidecar, fleet.scrape, fleet.secrets.ca)[0] == 200
 
 
 def test_thanos_query_returns_each_hosts_lineup_once(fleet):
