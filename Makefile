@@ -83,10 +83,9 @@ ebpf-build: $(EBPF_EXPORTER) ebpf-objects
 grafana: venv
 	@$(VPY) -m blockstack_deploy.grafana
 
-## test: every test (unit, golden, live on loop devices, real servers, the linters, the VM tier)
+## test: every test (unit, golden, live on loop devices, real servers, the linters, the VM tier beside the rest)
 test: deps vm-deps venv ebpf-build thanos grafana upstream-servers linters
-	@echo ">> running tests"
-	@$(PYTEST) -m "not vm_long"
+	@PYTEST=$(PYTEST) scripts/run-tests.sh
 
 ## test-unit: the fast tier: every static check and unit test; no root, no servers, no Go build, under a minute
 UNIT := not root and not servers and not built and not linters and not vm

@@ -127,4 +127,38 @@ class Supervisor:
             if self.pid() is None:
                 break
             time.sleep(0.1)
+        self._stop_leftovers()
         print(f"stopped; data kept in {self.state}/data")
+
+    def _stop_leftovers(self, grace=10.0):
+        """Processes of this stack still running once supervisord is gone (a program slow to exit
+        on a loaded host, a child outside its process group): TERM, then KILL after `grace`."""
+        left = self.leftovers()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in left:
+                try:
+                    os.kill(p, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + grace
+            while left and time.monotonic() < deadline:
+                time.sleep(0.1)
+                left = [p for p in left if os.path.exists(f"/proc/{p}")]
+            if not left:
+                return
+            print(f"still running after SIG{sig.name[3:]}: {left}")
+
+    def leftovers(self):
+        """Pids whose command line names this stack's state directory, this process excepted."""
+        mark = self.state.encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if mark in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+        return found

@@ -306,6 +306,32 @@ def test_status_hanging_keeps_the_tables(fake, monkeypatch):
     assert r.get("blockstack_dm_snapshot_state", **snap, state="valid") is None
 
 
+def test_table_timing_out_keeps_the_last_table_of_the_same_devices(fake, monkeypatch):
+    """On a loaded VM a `dmsetup table` past the deadline made blockstack_dm_snapshot_info blink
+    out for a scrape, and a page's description lost its snapshot sentence."""
+    registry = fake.registry("nvme-incident", flags=["--collector.dm.timeout=0.5"])
+    snap = dict(device="dm-3", name="secvol-tmp_backup1")
+    assert Scraped(registry).get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
+    monkeypatch.setenv("FAKE_DMSETUP_MODE", "hang")
+    monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
+    r = Scraped(registry)
+    assert r.success("dm") == 1 and r.errors("dm") >= 1  # counted all the same
+    assert r.get("blockstack_dm_snapshot_info", **snap, origin="dm-1", cow="dm-2", persistent="P", merge="false") == 1
+    assert r.get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
+    assert r.get("blockstack_dm_snapshot_cow_used_bytes", **snap) is None  # status is never stood in for
+
+
+def test_table_timing_out_after_the_devices_changed_fails_the_collector(fake, monkeypatch, tmp_path):
+    registry = fake.registry("nvme-incident", flags=["--collector.dm.timeout=0.5"])
+    assert Scraped(registry).success("dm") == 1
+    monkeypatch.setenv("FAKE_DMSETUP_MODE", "hang")
+    monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
+    root = str(tmp_path / "root")
+    os.unlink(os.path.join(root, "sys/class/block/dm-3"))  # the snapshot removed
+    r = Scraped(registry)
+    assert r.success("dm") == 0 and r.get("blockstack_dm_snapshot_info", device="dm-3") is None
+
+
 def test_device_vanished_between_sysfs_and_dmsetup(fake):
     r = fake("nvme-incident", sysfs=SYSFS["nvme-incident"] + "\n dm dm-4 253:4 secvol-gone")
     assert r.success("dm") == 1 and r.errors("dm") == 1

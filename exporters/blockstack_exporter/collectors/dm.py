@@ -6,6 +6,11 @@ table has a snapshot, snapshot-merge or thin-pool target):
     dmsetup table                 NAME: START LENGTH TARGET ARGS...   (one line per target)
     dmsetup status --noflush      NAME: START LENGTH TARGET STATUS...
 
+When `dmsetup table` fails or runs out of time (a loaded host, a slow root filesystem) while
+sysfs shows the same dm devices as at its last success, that table stands in, so that the
+snapshot's facts do not blink out; the failure is still counted. `dmsetup status` (COW and pool
+use) is never stood in for: a stale use would hide a snapshot filling.
+
 Without a device argument dmsetup prefixes every line with the (mangled) device name. `--noflush`
 keeps the status call from committing thin-pool metadata on every scrape (dm-thin.c pool_status
 commits unless DM_STATUS_NOFLUSH_FLAG is set); the numbers are at most one commit period old.
@@ -263,6 +268,7 @@ class DmCollector:
         self._abandoned = []  # dmsetup processes that did not die when killed (stuck in an ioctl)
         self._reuse = Reuse()
         self._crypt_flags = {}  # dm-N -> the performance flags of its crypt targets (crypt_flags)
+        self._table = None  # (the dm devices as sysfs showed them, `dmsetup table`) of the last table read
 
     def run(self, args, timeout=None):
         """stdout of `dmsetup ARGS` as text; DmsetupError if absent, failing, slower than the
@@ -350,11 +356,18 @@ class DmCollector:
         dm = scrape.dm
         if not dm:
             return []
+        devices = tuple(sorted(dm.items()))
         try:
             table_text = self.run(TABLE_ARGS, scrape.remaining())
-        except DmsetupError as e:  # nothing to publish: the collector failed
+            self._table = (devices, table_text)
+        except DmsetupError as e:
             scrape.error(str(e), e.reason, subject="dmsetup table")
-            raise CollectorFailed() from None
+            if self._table is None or self._table[0] != devices:
+                raise CollectorFailed() from None  # nothing to publish: the collector failed
+            # The same dm devices (kernel names, dm names, uuids) as at the last table read: its
+            # snapshot, origin and chunk facts stand (they change only when a device is made
+            # anew), so a slow dmsetup on a loaded host does not make them blink out of the rules.
+            table_text = self._table[1]
         status_text = ""  # only snapshot, snapshot-merge and thin-pool targets have a status published
         if " snapshot" in table_text or " thin-pool" in table_text:  # (a superset of the lines that do)
             try:
@@ -363,7 +376,7 @@ class DmCollector:
                 scrape.error(str(e), e.reason, subject="dmsetup status")  # tables are still published
                 status_text = None
         # parsed again only when something it depends on changed
-        key = (table_text, status_text, tuple(sorted(dm.items())), tuple(scrape.devices))
+        key = (table_text, status_text, devices, tuple(scrape.devices))
         families = self._reuse.families_for(scrape, key, lambda: self._families(scrape, dm, table_text, status_text))
         scrape.facts["crypt_flags"] = self._crypt_flags  # for the findings: read here, never published
         return families
