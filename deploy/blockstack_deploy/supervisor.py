@@ -143,17 +143,19 @@ class Supervisor:
             deadline = time.monotonic() + grace
             while left and time.monotonic() < deadline:
                 time.sleep(0.1)
-                left = [p for p in left if os.path.exists(f"/proc/{p}")]
+                left = [p for p in left if _stat(p)[0] not in ("Z", None)]
             if not left:
                 return
             print(f"still running after SIG{sig.name[3:]}: {left}")
 
     def leftovers(self):
-        """Pids whose command line names this stack's state directory, this process excepted."""
+        """Pids whose command line names this stack's state directory, but for this process and
+        its ancestors (`make down STATE_DIR=...` names it too)."""
         mark = self.state.encode()
+        mine = _ancestors(os.getpid())
         found = []
         for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
+            if not entry.isdigit() or int(entry) in mine:
                 continue
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
@@ -162,3 +164,22 @@ class Supervisor:
             except OSError:
                 continue
         return found
+
+
+def _stat(pid):
+    """(state, parent pid) of a process from /proc/PID/stat, or (None, 0) once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state, ppid = f.read().rsplit(")", 1)[1].split()[:2]  # the fields after the command
+        return state, int(ppid)
+    except (OSError, ValueError):
+        return None, 0
+
+
+def _ancestors(pid):
+    """pid and the pids of its parent, grandparent, ... up to init."""
+    chain = set()
+    while pid > 0 and pid not in chain:
+        chain.add(pid)
+        pid = _stat(pid)[1]
+    return chain
