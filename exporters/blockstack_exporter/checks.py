@@ -394,7 +394,7 @@ def snapshot_invalid(host, k):
 def snapshot_cow_filling(host, k):
     """COW use from one scrape; with two samples (the doctor's --interval), the time to fill as
     BlockStackSnapshotCowFillingUp predicts it."""
-    least, red = k["snapshot_fill_min_used_ratio"], k["snapshot_cow_used_red_ratio"]
+    least, red = k["snapshot_fill_min_used_ratio"], k["snapshot_cow_used_warning_ratio"]
     horizon = k["snapshot_fill_horizon_seconds"]
     for name in sorted(host.snapshots):
         snap = host.snapshots[name]
@@ -591,7 +591,7 @@ CHECKS = (
     Check("snapshot_cow_filling", snapshot_cow_filling, "classic snapshot COW filling",
           "Documentation/admin-guide/device-mapper/snapshot.rst (a full COW invalidates the snapshot)",
           alert="BlockStackSnapshotCowFillingUp",
-          knobs=("snapshot_fill_min_used_ratio", "snapshot_cow_used_red_ratio", "snapshot_fill_horizon_seconds")),
+          knobs=("snapshot_fill_min_used_ratio", "snapshot_cow_used_warning_ratio", "snapshot_fill_horizon_seconds")),
     Check("ext4_journal_small", ext4_journal_small, "ext4 dioread_nolock with a small journal",
           EXT4_WRITEUP, alert="BlockStackJbd2CreditWaitHigh",
           knobs=("ext4_journal_good_bytes", "jbd2_credit_wait_max_seconds", "jbd2_credit_wait_min_rate")),
