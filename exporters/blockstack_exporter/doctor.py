@@ -58,8 +58,9 @@ def parse_diskstats(text):
 
 def read_ebpf(url, names, timeout=10):
     """Counters of ebpf_exporter by (what, device[, operation]): requests issued and their bytes,
-    refused merges, splits, jbd2 credit waits and their seconds. Its series carry the device number (`devno`, ebpf-configs/
-    README.md); `names` ({devno: device}, the exporter's blockstack_device_number_info) names them."""
+    refused merges, splits, jbd2 credit waits and their seconds. Its series carry the device
+    number (`devno`, ebpf-configs/README.md); `names` ({devno: device}, the exporter's
+    blockstack_device_number_info) names them."""
     import urllib.request  # only here: its import is a tenth of the doctor's start on a busy host
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -218,14 +219,7 @@ def collapse_findings(host, rows, k):
             q = host.queue.get(owner, {})
             evidence.append(f"/sys/block/{owner}/queue: nomerges {q.get('nomerges', 0):.0f}, max_sectors_kb "
                             f"{q.get('max_sectors', 0) / 1024:.0f}")
-            if q.get("nomerges"):
-                fix = f"echo 0 > /sys/block/{owner}/queue/nomerges"
-            elif q.get("max_sectors", 0) < k["max_sectors_floor_bytes"]:
-                kb = min(q.get("max_hw_sectors", 0), 1280 * 1024) // 1024
-                fix = f"echo {kb} > /sys/block/{owner}/queue/max_sectors_kb"
-            else:
-                fix = ("neither nomerges nor max_sectors_kb: look at the layer in between (snapshot chunk size, "
-                       "dm-crypt)")
+            fix = _collapse_fix(owner, q, k, split_first=split and not refused)
             proves = "merging refused" if refused else "requests split" if split else "layered"
             what = f"{proves}: {dev} {op}s {row['sectors']:.0f}-sector requests at {row['rps']:.0f}/s"
             if not (refused or split):
@@ -236,6 +230,19 @@ def collapse_findings(host, rows, k):
                 "see the setting's own finding; docs/runbook.md#blockstackmergecollapse",
                 checks.NVME_WRITEUP))
     return out
+
+
+def _collapse_fix(owner, q, k, split_first):
+    """The fix of the setting the evidence points at: nomerges for refused merges (and the
+    layered shape), max_sectors_kb first for pieces split off."""
+    fixes = []
+    if q.get("nomerges"):
+        fixes.append(f"echo 0 > /sys/block/{owner}/queue/nomerges")
+    if q.get("max_sectors", 0) < k["max_sectors_floor_bytes"]:
+        kb = min(q.get("max_hw_sectors", 0), 1280 * 1024) // 1024
+        fixes.insert(0 if split_first else len(fixes), f"echo {kb} > /sys/block/{owner}/queue/max_sectors_kb")
+    return fixes[0] if fixes else ("neither nomerges nor max_sectors_kb: look at the layer in between (snapshot "
+                                   "chunk size, dm-crypt)")
 
 
 def _refused(row, k):

@@ -136,3 +136,4 @@ def test_ebpf_adds_splits_to_the_lineup(pair, tmp_path):
     assert "missed_merges_ps" in low and low["issued_sectors"] <= 8
     collapse = named(report)[("merge_collapse", lower)]
     assert collapse["severity"] == "critical" and collapse["what"].startswith("requests split"), collapse
+    assert collapse["fix"].endswith(f"/sys/block/{lower}/queue/max_sectors_kb")
