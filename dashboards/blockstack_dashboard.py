@@ -264,8 +264,8 @@ def stack_table(k):
     nomerges = f"max by (host, device) (blockstack_queue_nomerges{{{BS}}})"
     # nomerges, plus 10 on a device beneath another one: the check (and the alert) warns there
     # (nomerges_beneath_stack) and only informs elsewhere (nomerges); the mapping shows the setting
-    beneath = (f'max by (host, device) (label_replace(blockstack_device_beneath_info{{{k["blockstack_selector"]}, '
-               f'host="$host", lower=~"$device"}}, "device", "$1", "lower", "(.+)"))')
+    beneath = (f'label_replace(max by (host, lower) (blockstack_device_beneath_info{{{k["blockstack_selector"]}, '
+               f'host="$host", lower=~"$device"}}), "device", "$1", "lower", "(.+)")')
     targets = [table_q(expr, ref) for ref, expr in zip("ABCDEF", [
         LAYERS,
         f"{nomerges}\n  + on (host, device) 10 * ({beneath} * 0 + 1 or on (host, device) {nomerges} * 0)",

@@ -278,3 +278,29 @@ def test_settings_take_their_findings_colours(dashboard):
         seen.append(severity)
         assert _mapped_colour(state, value) == expect(severity), value
     assert {"info", "warning", "critical", None} <= set(seen)  # each colour was put to the test
+
+
+def test_the_nomerges_column_adds_10_beneath_a_stack(dashboard, tmp_path):
+    """The stack table's nomerges query, evaluated by promtool on the NVMe incident's stack
+    (nvme1n1 beneath dm-0 and dm-1, both beneath dm-3): nomerges, plus 10 where the device sits
+    beneath another one (the mapping's colours above rely on it; an error would leave the column
+    empty)."""
+    import subprocess
+    stack = _panel(dashboard, "The stack at a glance: layers from top to physical disk")
+    expr = next(t["expr"] for t in stack["targets"] if t["refId"] == "B")
+    expr = expr.replace("$host", "h").replace("$device", ".+")
+    nomerges = {"dm-3": 0, "dm-0": 0, "dm-1": 0, "nvme1n1": 2, "sdb": 1}
+    beneath = [("dm-3", "dm-0", 1), ("dm-3", "dm-1", 1), ("dm-3", "nvme1n1", 2), ("dm-0", "nvme1n1", 1),
+               ("dm-1", "nvme1n1", 1)]
+    series = [{"series": f'blockstack_queue_nomerges{{job="blockstack",host="h",device="{d}"}}', "values": f"{v}x20"}
+              for d, v in nomerges.items()]
+    series += [{"series": f'blockstack_device_beneath_info{{job="blockstack",host="h",device="{d}",lower="{low}",'
+                          f'depth="{depth}"}}', "values": "1x20"} for d, low, depth in beneath]
+    expected = {"dm-3": 0, "dm-0": 10, "dm-1": 10, "nvme1n1": 12, "sdb": 1}
+    case = {"name": "nomerges column", "interval": "5s", "input_series": series, "promql_expr_test": [
+        {"expr": expr, "eval_time": "1m",
+         "exp_samples": [{"labels": f'{{host="h",device="{d}"}}', "value": v} for d, v in expected.items()]}]}
+    path = tmp_path / "nomerges.test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "5s", "tests": [case]}))
+    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
