@@ -48,6 +48,15 @@ CONFIG = {
     "refresh": "30s",
 }
 
+# The colour of a finding's severity (blockstack_finding, blockstack-doctor, the alerts' severity
+# label); a setting no check finds anything in is green. Every panel that colours a setting
+# colours it as the check of checks.py judges it at the knobs' thresholds, so the dashboard, the
+# doctor and the settings alerts never disagree; red is for what pages (critical) only
+# (dashboards/tests/test_dashboard_structure.py: test_settings_take_their_findings_colours).
+SEVERITY_COLOURS = {"critical": "red", "warning": "orange", "info": "blue"}
+HEALTHY = "green"
+INFO, WARNING = SEVERITY_COLOURS["info"], SEVERITY_COLOURS["warning"]
+
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'host="$host", device=~"$device"'
 
@@ -244,9 +253,7 @@ def findings_panel(k):
             .with_transformation(organize(exclude=["Time", "Value", "host"], order=["device", "check", "severity"]))
             .with_transformation(sort_by("device"))
             .override_by_name("severity", [
-                prop("mappings", [m.to_json() for m in value_map({"critical": ("critical", "red"),
-                                                                  "warning": ("warning", "orange"),
-                                                                  "info": ("info", "blue")})]),
+                prop("mappings", [m.to_json() for m in value_map({s: (s, c) for s, c in SEVERITY_COLOURS.items()})]),
                 color_cells()])
             .no_value("No finding: the checks found no misconfiguration on this stack."))
 
@@ -254,9 +261,14 @@ def findings_panel(k):
 def stack_table(k):
     BS = f'{k["blockstack_selector"]}, {SEL}'
     kb = "/ 1024"
+    nomerges = f"max by (host, device) (blockstack_queue_nomerges{{{BS}}})"
+    # nomerges, plus 10 on a device beneath another one: the check (and the alert) warns there
+    # (nomerges_beneath_stack) and only informs elsewhere (nomerges); the mapping shows the setting
+    beneath = (f'label_replace(max by (host, lower) (blockstack_device_beneath_info{{{k["blockstack_selector"]}, '
+               f'host="$host", lower=~"$device"}}), "device", "$1", "lower", "(.+)")')
     targets = [table_q(expr, ref) for ref, expr in zip("ABCDEF", [
         LAYERS,
-        f"max by (host, device) (blockstack_queue_nomerges{{{BS}}})",
+        f"{nomerges}\n  + on (host, device) 10 * ({beneath} * 0 + 1 or on (host, device) {nomerges} * 0)",
         f"max by (host, device) (blockstack_queue_max_sectors_bytes{{{BS}}}) {kb}",
         f"max by (host, device) (blockstack_queue_max_hw_sectors_bytes{{{BS}}}) {kb}",
         f"max by (host, device, scheduler) (blockstack_queue_scheduler_info{{{BS}}} == 1)",
@@ -266,8 +278,10 @@ def stack_table(k):
          .span(24).height(7)
          .description(
              "One row per layer of the selected stack, top (depth 0) first, down to the physical disk. name is the "
-             "dm name (LVM VG-LV[-layer]) for device-mapper devices. Cells turn red where a setting is a known cause "
-             "of merge collapse. Healthy: nomerges 0 on every layer and max_sectors_kb >= 128 (the NVMe incident's "
+             "dm name (LVM VG-LV[-layer]) for device-mapper devices. Cells take the colour of the finding the setting "
+             "makes (the Findings table): orange (warning) for nomerges beneath a stack, blue (info) for nomerges on "
+             "a device nothing is stacked on or a max_sectors_kb below 128; red is for pages only. Healthy: "
+             "nomerges 0 on every layer and max_sectors_kb >= 128 (the NVMe incident's "
              "healthy reads went down as 512-sector = 256 KiB requests). Sick: nomerges 2 on a lower layer (Ubuntu 4.4 "
              "set QUEUE_FLAG_NOMERGES on nvme1n1; the fix was `echo 0 > /sys/block/nvme1n1/queue/nomerges`), or a "
              "tiny max_sectors_kb (4 KiB splits every request into single pages). rotational 1 means a spinning "
@@ -283,21 +297,22 @@ def stack_table(k):
                     "max_sectors_kb", "max_hw_sectors_kb", "scheduler", "rotational"]))
          .with_transformation(sort_by("depth"))
          .override_by_name("nomerges", [
-             prop("mappings", [m.to_json() for m in value_map({0: ("0 · all merges", "green"),
-                                                               1: ("1 · simple only", "orange"),
-                                                               2: ("2 · no merges", "red")})]),
+             prop("mappings", [m.to_json() for m in value_map({
+                 beneath + n: (text, HEALTHY if n == 0 else WARNING if beneath else INFO)
+                 for beneath in (0, 10) for n, text in ((0, "0 · all merges"), (1, "1 · simple only"),
+                                                        (2, "2 · no merges"))})]),
              color_cells()])
-         # red: too small for the requests of a healthy upper (collapse_upper_min_sectors, in KiB);
-         # orange: below the floor of BlockStackMaxSectorsLow
+         # info below the floor of max_sectors_low and BlockStackMaxSectorsLow (both also need it below
+         # max_sectors_max_ratio x max_hw_sectors_kb, the column beside it: true of every hardware limit
+         # from 512 KiB up)
          .override_by_name("max_sectors_kb", [
              prop("thresholds", {"mode": "absolute", "steps": [
-                 {"value": None, "color": "red"},
-                 {"value": k["collapse_upper_min_sectors"] * 512 // 1024, "color": "orange"},
-                 {"value": k["max_sectors_floor_bytes"] // 1024, "color": "green"}]}),
+                 {"value": None, "color": INFO},
+                 {"value": k["max_sectors_floor_bytes"] // 1024, "color": HEALTHY}]}),
              color_cells()])
          .override_by_name("rotational", [
              prop("mappings", [m.to_json() for m in value_map({0: ("0 · non-rotational", "text"),
-                                                               1: ("1 · spinning", "orange")})])]))
+                                                               1: ("1 · spinning", "text")})])]))
     return [p]
 
 
@@ -438,8 +453,8 @@ def snapshot_panels(k):
         "synced first (LVM2 write-up: writes 20-30x slower with a snapshot).",
         [q(f"host_device:blockstack_dm_snapshot_cow_used:ratio{{{SEL}}}", legend="{{name}}")],
         "percentunit", w=8, min=0, max=1,
-        thresholds=steps((None, "transparent"), (k["snapshot_cow_used_orange_ratio"], "orange"),
-                         (k["snapshot_cow_used_red_ratio"], "red"))).no_value(NO_SNAPSHOT)
+        thresholds=steps((None, "transparent"), (k["snapshot_fill_min_used_ratio"], INFO),
+                         (k["snapshot_cow_used_warning_ratio"], WARNING))).no_value(NO_SNAPSHOT)
     cow_bytes = ts(
         "Snapshot COW bytes used / size",
         "Bytes of the COW device in use (data and metadata) against its size. Healthy: used grows only with writes "
@@ -466,8 +481,8 @@ def snapshot_panels(k):
         "reach the disks as chunk-sized requests.",
         [q(f"blockstack_dm_snapshot_chunk_size_bytes{{{sel}}}", legend="{{name}}")],
         "bytes", w=12, h=5,
-        thresholds=steps((None, "red"), (k["snapshot_chunk_min_bytes"], "orange"), (k["snapshot_chunk_good_bytes"], "green")))
-    # no snapshot is no alarm: its empty state neutral (the thresholds' base colour would paint it red)
+        thresholds=steps((None, INFO), (k["snapshot_chunk_min_bytes"], HEALTHY)))
+    # no snapshot is no finding: its empty state neutral (the thresholds' base colour would paint it)
     chunk = chunk.no_value(NO_SNAPSHOT).mappings([dm.SpecialValueMap(dm.DashboardSpecialValueMapOptions(
         match=dm.SpecialValueMatch.NULL_AND_NAN, result=dm.ValueMappingResult(text=NO_SNAPSHOT, color="transparent", index=0)))])
     state = (table.Panel().title("Snapshot state").datasource(DS).span(12).height(5)
@@ -479,8 +494,8 @@ def snapshot_panels(k):
              .with_transformation(organize(exclude=["Time", "Value", "host"], order=["device", "name", "state"]))
              .override_by_name("state", [
                  prop("mappings", [m.to_json() for m in value_map({
-                     "valid": ("valid", "green"), "merging": ("merging", "blue"), "invalid": ("invalid", "red"),
-                     "overflow": ("overflow", "red"), "merge_failed": ("merge_failed", "red")})]),
+                     "valid": ("valid", HEALTHY), "merging": ("merging", HEALTHY), "invalid": ("invalid", "red"),
+                     "overflow": ("overflow", "red"), "merge_failed": ("merge_failed", WARNING)})]),
                  color_cells()])
              .no_value(NO_SNAPSHOT))
     return [use, cow_bytes, ttf, chunk, state]
@@ -505,7 +520,7 @@ def ext4_panels(k):
                                              order=["device", "mountpoint", "option", "value"]))
                .override_by_name("option", [
                    prop("mappings", [m.to_json() for m in value_map({
-                       "dioread_nolock": ("dioread_nolock", "orange"), "dioread_lock": ("dioread_lock", "green"),
+                       "dioread_nolock": ("dioread_nolock", INFO), "dioread_lock": ("dioread_lock", "green"),
                        "nodelalloc": ("nodelalloc", "green")})]),
                    color_cells(),
                    # the other options uncoloured (the cells would take the default thresholds' green)
@@ -516,7 +531,7 @@ def ext4_panels(k):
         "rarely wait for credits (the ext4 incident was fixed by growing the journal from 128 MiB to 1 GiB). Sick: a "
         "small journal with dioread_nolock and long credit waits below.",
         [q(f"blockstack_ext4_journal_size_bytes{{{sel}}}", legend="{{device}} {{mountpoint}}")],
-        "bytes", w=12, h=8, thresholds=steps((None, "orange"), (k["ext4_journal_good_bytes"], "green")))
+        "bytes", w=12, h=8, thresholds=steps((None, INFO), (k["ext4_journal_good_bytes"], HEALTHY)))
     wait = heat(
         "jbd2 credit wait",
         "Time tasks wait for journal credits when starting a handle (add_transaction_credits), all ext4 filesystems "

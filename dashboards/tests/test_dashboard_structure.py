@@ -185,3 +185,122 @@ def test_histogram_quantiles_stay_inside_the_histogram(dashboard):
         for t in p["targets"]:
             if "histogram_quantile" in t["expr"]:
                 assert re.search(r"histogram_quantile\(.*\)\s*<=\s*[\d.]+", t["expr"], re.S), (p["title"], t["expr"])
+
+
+# --- colours: each setting as its finding's severity ------------------------------------------------
+
+def _panel(dashboard, title):
+    return next(p for p in data_panels(dashboard) if p["title"] == title)
+
+
+def _field(panel, name):
+    """{property id: value} of a table's override for the field `name`."""
+    o = next(o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == name)
+    return {p["id"]: p["value"] for p in o["properties"]}
+
+
+def _threshold_colour(thresholds, value):
+    colour = None
+    for step in thresholds["steps"]:
+        if step["value"] is None or value >= step["value"]:
+            colour = step["color"]
+    return colour
+
+
+def _mapped_colour(props, value):
+    return next(m["options"][str(value)]["color"] for m in props["mappings"] if str(value) in m["options"])
+
+
+def test_settings_take_their_findings_colours(dashboard):
+    """Every panel colouring a setting colours it as the doctor's check (checks.py, the exporter's
+    blockstack_finding) judges that value at the knobs' thresholds: the severity's colour where
+    the check finds something, green (or none on a time series) where it finds nothing. Red,
+    the page's colour, only for a critical finding. Old: 4 KiB snapshot chunks red while the
+    finding is info, nomerges 2 red while it is a warning."""
+    from blockstack_exporter import checks, knobs as finding_knobs
+    k = finding_knobs.load(required=checks.KNOBS)
+    colours = blockstack_dashboard.SEVERITY_COLOURS
+
+    def judged(check, **parts):
+        h = checks.Host()
+        for name, info in parts.pop("devices", {"sda": "disk"}).items():
+            h.devices[name] = {"kind": info, "name": name}
+            h.lower[name] = []
+        for key, value in parts.items():
+            if key == "lower":
+                h.lower.update(value)
+            else:
+                setattr(h, key, value)
+        found = [f.severity for f in checks.evaluate(h, k) if f.check == check]
+        return found[0] if found else None
+
+    def expect(severity, healthy="green"):
+        return colours[severity] if severity else healthy
+
+    seen = []
+    chunk = _panel(dashboard, "Snapshot chunk size")["fieldConfig"]["defaults"]["thresholds"]
+    for size in (4096, 32768, 65536, 262144, 524288):
+        severity = judged("snapshot_chunk_small", devices={"dm-3": "dm"},
+                          snapshots={"dm-3": {"name": "vg-snap", "chunk": size, "origin": "dm-2"}})
+        seen.append(severity)
+        assert _threshold_colour(chunk, size) == expect(severity), size
+    use = _panel(dashboard, "Snapshot COW use")["fieldConfig"]["defaults"]["thresholds"]
+    for ratio in (0.1, 0.39, 0.4, 0.8, 0.94, 0.95, 0.99):
+        severity = judged("snapshot_cow_filling", devices={"dm-3": "dm"},
+                          snapshots={"dm-3": {"name": "vg-snap", "used": ratio * 1000, "size": 1000}})
+        seen.append(severity)
+        assert _threshold_colour(use, ratio) == expect(severity, "transparent"), ratio
+    journal = _panel(dashboard, "ext4 journal size")["fieldConfig"]["defaults"]["thresholds"]
+    for size in (4 << 20, 128 << 20, 1 << 30, 2 << 30):
+        severity = judged("ext4_journal_small", ext4={"sda": {"mountpoint": "/srv", "journal": size,
+                                                              "options": {"dioread_nolock": ""}}})
+        assert _threshold_colour(journal, size) == expect(severity), size
+    options = _field(_panel(dashboard, "ext4 effective mount options"), "option")
+    assert _mapped_colour(options, "dioread_nolock") == colours["info"]  # the finding's least severity
+    stack = _panel(dashboard, "The stack at a glance: layers from top to physical disk")
+    max_sectors = _field(stack, "max_sectors_kb")["thresholds"]
+    for kb in (4, 32, 64, 127, 128, 512, 1280):
+        severity = judged("max_sectors_low", queue={"sda": {"max_sectors": kb * 1024, "max_hw_sectors": 32767 * 1024}})
+        seen.append(severity)
+        assert _threshold_colour(max_sectors, kb) == expect(severity), kb
+    nomerges = _field(stack, "nomerges")
+    for value in (0, 1, 2):
+        beneath = judged("nomerges_beneath_stack", devices={"dm-0": "dm", "sda": "disk"}, lower={"dm-0": ["sda"]},
+                         queue={"sda": {"nomerges": value}})
+        alone = judged("nomerges", queue={"sda": {"nomerges": value}})
+        seen += [beneath, alone]
+        assert _mapped_colour(nomerges, 10 + value) == expect(beneath), value  # the query adds 10 beneath a stack
+        assert _mapped_colour(nomerges, value) == expect(alone), value
+    state = _field(_panel(dashboard, "Snapshot state"), "state")
+    for value in ("valid", "merging", "invalid", "overflow", "merge_failed"):
+        severity = judged("snapshot_invalid", devices={"dm-3": "dm"},
+                          snapshots={"dm-3": {"name": "vg-snap", "state": value}})
+        seen.append(severity)
+        assert _mapped_colour(state, value) == expect(severity), value
+    assert {"info", "warning", "critical", None} <= set(seen)  # each colour was put to the test
+
+
+def test_the_nomerges_column_adds_10_beneath_a_stack(dashboard, tmp_path):
+    """The stack table's nomerges query, evaluated by promtool on the NVMe incident's stack
+    (nvme1n1 beneath dm-0 and dm-1, both beneath dm-3): nomerges, plus 10 where the device sits
+    beneath another one (the mapping's colours above rely on it; an error would leave the column
+    empty)."""
+    import subprocess
+    stack = _panel(dashboard, "The stack at a glance: layers from top to physical disk")
+    expr = next(t["expr"] for t in stack["targets"] if t["refId"] == "B")
+    expr = expr.replace("$host", "h").replace("$device", ".+")
+    nomerges = {"dm-3": 0, "dm-0": 0, "dm-1": 0, "nvme1n1": 2, "sdb": 1}
+    beneath = [("dm-3", "dm-0", 1), ("dm-3", "dm-1", 1), ("dm-3", "nvme1n1", 2), ("dm-0", "nvme1n1", 1),
+               ("dm-1", "nvme1n1", 1)]
+    series = [{"series": f'blockstack_queue_nomerges{{job="blockstack",host="h",device="{d}"}}', "values": f"{v}x20"}
+              for d, v in nomerges.items()]
+    series += [{"series": f'blockstack_device_beneath_info{{job="blockstack",host="h",device="{d}",lower="{low}",'
+                          f'depth="{depth}"}}', "values": "1x20"} for d, low, depth in beneath]
+    expected = {"dm-3": 0, "dm-0": 10, "dm-1": 10, "nvme1n1": 12, "sdb": 1}
+    case = {"name": "nomerges column", "interval": "5s", "input_series": series, "promql_expr_test": [
+        {"expr": expr, "eval_time": "1m",
+         "exp_samples": [{"labels": f'{{host="h",device="{d}"}}', "value": v} for d, v in expected.items()]}]}
+    path = tmp_path / "nomerges.test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "5s", "tests": [case]}))
+    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -83,18 +83,18 @@ class Host:
         beneath = {low for lows in self.lower.values() for low in lows}
         return sorted(d for d in self.devices if d not in beneath)
 
+    def layers(self, top):
+        """top's stack as its layers, top down: [[top], [devices directly beneath], ...], each
+        device once, in the first layer that reaches it (breadth first, cycle-safe)."""
+        return _breadth_first(top, lambda d: self.lower.get(d, ()))
+
     def stack(self, top):
-        """top and everything beneath it, top first, each once (breadth first, cycle-safe)."""
-        out, frontier = [top], [top]
-        while frontier:
-            nxt = []
-            for d in frontier:
-                for low in self.lower.get(d, ()):
-                    if low not in out:
-                        out.append(low)
-                        nxt.append(low)
-            frontier = nxt
-        return out
+        """top and everything beneath it, top first, each once: layers() flattened."""
+        return [d for layer in self.layers(top) for d in layer]
+
+    def uppers(self, name):
+        """Every device above name, nearest first."""
+        return [d for layer in _breadth_first(name, self.above)[1:] for d in layer]
 
     def bottoms(self, name):
         """The devices at the bottom of name's stack (those with nothing beneath)."""
@@ -129,6 +129,21 @@ class Host:
             if spec in (info.get("name"), f"{info.get('vg_name')}/{info.get('lv_name')}"):
                 return name
         return None
+
+
+def _breadth_first(start, step):
+    """[[start], [its step()s], [theirs], ...], each device once."""
+    out, seen, frontier = [], {start}, [start]
+    while frontier:
+        out.append(frontier)
+        nxt = []
+        for d in frontier:
+            for n in step(d):
+                if n not in seen:
+                    seen.add(n)
+                    nxt.append(n)
+        frontier = nxt
+    return out
 
 
 def _device(host, labels, value):
@@ -379,7 +394,7 @@ def snapshot_invalid(host, k):
 def snapshot_cow_filling(host, k):
     """COW use from one scrape; with two samples (the doctor's --interval), the time to fill as
     BlockStackSnapshotCowFillingUp predicts it."""
-    least, red = k["snapshot_fill_min_used_ratio"], k["snapshot_cow_used_red_ratio"]
+    least, red = k["snapshot_fill_min_used_ratio"], k["snapshot_cow_used_warning_ratio"]
     horizon = k["snapshot_fill_horizon_seconds"]
     for name in sorted(host.snapshots):
         snap = host.snapshots[name]
@@ -576,7 +591,7 @@ CHECKS = (
     Check("snapshot_cow_filling", snapshot_cow_filling, "classic snapshot COW filling",
           "Documentation/admin-guide/device-mapper/snapshot.rst (a full COW invalidates the snapshot)",
           alert="BlockStackSnapshotCowFillingUp",
-          knobs=("snapshot_fill_min_used_ratio", "snapshot_cow_used_red_ratio", "snapshot_fill_horizon_seconds")),
+          knobs=("snapshot_fill_min_used_ratio", "snapshot_cow_used_warning_ratio", "snapshot_fill_horizon_seconds")),
     Check("ext4_journal_small", ext4_journal_small, "ext4 dioread_nolock with a small journal",
           EXT4_WRITEUP, alert="BlockStackJbd2CreditWaitHigh",
           knobs=("ext4_journal_good_bytes", "jbd2_credit_wait_max_seconds", "jbd2_credit_wait_min_rate")),

@@ -57,15 +57,18 @@ def parse_diskstats(text):
 
 
 def read_ebpf(url, names, timeout=10):
-    """Counters of ebpf_exporter by (what, device[, operation]): refused merges, splits, jbd2
-    credit waits and their seconds. Its series carry the device number (`devno`, ebpf-configs/
-    README.md); `names` ({devno: device}, the exporter's blockstack_device_number_info) names them."""
+    """Counters of ebpf_exporter by (what, device[, operation]): requests issued and their bytes,
+    refused merges, splits, jbd2 credit waits and their seconds. Its series carry the device
+    number (`devno`, ebpf-configs/README.md); `names` ({devno: device}, the exporter's
+    blockstack_device_number_info) names them."""
     import urllib.request  # only here: its import is a tenth of the doctor's start on a busy host
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url, timeout=timeout) as r:
         text = r.read().decode("utf-8", "replace")
-    wanted = {"ebpf_exporter_block_rq_missed_merges_total": "missed_merges",
+    wanted = {"ebpf_exporter_block_rq_size_bytes_count": "issued",
+              "ebpf_exporter_block_rq_size_bytes_sum": "issued_bytes",
+              "ebpf_exporter_block_rq_missed_merges_total": "missed_merges",
               "ebpf_exporter_block_bio_splits_total": "splits",
               "ebpf_exporter_jbd2_credit_wait_seconds_count": "jbd2_credit_wait",
               "ebpf_exporter_jbd2_credit_wait_seconds_sum": "jbd2_credit_wait_seconds"}
@@ -143,8 +146,10 @@ class _Remember(logging.Handler):
 # --- the lineup: iostat -x per layer of each stack ---------------------------------------------
 
 def lineup(first, second, elapsed):
-    """{device: {op: {rps, kbps, sectors (average request), merges_ps, missed_ps, splits_ps}}}
-    between two samples (op is read or write)."""
+    """{device: {op: {rps, kbps, sectors (average request), merges_ps}}} between two samples (op
+    is read or write); with ebpf_exporter also missed_merges_ps, splits_ps, issued_ps (requests
+    issued to the driver, block_rq_issue) and issued_sectors (their average size, None when
+    none was issued): what the rules' eBPF evidence reads."""
     out = {}
     for dev, now in second.diskstats.items():
         then = first.diskstats.get(dev)
@@ -156,9 +161,11 @@ def lineup(first, second, elapsed):
             row = {"rps": ios / elapsed, "kbps": sectors * SECTOR / 1024 / elapsed,
                    "sectors": sectors / ios if ios else 0.0, "merges_ps": merges / elapsed}
             if second.ebpf is not None and first.ebpf is not None:
-                for what in ("missed_merges", "splits"):
-                    key = (what, dev, op)
-                    row[f"{what}_ps"] = max(0.0, second.ebpf.get(key, 0.0) - first.ebpf.get(key, 0.0)) / elapsed
+                grew = {what: max(0.0, second.ebpf.get((what, dev, op), 0.0) - first.ebpf.get((what, dev, op), 0.0))
+                        for what in ("missed_merges", "splits", "issued", "issued_bytes")}
+                row.update(missed_merges_ps=grew["missed_merges"] / elapsed, splits_ps=grew["splits"] / elapsed,
+                           issued_ps=grew["issued"] / elapsed,
+                           issued_sectors=grew["issued_bytes"] / SECTOR / grew["issued"] if grew["issued"] else None)
             per[op] = row
         out[dev] = per
     return out
@@ -181,71 +188,95 @@ def ebpf_rates(first, second, elapsed):
 
 
 def collapse_findings(host, rows, k):
-    """BlockStackMergeCollapse's evidence on the interval: a layered collapse (a device where
-    requests reach a driver serves small requests at a rate while a device above it reads or
-    writes large ones carrying most of its bytes), or, with ebpf_exporter, merging refused or
-    requests split on most of its requests."""
+    """merge_collapse on the interval, judged as the rules judge it (alerts/src/recording.rules.yml.in):
+    critical only on evidence counted on the device's own requests by ebpf_exporter (--ebpf), the
+    evidence BlockStackMergeCollapse pages on: merging refused (blockstack_collapse_refused) or
+    requests split into tiny pieces (blockstack_collapse_split). The layered shape (a device
+    where requests reach a driver serves small requests while a device above it sends large
+    ones carrying most of its bytes: blockstack_collapse_layered) is info, context as the
+    dashboard shows it: another tenant's small I/O on a shared disk looks the same."""
     out = []
     for dev in sorted(rows):
-        if dev not in host.devices or (host.lower.get(dev) and host.devices[dev].get("kind") != "loop"):
-            continue  # only where requests reach a driver: nothing beneath, or a loop device
+        if dev not in host.devices:
+            continue
         for op, row in rows[dev].items():
-            if row["rps"] < k["collapse_min_iops"] and row.get("missed_merges_ps", 0) < k["missed_merges_min_rate"] \
-                    and row.get("splits_ps", 0) < k["split_min_rate"]:
+            upper = _layered_upper(host, rows, dev, op, k)
+            refused, split = _refused(row, k), _split(row, k)
+            if not (upper or refused or split):
                 continue
-            evidence, proves = [], None
-            if row["sectors"] <= k["collapse_max_sectors"] and row["rps"] >= k["collapse_min_iops"]:
-                for upper in _uppers(host, dev):
-                    up = rows.get(upper, {}).get(op)
-                    if up and up["sectors"] >= k["collapse_upper_min_sectors"] and \
-                            up["sectors"] >= k["collapse_min_split_ratio"] * row["sectors"] and \
-                            up["kbps"] >= k["collapse_min_upper_share"] * row["kbps"]:
-                        proves = "layered"
-                        evidence.append(f"{host.label(upper)} {op}s {up['sectors']:.0f}-sector requests "
-                                        f"({up['rps']:.0f}/s, {up['kbps']:.0f} kB/s)")
-                        break
-            missed = row.get("missed_merges_ps")
-            if missed is not None and row["rps"] and missed >= k["missed_merges_min_rate"] and \
-                    missed >= k["missed_merges_min_ratio"] * row["rps"]:
-                proves = proves or "merging refused"
-                evidence.append(f"ebpf: {missed:.0f} merges/s refused of {row['rps']:.0f} requests/s")
-            splits = row.get("splits_ps")
-            if splits is not None and row["rps"] and splits >= k["split_min_rate"] and \
-                    splits >= k["split_min_ratio"] * row["rps"] and row["sectors"] <= k["collapse_max_sectors"]:
-                proves = proves or "requests split"
-                evidence.append(f"ebpf: {splits:.0f} split pieces/s of {row['rps']:.0f} requests/s")
-            if not proves:
-                continue
+            evidence = [f"{dev}: {row['rps']:.0f} {op}s/s, {row['kbps']:.0f} kB/s, {row['merges_ps']:.0f} merges/s"]
+            if upper:
+                up = rows[upper][op]
+                evidence.append(f"{host.label(upper)} {op}s {up['sectors']:.0f}-sector requests "
+                                f"({up['rps']:.0f}/s, {up['kbps']:.0f} kB/s)")
+            if "issued_ps" in row:
+                size = f", {row['issued_sectors']:.0f} sectors each" if row["issued_sectors"] is not None else ""
+                evidence.append(f"ebpf: {row['missed_merges_ps']:.0f} merges/s refused and {row['splits_ps']:.0f} "
+                                f"pieces/s split off, of {row['issued_ps']:.0f} requests/s issued{size}")
+            else:
+                evidence.append("refused merges and splits not counted (no --ebpf): the page needs them")
             owner = host.queue_owner(dev)
             q = host.queue.get(owner, {})
-            if q.get("nomerges"):
-                fix = f"echo 0 > /sys/block/{owner}/queue/nomerges"
-            elif q.get("max_sectors", 0) < k["max_sectors_floor_bytes"]:
-                kb = min(q.get("max_hw_sectors", 0), 1280 * 1024) // 1024
-                fix = f"echo {kb} > /sys/block/{owner}/queue/max_sectors_kb"
-            else:
-                fix = ("neither nomerges nor max_sectors_kb: look at the layer in between (snapshot chunk size, "
-                       "dm-crypt)")
+            evidence.append(f"/sys/block/{owner}/queue: nomerges {q.get('nomerges', 0):.0f}, max_sectors_kb "
+                            f"{q.get('max_sectors', 0) / 1024:.0f}")
+            fix = _collapse_fix(owner, q, k, split_first=split and not refused)
+            proves = "merging refused" if refused else "requests split" if split else "layered"
+            what = f"{proves}: {dev} {op}s {row['sectors']:.0f}-sector requests at {row['rps']:.0f}/s"
+            if not (refused or split):
+                what += (f" beneath {host.label(upper)}'s {rows[upper][op]['sectors']:.0f}-sector ones; no page "
+                         f"without refused merges or splits counted on {dev}'s own requests")
             out.append(checks.Finding(
-                "merge_collapse", dev, "critical",
-                f"{proves}: {dev} {op}s {row['sectors']:.0f}-sector requests at {row['rps']:.0f}/s",
-                [f"{dev}: {row['rps']:.0f} {op}s/s, {row['kbps']:.0f} kB/s, {row['merges_ps']:.0f} merges/s", *evidence,
-                 f"/sys/block/{owner}/queue: nomerges {q.get('nomerges', 0):.0f}, max_sectors_kb "
-                 f"{q.get('max_sectors', 0) / 1024:.0f}"],
-                fix,
+                "merge_collapse", dev, "critical" if refused or split else "info", what, evidence, fix,
                 "see the setting's own finding; docs/runbook.md#blockstackmergecollapse",
                 checks.NVME_WRITEUP))
     return out
 
 
-def _uppers(host, dev):
-    """Every device above dev, nearest first."""
-    out, frontier = [], [dev]
-    while frontier:
-        nxt = [u for d in frontier for u in host.above(d) if u not in out]
-        out += nxt
-        frontier = nxt
-    return out
+def _collapse_fix(owner, q, k, split_first):
+    """The fix of the setting the evidence points at: nomerges for refused merges (and the
+    layered shape), max_sectors_kb first for pieces split off."""
+    fixes = []
+    if q.get("nomerges"):
+        fixes.append(f"echo 0 > /sys/block/{owner}/queue/nomerges")
+    if q.get("max_sectors", 0) < k["max_sectors_floor_bytes"]:
+        kb = min(q.get("max_hw_sectors", 0), 1280 * 1024) // 1024
+        fixes.insert(0 if split_first else len(fixes), f"echo {kb} > /sys/block/{owner}/queue/max_sectors_kb")
+    return fixes[0] if fixes else ("neither nomerges nor max_sectors_kb: look at the layer in between (snapshot "
+                                   "chunk size, dm-crypt)")
+
+
+def _refused(row, k):
+    """host_device_operation:blockstack_collapse_refused:rate: most requests issued are refused
+    merges, at a real rate."""
+    missed, issued = row.get("missed_merges_ps"), row.get("issued_ps")
+    return bool(issued) and missed >= k["missed_merges_min_rate"] and missed >= k["missed_merges_min_ratio"] * issued
+
+
+def _split(row, k):
+    """host_device_operation:blockstack_collapse_split:rate: most requests issued are pieces split
+    off larger bios, and they are tiny."""
+    splits, issued = row.get("splits_ps"), row.get("issued_ps")
+    return bool(issued) and splits >= k["split_min_rate"] and splits >= k["split_min_ratio"] * issued and \
+        row["issued_sectors"] <= k["collapse_max_sectors"]
+
+
+def _layered_upper(host, rows, dev, op, k):
+    """host_device_operation:blockstack_collapse_layered:split_ratio: the nearest device above dev
+    whose requests are many times larger and carry most of dev's bytes, when dev is where
+    requests reach a driver (nothing beneath it, or a loop device) and serves tiny ones at a
+    real rate; else None."""
+    row = rows[dev][op]
+    if host.lower.get(dev) and host.devices[dev].get("kind") != "loop":
+        return None
+    if not (row["rps"] >= k["collapse_min_iops"] and row["sectors"] <= k["collapse_max_sectors"] and row["kbps"]):
+        return None
+    for upper in host.uppers(dev):
+        up = rows.get(upper, {}).get(op)
+        if up and up["rps"] and up["sectors"] >= k["collapse_upper_min_sectors"] and \
+                up["sectors"] >= k["collapse_min_split_ratio"] * row["sectors"] and \
+                up["kbps"] >= k["collapse_min_upper_share"] * row["kbps"]:
+            return upper
+    return None
 
 
 # --- output ------------------------------------------------------------------------------------
@@ -257,21 +288,6 @@ def stacks_of(host, only=None):
         devices = host.stack(top)
         if only is None or only in devices:
             out.append((top, devices))
-    return out
-
-
-def levels(host, top):
-    """The stack as its layers: [[top], [directly beneath], ...]."""
-    out, seen, frontier = [], {top}, [top]
-    while frontier:
-        out.append(frontier)
-        nxt = []
-        for d in frontier:
-            for low in host.lower.get(d, ()):
-                if low not in seen:
-                    seen.add(low)
-                    nxt.append(low)
-        frontier = nxt
     return out
 
 
@@ -290,7 +306,7 @@ def render_text(report, host):
         if not mine and not report["narrowed"] and not (rows and any(_busy(rows.get(d)) for d in devices)):
             continue
         shown.update(devices)
-        layers = " > ".join(", ".join(host.label(d) for d in layer) for layer in levels(host, top))
+        layers = " > ".join(", ".join(host.label(d) for d in layer) for layer in host.layers(top))
         lines += [f"stack {host.label(top)}: {layers}"]
         if rows:
             lines += _lineup_table(host, devices, rows, report["ebpf"])

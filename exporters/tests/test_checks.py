@@ -145,23 +145,45 @@ def test_every_check_is_documented():
 
 def test_the_write_ups_iostat_lineup_is_a_collapse():
     """The NVMe write-up's `iostat -xk 5` (dm-3 47 r/s at 512 sectors over dm-1 and nvme1n1 at
-    3000 r/s of 8) as two diskstats samples 5 s apart: the doctor names nvme1n1's collapse."""
-    from blockstack_exporter.doctor import Sample, collapse_findings, lineup
+    3000 r/s of 8) as two diskstats samples 5 s apart: without eBPF the layered shape is info
+    (the rules page on nothing else either); with nvme1n1's own requests refused merges
+    (ebpf_exporter), the collapse is critical, fixed on nvme1n1."""
+    from blockstack_exporter.doctor import INTERVAL_KNOBS, Sample, collapse_findings, lineup
     h = host({"dm-3": "dm", "dm-1": "dm", "dm-2": "dm", "nvme1n1": "disk"},
              {"dm-3": ["dm-1", "dm-2"], "dm-1": ["nvme1n1"], "dm-2": ["nvme1n1"]},
              {"nvme1n1": {"nomerges": 2, "max_sectors": 256 * KIB, "max_hw_sectors": 256 * KIB}})
+    k = knobs.load(required=INTERVAL_KNOBS)
     zero = {d: (0,) * 6 for d in h.devices}
     after = {"dm-3": (235, 0, 235 * 512, 0, 0, 0), "dm-1": (15002, 0, 15002 * 8, 0, 0, 0),
              "dm-2": (0,) * 6, "nvme1n1": (15000, 0, 15000 * 8, 0, 0, 0)}
     rows = lineup(Sample(h, {}, [], zero, None, 0.0), Sample(h, {}, [], after, None, 5.0), 5.0)
     assert rows["dm-3"]["read"]["sectors"] == 512 and rows["nvme1n1"]["read"]["rps"] == 3000
-    found_ = collapse_findings(h, rows, knobs.load(required=("collapse_max_sectors",)))
+    found_ = collapse_findings(h, rows, k)
+    assert [(f.check, f.device, f.severity) for f in found_] == [("merge_collapse", "nvme1n1", "info")]
+    assert found_[0].what.startswith("layered: nvme1n1 reads 8-sector requests")
+    ebpf = {("issued", "nvme1n1", "read"): 15000, ("issued_bytes", "nvme1n1", "read"): 15000 * 4096,
+            ("missed_merges", "nvme1n1", "read"): 14000, ("splits", "nvme1n1", "read"): 0}
+    rows = lineup(Sample(h, {}, [], zero, {}, 0.0), Sample(h, {}, [], after, ebpf, 5.0), 5.0)
+    found_ = collapse_findings(h, rows, k)
     assert [(f.check, f.device, f.severity) for f in found_] == [("merge_collapse", "nvme1n1", "critical")]
+    assert found_[0].what.startswith("merging refused") and "ebpf: 2800 merges/s refused" in found_[0].evidence[2]
     assert found_[0].fix == "echo 0 > /sys/block/nvme1n1/queue/nomerges"
     # healthy: 512 sectors on every layer
     healthy = {d: (v[0] and 235, 0, (v[0] and 235) * 512, 0, 0, 0) for d, v in after.items()}
     rows = lineup(Sample(h, {}, [], zero, None, 0.0), Sample(h, {}, [], healthy, None, 5.0), 5.0)
-    assert collapse_findings(h, rows, knobs.load()) == []
+    assert collapse_findings(h, rows, k) == []
+
+
+def test_layers_top_down_and_the_stack_flattened():
+    """The NVMe incident's stack: dm-3 over its -real and -cow volumes over nvme1n1, which the
+    origin dm-2 holds too; a cycle (a damaged tree) ends."""
+    h = host({"dm-3": "dm", "dm-2": "dm", "dm-0": "dm", "dm-1": "dm", "nvme1n1": "disk"},
+             {"dm-3": ["dm-0", "dm-1"], "dm-2": ["dm-0"], "dm-0": ["nvme1n1"], "dm-1": ["nvme1n1"]})
+    assert h.layers("dm-3") == [["dm-3"], ["dm-0", "dm-1"], ["nvme1n1"]]
+    assert h.stack("dm-3") == ["dm-3", "dm-0", "dm-1", "nvme1n1"]
+    assert h.uppers("nvme1n1") == ["dm-0", "dm-1", "dm-2", "dm-3"]
+    h.lower["nvme1n1"] = ["dm-3"]
+    assert h.layers("dm-3") == [["dm-3"], ["dm-0", "dm-1"], ["nvme1n1"]]
 
 
 def test_a_failing_check_costs_its_own_findings_only():

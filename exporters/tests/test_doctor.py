@@ -154,11 +154,12 @@ ALERTS = {"BlockStackNomergesBeneathStack": ("nomerges_beneath_stack", None),
 def test_settings_alerts_and_doctor_agree(trees, tmp_path):
     """Each settings alert's expression (and the snapshot-invalid page's), evaluated by promtool on the exporter's scrape of a tree
     (every device taking 10 writes/s, so the chunk alert's origin condition holds), fires for
-    exactly the devices the doctor names for its check."""
+    exactly the devices the doctor names for its check, at the severity the doctor gives them."""
     k = deploy_knobs.load()
     rules = deploy_knobs.rule_files(k)
     groups = yaml.safe_load(rules[deploy_knobs.REPO / "alerts/alerts.rules.yml"])["groups"]
     exprs = {r["alert"]: r["expr"] for g in groups for r in g["rules"] if r.get("alert") in ALERTS}
+    severities = {r["alert"]: r["labels"]["severity"] for g in groups for r in g["rules"] if r.get("alert") in ALERTS}
     recording = tmp_path / "recording.rules.yml"
     recording.write_text(rules[deploy_knobs.REPO / "alerts/recording.rules.yml"])
     tests = []
@@ -178,13 +179,16 @@ def test_settings_alerts_and_doctor_agree(trees, tmp_path):
         for alert, (check, severity) in ALERTS.items():
             expected = sorted({f["device"] for f in report["findings"]
                                if f["check"] == check and severity in (None, f["severity"])})
+            # and with the alert's severity: a setting the doctor calls info never warns, and so on
+            assert {f["severity"] for f in report["findings"] if f["check"] == check and f["device"] in expected} \
+                <= {severities[alert]}, (name, alert)
             cases.append({"expr": f"group by (device) ({exprs[alert]})", "eval_time": "2m",
                           "exp_samples": [{"labels": f'{{device="{d}"}}', "value": 1} for d in expected]})
         tests.append({"name": f"{name}: the settings alerts name the doctor's devices", "interval": "5s",
                       "input_series": series, "promql_expr_test": cases})
     path = tmp_path / "agree.test.yml"
     path.write_text(yaml.safe_dump({"rule_files": [str(recording)], "evaluation_interval": "5s", "tests": tests}))
-    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -241,3 +245,123 @@ def test_findings_collector_reads_no_file(trees, monkeypatch):
     list(registry.collect())
     assert opened == []
     assert {(f.device, f.check) for f in findings_collector.last} >= {("nvme1n1", "nomerges_beneath_stack")}
+
+
+# --- --interval's merge_collapse against the collapse rules ---------------------------------------
+
+# name -> (devices {name: kind}, edges {upper: [lowers]}, diskstats {device: (reads/s, sectors each)},
+#          eBPF {device: (requests issued/s, sectors each, refused merges/s, split pieces/s)} or None,
+#          what the doctor must say {device: severity})
+# The NVMe write-up's stack and iostat lineup: dm-3 at 512 sectors over dm-1 and nvme1n1 at 8
+NVME = ({"dm-3": "dm", "dm-0": "dm", "dm-1": "dm", "nvme1n1": "disk"},
+        {"dm-3": ["dm-0", "dm-1"], "dm-0": ["nvme1n1"], "dm-1": ["nvme1n1"]},
+        {"dm-3": (47, 512), "dm-1": (3000, 8), "nvme1n1": (3000, 8)})
+COLLAPSES = {
+    "NVMe incident, with eBPF: nvme1n1 refuses merges (dm-3 splits bios but issues no request)": (
+        *NVME, {"nvme1n1": (3000, 8, 2800, 0), "dm-3": (0, 0, 0, 2800)}, {"nvme1n1": "critical"}),
+    "NVMe incident's lineup without eBPF: the layered shape only": (*NVME, None, {"nvme1n1": "info"}),
+    "the layered shape with eBPF counting nothing refused or split on vda (a shared disk)": (
+        {"dm-0": "dm", "vda": "disk"}, {"dm-0": ["vda"]},
+        {"dm-0": (47, 512), "vda": (3000, 8)},
+        {"vda": (3000, 8, 0, 0)},
+        {"vda": "info"}),
+    "loop lab, max_sectors_kb=4: loop0's requests are pieces split off loop1's": (
+        {"loop1": "loop", "loop0": "loop"}, {"loop1": ["loop0"]},
+        {"loop1": (100, 1024), "loop0": (12800, 8)},
+        {"loop0": (12800, 8, 0, 12700)},
+        {"loop0": "critical"}),
+    "1 MiB bios split into 128 KiB pieces: how large I/O is issued, no collapse": (
+        {"dm-0": "dm", "sda": "disk"}, {"dm-0": ["sda"]},
+        {"dm-0": (100, 2048), "sda": (800, 256)},
+        {"sda": (800, 256, 0, 700)},
+        {}),
+    "refused merges over the requests issued (eBPF), not diskstats' completions": (
+        {"sdb": "disk"}, {},
+        {"sdb": (3500, 8)},
+        {"sdb": (3000, 8, 1600, 0)},
+        {"sdb": "critical"}),
+    "a trickle of refused merges": (
+        {"dm-0": "dm", "nvme0n1": "disk"}, {"dm-0": ["nvme0n1"]},
+        {"dm-0": (1, 512), "nvme0n1": (60, 8)},
+        {"nvme0n1": (60, 8, 60, 0)},
+        {}),
+}
+
+
+def _collapse_case(devices, edges, disk, ebpf):
+    """The doctor's merge_collapse findings on one interval of 10 s, and the promtool series of
+    the same counters (5 s scrapes)."""
+    from blockstack_exporter.doctor import Sample, collapse_findings, lineup, INTERVAL_KNOBS
+    h = checks.Host()
+    for name, kind in devices.items():
+        h.devices[name] = {"kind": kind, "name": name}
+        h.lower[name] = list(edges.get(name, []))
+    zero = {d: (0,) * 6 for d in devices}
+    after = {d: (rps * 10, 0, rps * 10 * size, 0, 0, 0) for d, (rps, size) in disk.items()}
+    counters = None if ebpf is None else {
+        (what, d, "read"): v * 10 for d, (rq, size, missed, splits) in ebpf.items()
+        for what, v in (("issued", rq), ("issued_bytes", rq * size * 512), ("missed_merges", missed),
+                        ("splits", splits))}
+    rows = lineup(Sample(h, {}, [], zero, None if ebpf is None else {}, 0.0),
+                  Sample(h, {}, [], {**zero, **after}, counters, 10.0), 10.0)
+    found = {(f.device, "read"): f.severity
+             for f in collapse_findings(h, rows, knobs.load(required=INTERVAL_KNOBS))}
+
+    def counter(name, labels, per_second):
+        body = ",".join(f'{k}="{v}"' for k, v in {"host": "h", **labels}.items())
+        return {"series": f"{name}{{{body}}}", "values": f"0+{per_second * 5:g}x60"}
+
+    series = []
+    for i, (name, kind) in enumerate(sorted(devices.items())):
+        series += [{"series": f'blockstack_device_info{{job="blockstack",host="h",device="{name}",kind="{kind}"}}',
+                    "values": "1x60"},
+                   {"series": f'blockstack_device_number_info{{job="blockstack",host="h",device="{name}",'
+                              f'major_minor="8:{i}",devno="{2048 + i}"}}', "values": "1x60"}]
+        series += [{"series": f'blockstack_device_lower_info{{job="blockstack",host="h",device="{name}",'
+                              f'lower="{low}"}}', "values": "1x60"} for low in edges.get(name, [])]
+        series += [{"series": f'blockstack_device_beneath_info{{job="blockstack",host="h",device="{name}",'
+                              f'lower="{low}",depth="{depth}"}}', "values": "1x60"}
+                   for depth, layer in enumerate(h.layers(name)) if depth for low in layer]
+        if name in disk:
+            rps, size = disk[name]
+            node = {"job": "node", "device": name}
+            series += [counter("node_disk_reads_completed_total", node, rps),
+                       counter("node_disk_read_bytes_total", node, rps * size * 512)]
+        if ebpf and name in ebpf:
+            rq, size, missed, splits = ebpf[name]
+            e = {"job": "ebpf", "devno": str(2048 + i), "operation": "read"}
+            series += [counter("ebpf_exporter_block_rq_size_bytes_count", e, rq),
+                       counter("ebpf_exporter_block_rq_size_bytes_sum", e, rq * size * 512),
+                       counter("ebpf_exporter_block_rq_missed_merges_total", e, missed),
+                       counter("ebpf_exporter_block_bio_splits_total", e, splits)]
+    return found, series
+
+
+def test_interval_collapse_and_the_collapse_rules_agree(tmp_path):
+    """--interval's merge_collapse is critical exactly where BlockStackMergeCollapse's expression
+    holds on the same counters (evidence counted by eBPF on the device's own requests), and info
+    exactly where only the layered recording rule (the dashboard's context) holds."""
+    k = deploy_knobs.load()
+    rules = deploy_knobs.rule_files(k)
+    groups = yaml.safe_load(rules[deploy_knobs.REPO / "alerts/alerts.rules.yml"])["groups"]
+    page = next(r["expr"] for g in groups for r in g["rules"] if r.get("alert") == "BlockStackMergeCollapse")
+    recording = tmp_path / "recording.rules.yml"
+    recording.write_text(rules[deploy_knobs.REPO / "alerts/recording.rules.yml"])
+    tests = []
+    for name, (devices, edges, disk, ebpf, expected) in COLLAPSES.items():
+        found, series = _collapse_case(devices, edges, disk, ebpf)
+        assert found == {(d, "read"): s for d, s in expected.items()}, name
+
+        def samples(severity):
+            return [{"labels": f'{{device="{d}",operation="{op}"}}', "value": 1}
+                    for (d, op), s in sorted(found.items()) if s == severity]
+        tests.append({"name": name, "interval": "5s", "input_series": series, "promql_expr_test": [
+            {"expr": f"group by (device, operation) ({page})", "eval_time": "2m",
+             "exp_samples": samples("critical")},
+            {"expr": "group by (device, operation) (host_device_operation:blockstack_collapse_layered:split_ratio "
+                     f"unless on (host, device, operation) ({page}))", "eval_time": "2m",
+             "exp_samples": samples("info")}]})
+    path = tmp_path / "collapse.test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [str(recording)], "evaluation_interval": "5s", "tests": tests}))
+    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr

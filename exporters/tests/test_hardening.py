@@ -5,6 +5,7 @@ import errno
 import logging
 import os
 import resource
+import signal
 import subprocess
 import threading
 import time
@@ -220,15 +221,54 @@ def test_only_get_metrics_and_the_landing_page(dm_exporter):
 
 
 def test_aborted_and_half_sent_requests_run_no_collection(dm_exporter):
-    """Old: 20 aborted requests ran 20 collections (40 dmsetup runs as root)."""
+    """Old: 20 aborted requests ran 20 collections (40 dmsetup runs as root).
+
+    Each request is closed before the exporter looks at it: the exporter is stopped (SIGSTOP,
+    waited for until every thread is stopped) while the requests are sent and closed (the
+    kernel queues the connections, their requests and their closes), then continued. Sent to a
+    running exporter under load, a close could arrive after the exporter had read the whole
+    request and found the client still there, and that request, no longer aborted when it was
+    looked at, ran a collection. The count is read once the exporter has closed every one of
+    the connections, not after a guessed sleep."""
     url, running = dm_exporter()
-    with running:
+    with running as proc:
         calls = dm_exporter.calls()
-        for _ in range(10):
-            damaged_request(url, HALF_SENT)
-            damaged_request(url, ABORTED)
-        time.sleep(1.0)
+        port = int(url.rsplit(":", 1)[1])
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: stopped(proc.pid), 20, "the exporter did not stop within 20 s")
+            for _ in range(10):
+                damaged_request(url, HALF_SENT)
+                damaged_request(url, ABORTED)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        wait_for(lambda: connections_open(port) == 0, 20, "the exporter did not close the connections within 20 s")
         assert dm_exporter.calls() == calls
+
+
+def wait_for(condition, seconds, message):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.02)
+
+
+def stopped(pid):
+    """Every thread of the process stopped: SIGSTOP returns before the threads stop (each stops
+    on its way back to user space)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] not in "tT":  # the state, after the command's name
+                return False
+    return True
+
+
+def connections_open(port):
+    """Connections to 127.0.0.1:port whose server side is not closed yet: established, or with
+    the client's close received but the server's not sent (CLOSE_WAIT) (/proc/net/tcp)."""
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return sum(1 for row in rows if row[1] == f"0100007F:{port:04X}" and row[3] in ("01", "08"))
 
 
 def test_concurrent_scrapes_share_one_collection(dm_exporter):
