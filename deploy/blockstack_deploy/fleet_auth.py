@@ -93,8 +93,8 @@ class HostSecrets:
         return os.path.join(self.dir, SCRAPE_HASH)
 
     def files(self, secure):
-        """What must be here: the push secret; with a listener beyond loopback also TLS and the scrape hash."""
-        return [self.push_password_file] + ([self.ca, *self.cert(self.host), self.scrape_hash_file] if secure else [])
+        """What must be here: the push secret, the scrape hash; with a listener beyond loopback also TLS."""
+        return [self.push_password_file, self.scrape_hash_file] + ([self.ca, *self.cert(self.host)] if secure else [])
 
     def push_client(self, tls):
         """The alerting block of the agent's Prometheus: its own push secret, to the gates."""
@@ -103,12 +103,14 @@ class HostSecrets:
             block.update(scheme="https", tls_config={"ca_file": self.ca})
         return block
 
-    def sidecar_web_config(self, path):
-        """The sidecars' --http.config: TLS with the host's certificate, basic auth of the central's scrape user."""
+    def sidecar_web_config(self, path, tls=True):
+        """The sidecars' --http.config: basic auth of the central's scrape user (also on loopback:
+        it guards their /debug/pprof/), TLS with the host's certificate."""
         with open(self.scrape_hash_file) as f:
             hashed = f.read().strip()
-        crt, key = self.cert(self.host)
-        config = {"basic_auth_users": {SCRAPE_USER: hashed},
-                  "tls_server_config": {"cert_file": crt, "key_file": key, "min_version": "TLS12"}}
+        config = {"basic_auth_users": {SCRAPE_USER: hashed}}
+        if tls:
+            crt, key = self.cert(self.host)
+            config["tls_server_config"] = {"cert_file": crt, "key_file": key, "min_version": "TLS12"}
         write_if_changed(path, "# rendered by blockstack_deploy/fleet_auth.py: the central's scrape user, TLS\n"
                          + yaml.safe_dump(config, sort_keys=False), private=True)

@@ -4,20 +4,22 @@ standalone (`make up`)
     the single-host stack of stack.py, Grafana, all on 127.0.0.1; `--listen ADDR` or `--auth`
     put Prometheus, Alertmanager and Grafana behind TLS + basic auth (user admin, pki.Secrets).
 agent (`make up-agent`, on every monitored host)
-    node_exporter, blockstack-exporter, ebpf_exporter on 127.0.0.1 (stack.py); one Prometheus
-    per replica (A, B, ...) on 127.0.0.1 that scrapes them, evaluates alerts/{alerts,recording}.rules.yml next to
+    node_exporter, blockstack-exporter, ebpf_exporter on 127.0.0.1 (stack.py; node_exporter and
+    ebpf_exporter behind metrics_front.py, as in standalone); one Prometheus per replica (A, B, ...)
+    on 127.0.0.1 behind a local admin password that scrapes them, evaluates alerts/{alerts,recording}.rules.yml next to
     the data and sends alerts to every central alert gate with the host's own push secret;
     `external_labels: {host, replica}`; `replica` is dropped from alerts (alert_relabel_configs)
     so both replicas' alerts are the same alert to Alertmanager; one Thanos sidecar per replica:
-    StoreAPI (gRPC, mutual TLS) and /metrics (HTTP, TLS + the central's scrape user) on the
-    host's fleet address.
+    StoreAPI (gRPC, mutual TLS) and /metrics (HTTP, the central's scrape user; TLS beyond
+    loopback) on the host's fleet address, reading its Prometheus with the local password.
 central (`make up-central`)
     the page receiver (127.0.0.1); an Alertmanager cluster of `peers` peers (gossip on 127.0.0.1,
     or --cluster.peer to peers on other machines), web on 127.0.0.1 behind the admin password,
     each behind an alert gate (alert_gate.py) on the fleet address that takes only hosts' pushes;
-    Thanos Query on 127.0.0.1 (Grafana's datasource) with --query.replica-label=replica, its
-    StoreAPI endpoints read from the inventory file (--store.sd-files, re-read on change);
-    a "watcher" Prometheus that scrapes every sidecar in the same inventory (file_sd) and raises
+    Thanos Query on 127.0.0.1 behind the admin password (Grafana's datasource) with
+    --query.replica-label=replica, its StoreAPI endpoints read from the inventory file
+    (--store.sd-files, re-read on change); a "watcher" Prometheus (admin password too) that
+    scrapes every sidecar in the same inventory (file_sd) and raises
     BlockStackHostDown (alerts/fleet.rules.yml) to the Alertmanager cluster; Grafana.
 
 Inventory (file_sd style, one entry per agent Prometheus replica; the file can grow without a
@@ -99,6 +101,17 @@ class Role:
         self.ports = {**self.PORTS, **(ports or {})}
         self.listen, self.grafana = listen, grafana_server
 
+    def _front_exporters(self, stack):
+        """node_exporter and ebpf_exporter of `stack` on Unix sockets in STATE/run/{node,ebpf},
+        their ports answered by metrics_front.py with /metrics only: Go's /debug/pprof/ has no
+        off switch and ebpf_exporter no web config (basic auth)."""
+        stack.metrics_socket_dir = os.path.join(self.state, "run")
+        self.sockets = [(c, os.path.dirname(stack.metrics_socket(c))) for c in ("node", "ebpf") if c in stack.components]
+
+    def _make_socket_dirs(self):
+        for _, directory in self.sockets:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+
     def _grafana_command(self, scheme="http", host="127.0.0.1"):
         binary, home = self.grafana
         return grafana.command(binary, home, os.path.join(self.config, "grafana.ini"), self.ports["grafana"],
@@ -142,8 +155,7 @@ class Standalone(Role):
         # by default); the exporters with a /debug/pprof/ answer /metrics only (metrics_front.py)
         self.stack.loopback_web_config = os.path.join(self.config, "loopback-web.yml")
         self.stack.loopback_client = self.admin.client_http(tls=False)
-        self.stack.metrics_socket_dir = os.path.join(self.state, "run")
-        self.sockets = [(c, os.path.dirname(self.stack.metrics_socket(c))) for c in ("node", "ebpf")]
+        self._front_exporters(self.stack)
         if self.web:
             self.ca = os.path.join(self.state, "secrets", "operator-ca.crt") if tls else self.web.ca
             self.stack.web_client = self.web.client_http(tls=True)
@@ -154,8 +166,7 @@ class Standalone(Role):
                 self.stack.web_address = listen
 
     def render(self):
-        for _, directory in self.sockets:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+        self._make_socket_dirs()
         if self.web:  # before the stack: prometheus.yml names the password file and the CA
             self._render_web_auth()
         else:
@@ -252,6 +263,8 @@ class Agent(FleetRole):
         of the block devices this host owns; only for simulated hosts sharing one kernel (the
         fleet test), real hosts own every device they see."""
         super().__init__(state, ports, listen)
+        if secrets is None:
+            raise ValueError("an agent needs its fleet secrets (fleet_auth.HostSecrets: push secret, scrape hash)")
         self.host, self.replicas = host, list(replicas)
         self.alertmanagers, self.secrets, self.devices = list(alertmanagers), secrets, devices
         self.reloads = tuple(f"prometheus-{r}" for r in self.replicas)
@@ -260,8 +273,10 @@ class Agent(FleetRole):
                                evaluation_interval=scrape_interval, ebpf_configs=ebpf_configs,
                                ebpf_cache=os.path.join(self.state, "ebpf-configs.txt"),
                                ports={c: self.ports[c] for c in exporters}, data_dir=self.data)
-        if self.secure and secrets is None:
-            raise ValueError("an agent listening beyond loopback needs the fleet secrets (TLS, basic auth)")
+        self._front_exporters(self.exporters)
+        # The replicas' Prometheus (and its /debug/pprof/) behind a password of this host's own,
+        # which only the sidecars send (prometheus-client.yml); it never leaves the host.
+        self.admin = pki.Secrets(os.path.join(self.state, "secrets"), user="admin")
 
     def inventory_entries(self, address=None):
         """This agent's lines for the central inventory."""
@@ -299,10 +314,12 @@ class Agent(FleetRole):
 
     def render(self):
         os.makedirs(self.config, exist_ok=True)
+        self._make_socket_dirs()
         for r in self.replicas:
             write_yaml(os.path.join(self.config, f"prometheus-{r}.yml"), self.prometheus_config(r), SOURCE)
-        if self.secure:
-            self.secrets.sidecar_web_config(os.path.join(self.config, "web-config.yml"))
+        self.admin.web_config(os.path.join(self.config, "prometheus-web.yml"), cert_name=None)
+        write_yaml(os.path.join(self.config, "prometheus-client.yml"), self.admin.client_http(tls=False), SOURCE, private=True)
+        self.secrets.sidecar_web_config(os.path.join(self.config, "web-config.yml"), tls=self.secure)
         return []
 
     def commands(self):
@@ -318,17 +335,19 @@ class Agent(FleetRole):
                  "--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h",
                  # no --web.enable-lifecycle: POST /-/quit exits 0, which Restart=on-failure does
                  # not restart; reloads are SIGHUP (self.reloads)
-                 f"--web.listen-address=127.0.0.1:{prom}", f"--web.cors.origin={CORS_ORIGIN}"],
+                 f"--web.listen-address=127.0.0.1:{prom}", f"--web.cors.origin={CORS_ORIGIN}",
+                 f"--web.config.file={w}/prometheus-web.yml"],
                 {}, f"http://127.0.0.1:{prom}/-/ready")
             argv = [thanos(), "sidecar", f"--prometheus.url=http://127.0.0.1:{prom}",
-                    f"--tsdb.path={d}/prometheus-{r}",
+                    f"--prometheus.http-client-file={w}/prometheus-client.yml", f"--tsdb.path={d}/prometheus-{r}",
                     f"--grpc-address={self.listen}:{self.ports[f'sidecar-{r}-grpc']}",
-                    f"--http-address={self.listen}:{self.ports[f'sidecar-{r}-http']}", "--log.level=warn"]
+                    f"--http-address={self.listen}:{self.ports[f'sidecar-{r}-http']}",
+                    f"--http.config={w}/web-config.yml", "--log.level=warn"]
             scheme = "http"
             if self.secure:
                 crt, key = self.secrets.cert(self.host)
                 argv += [f"--grpc-server-tls-cert={crt}", f"--grpc-server-tls-key={key}",
-                         f"--grpc-server-tls-client-ca={self.secrets.ca}", f"--http.config={w}/web-config.yml"]
+                         f"--grpc-server-tls-client-ca={self.secrets.ca}"]
                 scheme = "https"
             cmds[f"sidecar-{r}"] = (argv, {}, f"{scheme}://{self.listen}:{self.ports[f'sidecar-{r}-http']}/-/ready")
         return cmds
@@ -415,8 +434,9 @@ class Central(FleetRole):
                          knobs.rule_files(knobs.load(), **overrides)[knobs.FLEET_RULES])
         for r in self.watchers:
             write_yaml(os.path.join(self.config, f"watcher-{r}.yml"), self.watcher_config(r), SOURCE)
-        self.secrets.web_config(os.path.join(self.config, "alertmanager-web.yml"), cert_name=None)
-        return self._render_grafana(self.query_url())
+        # the Alertmanager peers, the watchers and Thanos Query (and their /debug/pprof/): the admin password
+        self.secrets.web_config(os.path.join(self.config, "admin-web.yml"), cert_name=None)
+        return self._render_grafana(self.query_url(), datasource_auth=(self.secrets.user, self.secrets.password_file, None))
 
     def commands(self):
         w, d, p = self.config, self.data, self.ports
@@ -424,7 +444,7 @@ class Central(FleetRole):
         for i in range(1, self.peers + 1):
             argv = [program("alertmanager"), f"--config.file={w}/alertmanager.yml",
                     f"--storage.path={d}/alertmanager-{i}", f"--web.listen-address=127.0.0.1:{p[f'alertmanager-{i}']}",
-                    f"--web.config.file={w}/alertmanager-web.yml",
+                    f"--web.config.file={w}/admin-web.yml",
                     f"--cluster.listen-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
                     f"--cluster.advertise-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
                     "--cluster.settle-timeout=15s"]
@@ -443,11 +463,13 @@ class Central(FleetRole):
             cmds[f"watcher-{r}"] = ([program("prometheus"), f"--config.file={w}/watcher-{r}.yml",
                                      f"--storage.tsdb.path={d}/watcher-{r}", f"--storage.tsdb.retention.time={RETENTION}",
                                      f"--storage.tsdb.retention.size={RETENTION_SIZE}",
-                                     f"--web.listen-address=127.0.0.1:{p[f'watcher-{r}']}", f"--web.cors.origin={CORS_ORIGIN}"],
+                                     f"--web.listen-address=127.0.0.1:{p[f'watcher-{r}']}", f"--web.cors.origin={CORS_ORIGIN}",
+                                     f"--web.config.file={w}/admin-web.yml"],
                                     {}, f"http://127.0.0.1:{p[f'watcher-{r}']}/-/ready")
         argv = [thanos(), "query", f"--http-address=127.0.0.1:{p['query-http']}",
                 f"--grpc-address=127.0.0.1:{p['query-grpc']}", "--query.replica-label=replica",
-                f"--store.sd-files={self.inventory}", "--store.sd-interval=1m", "--log.level=warn"]
+                f"--store.sd-files={self.inventory}", "--store.sd-interval=1m", f"--http.config={w}/admin-web.yml",
+                "--log.level=warn"]
         if self.secure:
             crt, key = self.secrets.cert("query")
             argv += ["--grpc-client-tls-secure", f"--grpc-client-tls-cert={crt}", f"--grpc-client-tls-key={key}",
@@ -461,7 +483,8 @@ class Central(FleetRole):
     def extra(self):
         return [f"  pages file             {self.pages_file}",
                 f"  inventory              {self.inventory}  (add hosts here; no restart)",
-                f"  Grafana datasource     {self.query_url()}  (Thanos Query, replica label `replica`)",
+                f"  Grafana datasource     {self.query_url()}  (Thanos Query, replica label `replica`; "
+                f"admin, password in {self.secrets.password_file})",
                 *([] if self.grafana else [GRAFANA_HINT])]
 
 

@@ -53,12 +53,12 @@ def test_agent_config(tmp_path, secrets, servers):
         assert am["static_configs"][0]["targets"] == ["10.9.0.1:9093", "10.9.0.1:9095"]
         assert all(sc["static_configs"][0]["labels"]["host"] == "db1" for sc in config["scrape_configs"])
     cmds = agent.commands()
-    assert {"node", "blockstack", "ebpf", "prometheus-A", "prometheus-B", "sidecar-A", "sidecar-B"} == set(cmds)
+    assert {"node", "blockstack", "ebpf", "front", "prometheus-A", "prometheus-B", "sidecar-A", "sidecar-B"} == set(cmds)
     for name, (argv, _, _) in cmds.items():
         # POST /-/quit would exit 0, which Restart=on-failure does not restart: no lifecycle API
         assert "--web.enable-lifecycle" not in argv, name
         listens = [a for a in argv if "listen-address=" in a or "-address=" in a]
-        beyond = [a for a in listens if "127.0.0.1" not in a]
+        beyond = [a for a in listens if "127.0.0.1" not in a and not a.endswith("=fd://0")]  # fd 0: a Unix socket
         if beyond:  # only the sidecars, and only with TLS + auth
             assert name.startswith("sidecar-"), (name, beyond)
             assert any(a.startswith("--grpc-server-tls-client-ca=") for a in argv)
@@ -66,6 +66,17 @@ def test_agent_config(tmp_path, secrets, servers):
     web = yaml.safe_load((tmp_path / "config" / "web-config.yml").read_text())
     # the sidecars take the central's scrape user only; the host holds its hash, not the password
     assert list(web["basic_auth_users"]) == ["scrape"] and web["tls_server_config"]["cert_file"].endswith("db1.crt")
+    # Go's /debug/pprof/: node_exporter and ebpf_exporter on sockets behind metrics_front.py, the
+    # replicas behind this host's own admin password, which their sidecars send
+    assert "--web.systemd-socket" in cmds["node"][0] and "--web.listen-address=fd://0" in cmds["ebpf"][0]
+    assert [a for a in cmds["front"][0] if a.startswith("--route=")] == [
+        f"--route=127.0.0.1:9100={tmp_path}/run/node/metrics.sock", f"--route=127.0.0.1:9435={tmp_path}/run/ebpf/metrics.sock"]
+    prom_web = yaml.safe_load((tmp_path / "config" / "prometheus-web.yml").read_text())
+    assert list(prom_web["basic_auth_users"]) == ["admin"] and "tls_server_config" not in prom_web
+    assert f"--web.config.file={tmp_path}/config/prometheus-web.yml" in cmds["prometheus-A"][0]
+    client = yaml.safe_load((tmp_path / "config" / "prometheus-client.yml").read_text())
+    assert client["basic_auth"] == {"username": "admin", "password_file": f"{tmp_path}/secrets/admin-password"}
+    assert f"--prometheus.http-client-file={tmp_path}/config/prometheus-client.yml" in cmds["sidecar-B"][0]
     assert sorted(os.listdir(db1(secrets).dir)) == ["ca.crt", "db1.crt", "db1.key", "push-password",
                                                     "scrape-password.bcrypt"]
     assert agent.inventory_entries()[1] == {"targets": ["10.9.0.11:10911"], "labels": {
@@ -89,8 +100,8 @@ def test_central_config(tmp_path, secrets, servers):
     am1 = cmds["alertmanager-1"][0]
     assert "--cluster.peer=127.0.0.1:9096" in am1 and "--web.listen-address=127.0.0.1:9193" in am1
     # the peers: loopback, the admin password only; agents reach the gates, over TLS
-    am_web = yaml.safe_load((tmp_path / "central" / "config" / "alertmanager-web.yml").read_text())
-    assert f"--web.config.file={tmp_path / 'central' / 'config' / 'alertmanager-web.yml'}" in am1
+    am_web = yaml.safe_load((tmp_path / "central" / "config" / "admin-web.yml").read_text())
+    assert f"--web.config.file={tmp_path / 'central' / 'config' / 'admin-web.yml'}" in am1
     assert list(am_web["basic_auth_users"]) == ["admin"] and "tls_server_config" not in am_web
     assert central.alertmanager_addresses() == ["10.9.0.1:9093", "10.9.0.1:9095"]
     gate = cmds["gate-1"][0]
@@ -104,6 +115,9 @@ def test_central_config(tmp_path, secrets, servers):
     assert "--query.replica-label=replica" in query and f"--store.sd-files={inventory}" in query
     assert "--grpc-client-tls-secure" in query
     assert any(a.startswith("--http-address=127.0.0.1:") for a in query)
+    # the watcher and Thanos Query (and their /debug/pprof/) behind the admin password, as the peers
+    assert f"--http.config={tmp_path / 'central' / 'config' / 'admin-web.yml'}" in query
+    assert f"--web.config.file={tmp_path / 'central' / 'config' / 'admin-web.yml'}" in cmds["watcher-A"][0]
     assert not [name for name, (argv, _, _) in cmds.items() if "--web.enable-lifecycle" in argv]
     # the receiver takes only notifications with its token, which Alertmanager's webhooks send
     am_config = yaml.safe_load((tmp_path / "central" / "config" / "alertmanager.yml").read_text())

@@ -49,13 +49,19 @@ def test_standalone_units(tmp_path):
     assert "--web.listen-address=0.0.0.0:9090" in prometheus
     node = units["blockstack-node-exporter.service"]
     assert r"--collector.diskstats.device-exclude=^(ram|fd|sr)\\d+$$" in node  # the regex, escaped for systemd
-    # the exporters serve /metrics on a socket systemd makes (only the front's group may connect)
+    assert_fronted(units)
+    assert verify(tmp_path, units) == ""
+
+
+def assert_fronted(units):
+    """The exporters with a /debug/pprof/ serve /metrics on a socket systemd makes (only the
+    front's group may connect); the front answers their ports."""
     for exporter in ("node-exporter", "ebpf-exporter"):
         assert "SocketGroup=blockstack-front" in units[f"blockstack-{exporter}.socket"]
         assert f"Requires=blockstack-{exporter}.socket" in units[f"blockstack-{exporter}.service"]
+    node = units["blockstack-node-exporter.service"]
     assert "--web.systemd-socket" in node and "metrics_front.py" not in node
     assert "User=blockstack-front" in units["blockstack-front.service"]
-    assert verify(tmp_path, units) == ""
 
 
 def test_agent_units(tmp_path, secrets):
@@ -65,6 +71,10 @@ def test_agent_units(tmp_path, secrets):
     units = role_units(role)
     assert {"blockstack-prometheus-A.service", "blockstack-sidecar-B.service"} <= set(units)
     assert "--grpc-server-tls-client-ca=" in units["blockstack-sidecar-A.service"]
+    # /debug/pprof/: the exporters fronted, the replicas behind the host's own password, which the sidecars send
+    assert_fronted(units)
+    assert "--web.config.file=" in units["blockstack-prometheus-B.service"]
+    assert "--prometheus.http-client-file=" in units["blockstack-sidecar-B.service"]
     assert verify(tmp_path, units) == ""
 
 
@@ -74,6 +84,9 @@ def test_central_units(tmp_path, secrets):
     assert {"blockstack-alertmanager-1.service", "blockstack-gate-1.service", "blockstack-watcher-A.service",
             "blockstack-query.service"} <= set(units)
     assert "User=blockstack-gate" in units["blockstack-gate-1.service"]
+    # /debug/pprof/ of the watcher and Thanos Query behind the admin password, as the peers'
+    assert "--web.config.file=" in units["blockstack-watcher-A.service"]
+    assert "--http.config=" in units["blockstack-query.service"]
     assert verify(tmp_path, units) == ""
 
 

@@ -7,6 +7,8 @@ with its own secret through the central alert gates (fleet_auth.py, alert_gate.p
 In order, on one fleet:
 0. From h2's namespace, h2's secret pushes an h2 alert and nothing else: no silence, no read, no
    alert for h1, no scrape of h1's sidecar; the Alertmanager peers are unreachable from a host.
+   No listener of h1 (exporters, both Prometheus replicas, sidecars) nor of the central side
+   answers Go's /debug/pprof/ without credentials.
 1. Thanos Query returns each host's lineup series once (deduplicated across h1's replicas).
 2. The dashboard's queries, unchanged, run against Thanos Query; its host variable spans the fleet.
 3. A merge collapse on h1 pages exactly once, naming h1 (2 replicas x 2 Alertmanager peers).
@@ -70,7 +72,7 @@ def fleet(request):
 
 
 def query(f, promql, dedup=True):
-    return Prometheus(f.central.query_url()).query(promql, dedup=str(dedup).lower())
+    return Prometheus(f.central.query_url(), auth=f.admin).query(promql, dedup=str(dedup).lower())
 
 
 def _all_targets_up(f):
@@ -158,6 +160,32 @@ def test_a_hosts_secret_pushes_its_own_alerts_only(fleet):
     assert netns.call_in(fleet.hosts["h2"].ns, request, sidecar, fleet.scrape, fleet.secrets.ca)[0] == 200
 
 
+def test_no_pprof_without_credentials(fleet):
+    """Go's /debug/pprof/ (CPU profiles on demand, heap and goroutine dumps) on every HTTP listener
+    of an agent host, from inside its namespace, and of the central side: refused without
+    credentials (401 behind basic auth, 403 at a gate, 404 at the metrics front or a Python
+    server), while the scrapes and queries above go on with theirs."""
+    h1, agent, central = fleet.hosts["h1"], fleet.agents["h1"], fleet.central
+    on_h1 = {name: f"http://127.0.0.1:{agent.ports[name]}"
+             for name in ("node", "blockstack", "ebpf", "prometheus-A", "prometheus-B")}
+    on_h1.update({f"sidecar-{r}": f"https://{h1.address}:{agent.ports[f'sidecar-{r}-http']}" for r in agent.replicas})
+    seen = {name: netns.call_in(h1.ns, request, url + "/debug/pprof/", None, fleet.secrets.ca)[0]
+            for name, url in on_h1.items()}
+    on_central = {name: f"http://127.0.0.1:{central.ports[name]}"
+                  for name in ("receiver", "alertmanager-1", "alertmanager-2", "watcher-A", "query-http")}
+    on_central.update({f"gate-{i}": f"https://{a}" for i, a in enumerate(central.alertmanager_addresses(), 1)})
+    seen.update({f"central {name}": request(url + "/debug/pprof/", None, fleet.secrets.ca)[0]
+                 for name, url in on_central.items()})
+    print("/debug/pprof/ without credentials:", json.dumps(seen))
+    assert not {name: code for name, code in seen.items() if code not in (401, 403, 404)}, seen
+    # what the fleet needs still answers with its own credentials: the scrape user at the sidecar,
+    # the admin at the watcher and Thanos Query
+    sidecar = on_h1["sidecar-A"] + "/metrics"
+    status, text = netns.call_in(h1.ns, request, sidecar, fleet.scrape, fleet.secrets.ca)
+    assert status == 200 and "thanos_sidecar_prometheus_up 1" in text, "the sidecar no longer reads its Prometheus"
+    assert request(f"http://127.0.0.1:{central.ports['watcher-A']}/-/ready", fleet.admin)[0] == 200
+
+
 def test_thanos_query_returns_each_hosts_lineup_once(fleet):
     wait_until("lineup series on every host", lambda: {s["metric"]["host"] for s in query(fleet, LINEUP)} ==
                set(fleet.hosts), 60, 2)
@@ -183,7 +211,7 @@ def test_dashboard_unchanged_against_thanos_query(fleet):
     import blockstack_dashboard
     with open(blockstack_dashboard.OUTPUT) as fh:
         dashboard = json.load(fh)
-    thanos = Prometheus(fleet.central.query_url())
+    thanos = Prometheus(fleet.central.query_url(), auth=fleet.admin)
     end = math.ceil(time.time() / 5) * 5
     host = next(v for v in dashboard["templating"]["list"] if v["name"] == "host")["query"]["query"]
     match, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", host).groups()
@@ -229,7 +257,7 @@ def test_cost_per_host(fleet):
     for h in sorted(series):
         print(f"{h}: {devices[h]} devices, {per_device[h]} series with a device label "
               f"({per_device[h] / devices[h]:.0f} per device), {series[h] - per_device[h]} without")
-    watched = Prometheus(f"http://127.0.0.1:{fleet.central.ports['watcher-A']}").value('count({__name__=~".+"})')
+    watched = Prometheus(f"http://127.0.0.1:{fleet.central.ports['watcher-A']}", auth=fleet.admin).value('count({__name__=~".+"})')
     print(f"watcher: {watched:.0f} series for "
           f"{sum(len(a.replicas) for a in fleet.agents.values())} agent replicas")
     for h in sorted(series):
