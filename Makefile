@@ -91,7 +91,7 @@ test: deps vm-deps venv ebpf-build thanos grafana upstream-servers linters
 UNIT := not root and not servers and not built and not linters and not vm
 test-unit: deps venv ebpf-objects
 	@echo ">> running unit tests"
-	@$(PYTEST) -m "$(UNIT)"
+	@$(PYTEST) -n 2 --dist loadfile -m "$(UNIT)"
 
 ## linters: cloudflare/pint (rules) and grafana/dashboard-linter (dashboard) from the Go module proxy into .build/bin (cached)
 # dashboard-linter: its releases (v0.3.0) need a grafana/apps/dashboard pseudo-version the proxy
