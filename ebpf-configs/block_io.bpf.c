@@ -18,7 +18,7 @@
 // every CPU FLUSH_HZ times a second: an observation reaches the exported maps within 1 / FLUSH_HZ
 // seconds, exactly (nothing is sampled or dropped). Built with -DBLOCK_IO_IMMEDIATE
 // (block_io_immediate.bpf.c) the histograms are updated in the exported maps at each event, as
-// before 2026-11-24: no lag, twice the BPF time per I/O, and no bpf_loop() (Linux 5.17+) needed.
+// before 2026-11-24: no lag, ~1.5x the BPF time per I/O, and no bpf_loop() (Linux 5.17+) needed.
 #include <vmlinux.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
