@@ -3,9 +3,7 @@ import os
 
 import pytest
 
-from blockstack_deploy import procs
-from ebpf_testlib import (CONFIG_DIR, EXPORTER, EXPORTER_ENV, Exporter, config_names,
-                          selected_configs)
+from ebpf_testlib import CONFIG_DIR, EXPORTER, config_names, running_exporter, selected_configs
 
 
 @pytest.fixture(autouse=True)
@@ -25,13 +23,8 @@ def built(request):
 def exporter(tmp_path_factory):
     """The real ebpf_exporter with every config this kernel loads, on a free loopback port;
     stopped (process group killed, programs detached) when the module's tests are done."""
-    names = selected_configs()
-    port = procs.free_port()
     log = tmp_path_factory.mktemp("ebpf_exporter") / "ebpf_exporter.log"
-    argv = [EXPORTER, f"--config.dir={CONFIG_DIR}", f"--config.names={names}",
-            f"--web.listen-address=127.0.0.1:{port}"]
-    url = f"http://127.0.0.1:{port}/metrics"
-    with procs.running(argv, env=EXPORTER_ENV, health_url=url, log_path=str(log), timeout=60):
-        yield Exporter(url)
+    with running_exporter(selected_configs(), log) as running:
+        yield running
 
 

@@ -3,8 +3,11 @@
 The configs must be built first (`make ebpf-build`, which `make test` and `make test-ebpf` run):
 ebpf_exporter in BUILD/bin, every NAME.bpf.o + NAME.yaml in BUILD/ebpf-configs.
 """
+import contextlib
 import os
+import re
 import subprocess
+import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,6 +24,24 @@ CANNOT_LOAD = os.path.join(CONFIGS_SRC, "cannot-load.txt")
 
 # Without it the exporter's OpenTelemetry SDK tries localhost:4318 and exits 1 on SIGTERM.
 EXPORTER_ENV = {"OTEL_TRACES_EXPORTER": "none"}
+
+
+def flush_hz():
+    """block_io's FLUSH_HZ: its histograms reach the exported maps within 1 / FLUSH_HZ s of an I/O."""
+    with open(os.path.join(CONFIGS_SRC, "block_io.bpf.c")) as f:
+        return int(re.search(r"^#define FLUSH_HZ (\d+)$", f.read(), re.M).group(1))
+
+
+FLUSH_PERIOD = 1 / flush_hz()
+# What a scrape may lag behind the flush tick: the exporter reading the maps, the test's own
+# scheduling on a loaded machine.
+FLUSH_MARGIN = 0.1
+
+
+def settle():
+    """Waits until every histogram observation of I/O that has finished is in the exported maps
+    (block_io flushes each CPU's pending counts every FLUSH_PERIOD)."""
+    time.sleep(FLUSH_PERIOD + FLUSH_MARGIN)
 
 
 def config_names():
@@ -78,6 +99,18 @@ class Exporter:
 
     def scrape(self):
         return Scrape(procs.http_get(self.url, timeout=10))
+
+
+@contextlib.contextmanager
+def running_exporter(names, log_path):
+    """The real ebpf_exporter with the configs `names` on a free loopback port; stopped (process
+    group killed, programs detached) on leaving."""
+    port = procs.free_port()
+    argv = [EXPORTER, f"--config.dir={CONFIG_DIR}", f"--config.names={names}",
+            f"--web.listen-address=127.0.0.1:{port}"]
+    url = f"http://127.0.0.1:{port}/metrics"
+    with procs.running(argv, env=EXPORTER_ENV, health_url=url, log_path=str(log_path), timeout=60):
+        yield Exporter(url)
 
 
 # --- /proc/diskstats ----------------------------------------------------------------------------

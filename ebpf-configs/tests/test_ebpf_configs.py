@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
-from ebpf_testlib import (BUILD, CONFIG_DIR, CONFIGS_SRC, cannot_load, config_check, config_names,
+from ebpf_testlib import (BUILD, CONFIG_DIR, CONFIGS_SRC, FLUSH_PERIOD, cannot_load, config_check, config_names,
                           selected_configs)
 
 SCHEMA = os.path.join(BUILD, "share", "ebpf_exporter", "config-schema.yaml")
@@ -127,9 +127,11 @@ def defines(text):
 
 
 def observed_buckets(text):
-    """{map: {(min, max), ...}} of every histogram_observe(&map, key, value, min, max) call."""
+    """{map: {(min, max), ...}} of every call that passes a map and its bucket bounds, in that order:
+    histogram_observe(&map, key, value, min, max) and block_io's observe(), pending_add() and
+    flush_hist(), whose bounds are the #defines named *_BUCKET_MIN and *_BUCKET_MAX."""
     consts = defines(text)
-    calls = re.findall(r"histogram_observe\(\s*&(\w+)\s*,.*?,\s*(\w+)\s*,\s*(\w+)\s*\)\s*;", text, re.S)
+    calls = re.findall(r"\w+\(\s*&(\w+)\s*,[^;{]*?\b(\w+_BUCKET_MIN)\s*,\s*(\w+_BUCKET_MAX)\b", text)
     out = {}
     for map_name, low, high in calls:
         out.setdefault(map_name, set()).add(tuple(consts[v] if v in consts else int(v, 0) for v in (low, high)))
@@ -157,9 +159,18 @@ def test_bucket_check_reads_the_source():
     assert observed_buckets(changed)["block_rq_size_bytes"] == {(9, 26)}
 
 
-def test_jbd2_variants_export_the_same_metric():
-    """Dashboards and alerts work with either variant only if both define the metric alike."""
-    assert load_config("jbd2_credit_wait")["metrics"] == load_config("jbd2_credit_wait_fexit")["metrics"]
+@pytest.mark.parametrize("first, second", [("jbd2_credit_wait", "jbd2_credit_wait_fexit"),
+                                           ("block_io", "block_io_immediate")])
+def test_variants_export_the_same_metrics(first, second):
+    """Dashboards and alerts work with either variant only if both define the metrics alike."""
+    assert load_config(first)["metrics"] == load_config(second)["metrics"]
+
+
+def test_histogram_help_states_the_flush_period():
+    """block_io's HELP strings (and so docs/metrics.md) give the lag of its batched histograms;
+    a change of FLUSH_HZ must change them too."""
+    for histogram in load_config("block_io")["metrics"]["histograms"]:
+        assert f"within {FLUSH_PERIOD:g} s of the I/O" in histogram["help"], histogram["name"]
 
 
 # --- the real exporter loads them -----------------------------------------------------------------
