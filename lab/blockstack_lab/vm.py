@@ -46,6 +46,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -125,6 +126,22 @@ def missing(kernels=("6.1", "6.12")):
         except FileNotFoundError as e:
             problems.append(str(e))
     return problems
+
+
+def ready(kernels):
+    """For the lab's commands: False, with what is missing on stderr, if the VM lab cannot run
+    here; else True, the guests of dead processes swept first (sweep_stale)."""
+    problems = missing(kernels)
+    if problems:
+        print("the VM lab needs: " + "; ".join(problems), file=sys.stderr)
+        return False
+    sweep_stale()
+    return True
+
+
+def say(msg):
+    """The lab commands' progress lines, timestamped."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 @dataclasses.dataclass

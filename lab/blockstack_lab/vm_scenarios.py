@@ -32,6 +32,7 @@ from .view import StackView
 # the guest sees the host's root read-only: mountpoints on its own tmpfs
 MNT_ORIGIN, MNT_SNAP = "/tmp/blockstack-lv", "/tmp/blockstack-snap"
 DATA_MIB = 200
+SERVERS = ("receiver", "alertmanager", "prometheus")  # on the host
 # The snapshot's stack in the guest
 SNAPSHOT_SETUP = f"""set -e
 pvcreate -q /dev/nvme0n1
@@ -78,25 +79,37 @@ class Outcome:
 def build_snapshot(guest, chunk="4k"):
     """The NVMe incident's stack in the guest (SNAPSHOT_SETUP); {layer: dm-N} by LVM name."""
     guest.run(SNAPSHOT_SETUP.format(chunk=chunk), timeout=900)
+    return dm_names(guest)
+
+
+def dm_names(guest):
+    """{dm name: dm-N} of every device-mapper device in the guest."""
     out = guest.run("for d in /sys/block/dm-*; do echo ${d##*/} $(cat $d/dm/name); done").stdout
     return {name: dev for dev, name in (line.split() for line in out.splitlines())}
 
 
+def host_stack(guest, workdir, timing, servers=SERVERS):
+    """The servers' configuration on the host (vm.HostStack), scraping at the timing's interval."""
+    return vm.HostStack(guest, workdir, servers=servers, scrape_interval=timing.scrape_interval,
+                        evaluation_interval=timing.scrape_interval)
+
+
 @contextlib.contextmanager
-def host_stack(guest, workdir, timing, servers=("receiver", "alertmanager", "prometheus")):
-    """The servers on the host scraping the guest's exporters; yields (HostStack, StackView)."""
-    stack = vm.HostStack(guest, workdir, servers=servers, scrape_interval=timing.scrape_interval,
-                         evaluation_interval=timing.scrape_interval)
+def serving(stack):
+    """A vm.HostStack's servers (Prometheus with the project's rules, Alertmanager, the receiver,
+    ...) running on the host and scraping the guest's exporters, every target up; yields its
+    StackView. Stopped on exit."""
     missing = stack.missing()
     if missing:
         raise RuntimeError("the VM lab's stack needs: " + "; ".join(missing))
     with stack.running(timeout=120):
         view = StackView.from_stack(stack)
         view.prometheus.wait_targets_up(timeout=180)
-        yield stack, view
+        yield view
 
 
 def firing_pages(view, since):
+    """The pages (receiver /page, firing) received since `since` (Unix seconds)."""
     return [n for n in view.notifications(since) if n.path == "/page" and n.status == "firing"]
 
 
@@ -133,13 +146,14 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
     snap = dm["vg0-snap"]
     say(f"vm: vg0/lv (ext4, {DATA_MIB} MiB file) and vg0/snap (4 KiB chunks) on nvme0n1: " +
         ", ".join(f"{n}={d}" for n, d in sorted(dm.items())))
-    with guest.exporters(), host_stack(guest, workdir, t) as (stack, view), guest.background(SNAPSHOT_READS):
+    stack = host_stack(guest, workdir, t)
+    with guest.exporters(), serving(stack) as view, guest.background(SNAPSHOT_READS):
         def reads_seen():
             lineup = view.lineup(["nvme0n1", snap])
             return lineup if "read" in lineup.get("nvme0n1", {}) else None
         out.healthy_lineup = procs.wait_until("snapshot reads on nvme0n1 in Prometheus", reads_seen,
                                               t.lineup_timeout, interval=5)
-        out.facts = exporter_facts(view, stack.host)
+        out.facts = exporter_facts(view, view.host)
         say(f"vm: healthy lineup (nomerges=0): {_lineup(out.healthy_lineup)}")
         if healthy:
             start = time.time()
@@ -177,8 +191,7 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
 
 
 @contextlib.contextmanager
-def nvme_collapse(guest, workdir, healthy=60, settle=25, timing=None, servers=("receiver", "alertmanager", "prometheus", "grafana"),
-                  say=print):
+def nvme_collapse(guest, workdir, healthy=60, settle=25, timing=None, servers=(*SERVERS, "grafana"), say=print):
     """The NVMe incident held open for a look at it (the dashboard screenshot): the snapshot stack,
     the exporters in the guest, `servers` on the host (Grafana too by default), `healthy` seconds
     of snapshot reads at nomerges=0 once Prometheus sees them, then nomerges=2 until the collapse
@@ -189,7 +202,8 @@ def nvme_collapse(guest, workdir, healthy=60, settle=25, timing=None, servers=("
     dm = build_snapshot(guest)
     snap = dm["vg0-snap"]
     say("vm: vg0/snap (4 KiB chunks) over nvme0n1: " + ", ".join(f"{n}={d}" for n, d in sorted(dm.items())))
-    with guest.exporters(), host_stack(guest, workdir, t, servers) as (stack, view), guest.background(SNAPSHOT_READS):
+    stack = host_stack(guest, workdir, t, servers)
+    with guest.exporters(), serving(stack) as view, guest.background(SNAPSHOT_READS):
         procs.wait_until("snapshot reads on nvme0n1 in Prometheus",
                          lambda: "read" in view.lineup(["nvme0n1"]).get("nvme0n1", {}), t.lineup_timeout, interval=5)
         start = time.time()
@@ -215,7 +229,7 @@ def _lineup(lineup):
 
 def run(kernel, healthy=True, timing=None, say=print):
     """Boot `kernel`, run the NVMe incident, tear down; an Outcome."""
-    with tempfile.TemporaryDirectory(prefix="blockstack-vm-stack-") as workdir, vm.Guest(kernel, nvme=1, say=say) as g:
+    with tempfile.TemporaryDirectory(prefix="blockstack-vm-stack-") as workdir, vm.Guest(kernel, nvme=1, say=vm.say) as g:
         return nvme_incident(g, workdir, timing, healthy, say)
 
 
@@ -224,17 +238,11 @@ def main(argv=None):
     ap.add_argument("kernels", nargs="*", default=["6.1", "6.12"])
     ap.add_argument("--healthy-seconds", type=float, default=Timing.healthy)
     args = ap.parse_args(argv)
-    problems = vm.missing(args.kernels)
-    if problems:
-        print("the VM lab needs: " + "; ".join(problems), file=sys.stderr)
+    if not vm.ready(args.kernels):
         return 2
-    vm.sweep_stale()
-
-    def say(msg):
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
     rows, ok = [], True
     for k in args.kernels:
-        o = run(k, timing=Timing(healthy=args.healthy_seconds), say=say)
+        o = run(k, timing=Timing(healthy=args.healthy_seconds), say=vm.say)
         good = not o.healthy_pages and o.page_seconds is not None and len(o.pages) == 1
         ok &= good
         rows.append(f"| NVMe incident (LVM snapshot 4 KiB chunks on nvme0n1) | {o.release} | page "

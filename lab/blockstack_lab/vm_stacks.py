@@ -32,7 +32,7 @@ from blockstack_deploy import procs
 from blockstack_rules import knobs
 
 from . import vm
-from .view import StackView
+from .vm_scenarios import dm_names, firing_pages, serving
 
 MP_SERIAL = "nvme-mp"
 # Seven NVMe controllers plus a subsystem of two take 170-240 s to boot under TCG on a loaded 2-core
@@ -98,28 +98,6 @@ class RulesStack(vm.HostStack):
         return config
 
 
-@contextlib.contextmanager
-def servers(guest, workdir, overrides=None):
-    """The servers on the host scraping the guest's exporters; yields (stack, StackView)."""
-    stack = RulesStack(guest, workdir, overrides)
-    missing = stack.missing()
-    if missing:
-        raise RuntimeError("the VM lab's stack needs: " + "; ".join(missing))
-    with stack.running(timeout=120):
-        view = StackView.from_stack(stack)
-        view.prometheus.wait_targets_up(timeout=180)
-        yield stack, view
-
-
-def pages_since(view, since):
-    return [n for n in view.notifications(since) if n.path == "/page" and n.status == "firing"]
-
-
-def dm_names(guest):
-    out = guest.run("for d in /sys/block/dm-*; do echo ${d##*/} $(cat $d/dm/name); done").stdout
-    return {name: dev for dev, name in (line.split() for line in out.splitlines())}
-
-
 def by_serial(guest, serial):
     return guest.run(BY_SERIAL + f"nv {serial}").stdout.strip()
 
@@ -150,8 +128,8 @@ def stacks(guest, workdir, healthy=90, say=print):
                    "tpool": dm["vgt-pool-tpool"], "mp": by_serial(guest, MP_SERIAL)}
     out.devices.update({f"nvme{i}": by_serial(guest, f"nvme{i}") for i in range(7)})
     say(f"vm: stacks built: {out.devices}")
-    with guest.exporters(), servers(guest, workdir) as (stack, view), guest.background(STACKS_READS):
-        p, sel = view.prometheus, f'host="{stack.host}"'
+    with guest.exporters(), serving(RulesStack(guest, workdir)) as view, guest.background(STACKS_READS):
+        p, sel = view.prometheus, f'host="{view.host}"'
         tops = [out.devices[k] for k in ("md0", "md1", "crypt", "thin")]
 
         def reads_seen():
@@ -176,7 +154,7 @@ def stacks(guest, workdir, healthy=90, say=print):
             say(f"vm: +{time.time() - start:.0f}s reads: {view.lineup(all_devices)}; alerts {out.alerts or 'none'}")
         out.healthy_seconds = time.time() - start
         out.lineup = view.lineup(all_devices + [f"{out.devices['mp'][:-2]}c.*n1"])
-        out.pages = pages_since(view, start - 120)
+        out.pages = firing_pages(view, start - 120)
     return out
 
 
@@ -229,7 +207,7 @@ def lvm2(guest, workdir, say=print, chunks=(4, 64, 512), page_timeout=300, chunk
     # Alerts: the chunk alert's `for:` shortened to chunk_for; everything else as shipped.
     guest.run("lvcreate -q -y -s -c 4k -L 40M -n snap vg0/lv", timeout=300)
     snap = dm_names(guest)["vg0-snap"]
-    with guest.exporters(), servers(guest, workdir, {"snapshot_chunk_for": chunk_for}) as (stack, view):
+    with guest.exporters(), serving(RulesStack(guest, workdir, {"snapshot_chunk_for": chunk_for})) as view:
         fill_start = time.time()
         with guest.background(THROTTLED_WRITES):
             def chunk_alert():
@@ -240,7 +218,7 @@ def lvm2(guest, workdir, say=print, chunks=(4, 64, 512), page_timeout=300, chunk
             say(f"vm: +{out.chunk_alert_seconds:.0f}s {out.chunk_alert}")
 
             def page(name):
-                return [n for n in pages_since(view, fill_start) if n.alertname == name and n.device == snap]
+                return [n for n in firing_pages(view, fill_start) if n.alertname == name and n.device == snap]
             hit = procs.wait_until("the COW page", lambda: page("BlockStackSnapshotCowNearlyFull"), page_timeout, interval=1)
             out.cow_page, out.cow_page_seconds = hit[0], hit[0].received_at - fill_start
             say(f"vm: +{out.cow_page_seconds:.0f}s PAGE {hit[0].alertname}: {hit[0].annotations.get('description')}")
@@ -253,7 +231,7 @@ def lvm2(guest, workdir, say=print, chunks=(4, 64, 512), page_timeout=300, chunk
         hit = procs.wait_until("the Invalid page", lambda: page("BlockStackSnapshotInvalid"), page_timeout, interval=1)
         out.invalid_page, out.invalid_page_seconds = hit[0], hit[0].received_at - fill_start
         say(f"vm: +{out.invalid_page_seconds:.0f}s PAGE {hit[0].alertname}: {hit[0].annotations.get('summary')}")
-        out.pages = pages_since(view, fill_start)
+        out.pages = firing_pages(view, fill_start)
     return out
 
 
@@ -288,7 +266,7 @@ def ext4(guest, workdir, say=print, alert_timeout=420):
     dev = by_serial(guest, "nvme0")
     out.configs = guest.ebpf_configs()
     say(f"vm: ext4 on {dev} (4 MiB journal, dioread_nolock); ebpf configs {out.configs}")
-    with guest.exporters(ebpf_configs=out.configs), servers(guest, workdir) as (stack, view):
+    with guest.exporters(ebpf_configs=out.configs), serving(RulesStack(guest, workdir)) as view:
         start = time.time()
         with guest.background(EXT4_WRITERS):
             def ticket():
@@ -300,7 +278,7 @@ def ext4(guest, workdir, say=print, alert_timeout=420):
             out.waits_per_second = view.prometheus.value(f'host_device:ebpf_jbd2_credit_wait:rate{{device="{dev}"}}')
             say(f"vm: +{out.alert_seconds:.0f}s {hit[0].alertname} ({hit[0].labels.get('severity')}): "
                 f"{' '.join(hit[0].annotations.get('description', '').split())}")
-        out.pages = pages_since(view, start)
+        out.pages = firing_pages(view, start)
     return out
 
 
@@ -324,17 +302,11 @@ def main(argv=None):
                     choices=["stacks", "lvm2", "ext4"])
     ap.add_argument("--kernel", default="6.1")
     args = ap.parse_args(argv)
-    problems = vm.missing([args.kernel])
-    if problems:
-        print("the VM lab needs: " + "; ".join(problems), file=sys.stderr)
+    if not vm.ready([args.kernel]):
         return 2
-    vm.sweep_stale()
-
-    def say(msg):
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
     for s in args.scenarios:
-        o = run(s, args.kernel, say=say)
-        say(f"{s}: {o}")
+        o = run(s, args.kernel, say=vm.say)
+        vm.say(f"{s}: {o}")
     return 0
 
 
