@@ -32,7 +32,7 @@ from blockstack_deploy import procs
 from blockstack_rules import knobs
 
 from . import vm
-from .vm_scenarios import dm_names, firing_pages, serving
+from .vm_scenarios import dm_names, doctor_summary, firing_pages, latest, serving
 
 MP_SERIAL = "nvme-mp"
 # Seven NVMe controllers plus a subsystem of two take 170-240 s to boot under TCG on a loaded 2-core
@@ -43,20 +43,21 @@ BY_SERIAL = r"""nv() { for d in $(ls /sys/block | grep -E '^nvme[0-9]+n1$'); do
   [ "$(tr -d ' ' < /sys/block/$d/device/serial)" = "$1" ] && echo $d; done; true; }
 export LVM_SUPPRESS_FD_WARNINGS=1
 """
+THIN_USED_MIB = 216
 STACKS_SETUP = BY_SERIAL + f"""set -e
 for m in dm-thin-pool dm-crypt raid1 raid456; do modprobe $m; done
 mdadm --create /dev/md0 --run --level=1 --raid-devices=2 --metadata=1.2 --assume-clean /dev/$(nv nvme0) /dev/$(nv nvme1)
 mdadm --create /dev/md1 --run --level=5 --raid-devices=3 --metadata=1.2 --assume-clean \
     /dev/$(nv nvme2) /dev/$(nv nvme3) /dev/$(nv nvme4)
-pvcreate -q /dev/$(nv nvme5)
 vgcreate -q vgt /dev/$(nv nvme5)
-lvcreate -q -y -L 256M -T vgt/pool
-lvcreate -q -y -V 1G -T vgt/pool -n thin1
+lvcreate -q -y -L 256M -V 1G -T vgt/pool -n thin1
 head -c 32 /dev/urandom > /tmp/crypt0.key
 cryptsetup open --type plain --cipher aes-xts-plain64 --key-size 256 --key-file /tmp/crypt0.key /dev/$(nv nvme6) crypt0
 for d in /dev/md0 /dev/md1 /dev/vgt/thin1 /dev/mapper/crypt0 /dev/$(nv {MP_SERIAL}); do
     dd if=/dev/zero of=$d bs=1M count=64 oflag=direct status=none
 done
+# the thin pool's data {THIN_USED_MIB} MiB of 256 (84 %: dmeventd's and the doctor's warning from 80 %)
+dd if=/dev/zero of=/dev/vgt/thin1 bs=1M seek=64 count={THIN_USED_MIB - 64} oflag=direct status=none
 """
 TOPS = ("md0", "md1", "vgt/thin1", "mapper/crypt0")
 # Sequential buffered reads through every top device, from the device every pass
@@ -115,46 +116,59 @@ class StacksOutcome:
     healthy_seconds: float = 0.0
     alerts: list = dataclasses.field(default_factory=list)    # pending or firing during the reads
     pages: list = dataclasses.field(default_factory=list)
+    doctor: tuple = None                # blockstack-doctor in the guest during the reads: (exit status, report)
+    phases: dict = dataclasses.field(default_factory=vm.Phases)  # seconds per phase after the boot
 
 
 def stacks(guest, workdir, healthy=90, say=print):
     """Build md RAID1/RAID5, a thin pool, dm-crypt and native multipath (STACKS_SETUP) on a booted
     guest (vm.Guest with nvme >= 7 and multipath_opts), report what the exporters say, read through
-    every stack for `healthy` seconds. A StacksOutcome."""
+    every stack for `healthy` seconds, blockstack-doctor run in the guest meanwhile. A StacksOutcome."""
     out = StacksOutcome(guest.release, guest.boot_seconds)
+    phases = out.phases
+    guest.probe_ebpf_configs()  # meanwhile
     guest.run(STACKS_SETUP, timeout=900)
     dm = dm_names(guest)
     out.devices = {"md0": "md0", "md1": "md1", "crypt": dm["crypt0"], "thin": dm["vgt-thin1"],
                    "tpool": dm["vgt-pool-tpool"], "mp": by_serial(guest, MP_SERIAL)}
     out.devices.update({f"nvme{i}": by_serial(guest, f"nvme{i}") for i in range(7)})
     say(f"vm: stacks built: {out.devices}")
-    with guest.exporters(), serving(RulesStack(guest, workdir)) as view, guest.background(STACKS_READS):
-        p, sel = view.prometheus, f'host="{view.host}"'
+    phases.end("setup")
+    with contextlib.ExitStack() as running:
+        running.enter_context(guest.exporters())
+        phases.end("exporters")
+        view = running.enter_context(serving(RulesStack(guest, workdir)))
+        phases.end("servers")
+        running.enter_context(guest.background(STACKS_READS))
         tops = [out.devices[k] for k in ("md0", "md1", "crypt", "thin")]
 
         def reads_seen():
             lineup = view.lineup(tops)
             return lineup if all("read" in lineup.get(d, {}) for d in tops) else None
-        procs.wait_until("reads through every stack in Prometheus", reads_seen, 240, interval=5)
-        out.info = {r["metric"]["device"]: r["metric"] for r in p.query(f"blockstack_device_info{{{sel}}}")}
+        procs.wait_until("reads through every stack in Prometheus", reads_seen, 240, interval=2)
+        phases.end("reads seen")
+        out.info = {r["metric"]["device"]: r["metric"] for r in latest(view, "blockstack_device_info")}
         out.edges = sorted((r["metric"]["device"], r["metric"]["lower"])
-                           for r in p.query(f"blockstack_device_lower_info{{{sel}}}"))
-        for r in p.query(f"blockstack_dm_target_info{{{sel}}}"):
+                           for r in latest(view, "blockstack_device_lower_info"))
+        for r in latest(view, "blockstack_dm_target_info"):
             out.targets.setdefault(r["metric"]["device"], []).append(r["metric"]["target"])
-        for r in p.query(f'{{__name__=~"blockstack_dm_thin_pool_.*",{sel}}}'):
-            key = r["metric"]["__name__"].removeprefix("blockstack_dm_thin_pool_")
-            if key == "state":
-                key = "state_" + r["metric"]["state"]
-            out.thin[key] = float(r["value"][1])
+        for name in ("data_used_bytes", "data_size_bytes", "metadata_used_bytes", "metadata_size_bytes", "state"):
+            for r in latest(view, "blockstack_dm_thin_pool_" + name):
+                out.thin[name if name != "state" else "state_" + r["metric"]["state"]] = float(r["value"][1])
         start = time.time()
         all_devices = list(out.devices.values())
+        doctor = guest.start_doctor()  # meanwhile
         while time.time() - start < healthy:
-            time.sleep(15)
+            time.sleep(min(15, max(0.0, healthy - (time.time() - start))))
             out.alerts = sorted(set(out.alerts) | set(view.alerts(all_devices, with_severity=True)))
             say(f"vm: +{time.time() - start:.0f}s reads: {view.lineup(all_devices)}; alerts {out.alerts or 'none'}")
         out.healthy_seconds = time.time() - start
         out.lineup = view.lineup(all_devices + [f"{out.devices['mp'][:-2]}c.*n1"])
         out.pages = firing_pages(view, start - 120)
+        out.doctor = guest.doctor(job=doctor)
+        say(f"vm: blockstack-doctor: {doctor_summary(out.doctor)}")
+        phases.end("healthy")
+    phases.end("stop")
     return out
 
 
