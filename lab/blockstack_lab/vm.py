@@ -174,6 +174,16 @@ class Background:
         a = self.guest.request("stop", id=self.id)
         return a["rc"], a["output"]
 
+    def wait(self, timeout):
+        """(exit status, output) once it ends, within `timeout` seconds; stopped if it is not done."""
+        def finished():
+            rc, output = self.poll()
+            return (rc, output) if rc is not None else None
+        try:
+            return procs.wait_until(f"{self.argv} in the guest", finished, timeout)
+        finally:
+            self.stop()
+
 
 class Guest:
     """One booted guest: kernel `kernel` ('6.1', '6.12' or a vmlinuz path) with `nvme` emulated NVMe
@@ -320,7 +330,7 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
 
     def _stop_qemu(self):
         if self.proc is not None:
-            if self.proc.poll() is None:
+            if self.proc.poll() is None and self.boot_seconds is not None:  # else no agent to ask: killed
                 with contextlib.suppress(OSError, ValueError, GuestError):
                     self.request("shutdown", timeout=30, connect_timeout=5)
                 try:
@@ -401,14 +411,7 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
         """(exit status, report) of a blockstack-doctor run in the guest: `job` (start_doctor), or
         one run now with `args`. GuestError if it could not read what it needs (exit 2) or failed."""
         job = job or self.start_doctor(*args)
-
-        def finished():
-            rc, output = job.poll()
-            return (rc, output) if rc is not None else None
-        try:
-            rc, output = procs.wait_until("blockstack-doctor in the guest", finished, timeout)
-        finally:
-            job.stop()
+        rc, output = job.wait(timeout)
         if rc not in (0, 1):
             raise GuestError(f"blockstack-doctor in the guest: exit {rc}\n{output[-3000:]}")
         return rc, json.loads(self.run(["cat", job.report]).stdout)
@@ -431,14 +434,7 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
         there: on 6.1 and 6.12 block_io,jbd2_credit_wait_fexit)."""
         if self._ebpf_configs is None:
             self.probe_ebpf_configs()
-
-            def finished():
-                rc, output = self._probe.poll()
-                return (rc, output) if rc is not None else None
-            try:
-                rc, output = procs.wait_until("select-configs.sh in the guest", finished, timeout)
-            finally:
-                self._probe.stop()
+            rc, output = self._probe.wait(timeout)
             # its warnings (stderr) first, the configs (stdout) on the last line
             lines = [line for line in output.splitlines() if line.strip()]
             if rc != 0 or not lines or lines[-1].startswith("select-configs:"):
