@@ -191,6 +191,10 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
             return lineup if "read" in lineup.get("nvme0n1", {}) else None
         out.healthy_lineup = procs.wait_until("snapshot reads on nvme0n1 in Prometheus", reads_seen,
                                               t.lineup_timeout, interval=2)
+        # dmsetup in the guest on a busy machine often outlasts the scrape's deadline: wait for a
+        # scrape that had the snapshot's status
+        procs.wait_until("the snapshot's COW use in Prometheus",
+                         lambda: latest(view, "blockstack_dm_snapshot_cow_used_bytes"), 240, interval=2)
         out.facts = exporter_facts(view)
         say(f"vm: healthy lineup (nomerges=0): {_lineup(out.healthy_lineup)}")
         phases.end("reads seen")
