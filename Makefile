@@ -320,6 +320,6 @@ vm-lab-stacks: deps vm-deps venv ebpf-build
 test-vm-long: deps vm-deps venv ebpf-build
 	@$(PYTEST) -m vm_long
 
-## test-vm: the VM tier alone (pytest -m vm: boots a 6.1 and a 6.12 guest; root, 10-16 min on this 2-core machine)
+## test-vm: the VM tier alone (pytest -m vm: a 6.12 guest for the NVMe incident, a 6.1 one for thin/crypt/md/multipath; root, 13-16 min at load 12-24 on this 2-core machine)
 test-vm: deps vm-deps venv ebpf-build
 	@$(PYTEST) -m "vm and not vm_long"

@@ -42,14 +42,17 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
 from blockstack_deploy import procs
+from blockstack_deploy.paths import VENV_BIN
 from blockstack_deploy.stack import EBPF_CONFIG_DIR, EBPF_EXPORTER, REPO, Stack
 
 VNG = os.path.join(REPO, ".venv", "bin", "vng")
@@ -63,6 +66,8 @@ AGENT_PORT = 7000
 EXPORTER_PORTS = {"node": 9100, "blockstack": 9363, "ebpf": 9435}
 GUEST_EXPORTERS = tuple(EXPORTER_PORTS)
 NVME_SIZE = 2 << 30           # sparse
+GUEST_LVM_DIR = "/tmp/lvm"    # the guest's LVM_SYSTEM_DIR (its lvm.conf), on the guest's tmpfs
+DOCTOR = os.path.join(VENV_BIN, "blockstack-doctor")
 # Modules the guest's udev would load for QEMU's q35 machine and `-cpu max` (SATA and CD-ROM,
 # KVM, watchdog, SMBus, CPU crypto and frequency drivers) that no scenario uses: under TCG on a
 # busy machine each modprobe took 10-40 s, and udev's coldplug held the boot for minutes. Kernel
@@ -127,6 +132,22 @@ def missing(kernels=("6.1", "6.12")):
     return problems
 
 
+def ready(kernels):
+    """For the lab's commands: False, with what is missing on stderr, if the VM lab cannot run
+    here; else True, the guests of dead processes swept first (sweep_stale)."""
+    problems = missing(kernels)
+    if problems:
+        print("the VM lab needs: " + "; ".join(problems), file=sys.stderr)
+        return False
+    sweep_stale()
+    return True
+
+
+def say(msg):
+    """The lab commands' progress lines, timestamped."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
 @dataclasses.dataclass
 class Result:
     rc: int
@@ -153,6 +174,16 @@ class Background:
         a = self.guest.request("stop", id=self.id)
         return a["rc"], a["output"]
 
+    def wait(self, timeout):
+        """(exit status, output) once it ends, within `timeout` seconds; stopped if it is not done."""
+        def finished():
+            rc, output = self.poll()
+            return (rc, output) if rc is not None else None
+        try:
+            return procs.wait_until(f"{self.argv} in the guest", finished, timeout)
+        finally:
+            self.stop()
+
 
 class Guest:
     """One booted guest: kernel `kernel` ('6.1', '6.12' or a vmlinuz path) with `nvme` emulated NVMe
@@ -170,6 +201,7 @@ class Guest:
         self.boot_timeout, self.extra_qemu_opts, self.say, self.root = boot_timeout, list(qemu_opts), say, root
         self.blacklist = list(blacklist)
         self.dir = self.proc = self.token = None
+        self._probe = self._ebpf_configs = None  # select-configs.sh in the guest, its answer
         self.ports = {}          # name -> host port forwarded to the guest ("agent", "node", ...)
         self.images = []         # the NVMe devices' image files, nvme0n1 first
         self.boot_seconds = None
@@ -182,7 +214,17 @@ class Guest:
         self.dir = tempfile.mkdtemp(prefix=PREFIX, dir=self.root)
         try:
             self._prepare()
-            self._boot()
+            try:
+                self._boot()
+            except GuestError as e:
+                # a port picked free was taken before QEMU bound it (other tests pick ports too): once more
+                if "Could not set up host forwarding rule" not in str(e):
+                    raise
+                self.say(f"vm: a forwarded port was taken meanwhile; booting again with other ports: {e}")
+                self._stop_qemu()
+                self.ports = {name: procs.free_port() for name in self.ports}
+                self._save()
+                self._boot()
         except BaseException:
             self.close()
             raise
@@ -218,8 +260,8 @@ ip link set lo up
 nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
 ip addr add {GUEST_ADDRESS}/24 dev "$nic" && ip link set "$nic" up
 modprobe nvme 2>/dev/null
-mkdir -p /tmp/lvm && cp {d}/lvm.conf /tmp/lvm/lvm.conf
-export LVM_SYSTEM_DIR=/tmp/lvm
+mkdir -p {GUEST_LVM_DIR} && cp {d}/lvm.conf {GUEST_LVM_DIR}/lvm.conf
+export LVM_SYSTEM_DIR={GUEST_LVM_DIR}
 exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file {d}/token
 """
 
@@ -243,6 +285,8 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
     def _boot(self):
         self.say(f"vm: booting {self.release} (TCG, {self.nvme} NVMe, {self.memory}) in {self.dir}")
         start = time.monotonic()
+        if self._console:
+            self._console.close()
         self._console = open(self.console_log, "ab")
         self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._console,
                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=self.dir,
@@ -273,8 +317,20 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
     def close(self):
         """Power off (the agent exits: virtme-ng's script ends), kill what is left of QEMU's
         process group, remove the directory. Safe to call twice."""
+        self._stop_qemu()
+        if self._console:
+            self._console.close()
+            self._console = None
+        if self.dir:
+            with contextlib.suppress(OSError):
+                self.console = self.console_tail(10 ** 6)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.say(f"vm: {self.release} powered off, {self.dir} removed")
+            self.dir = None
+
+    def _stop_qemu(self):
         if self.proc is not None:
-            if self.proc.poll() is None:
+            if self.proc.poll() is None and self.boot_seconds is not None:  # else no agent to ask: killed
                 with contextlib.suppress(OSError, ValueError, GuestError):
                     self.request("shutdown", timeout=30, connect_timeout=5)
                 try:
@@ -285,15 +341,6 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
             self.proc = None
-        if self._console:
-            self._console.close()
-            self._console = None
-        if self.dir:
-            with contextlib.suppress(OSError):
-                self.console = self.console_tail(10 ** 6)
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.say(f"vm: {self.release} powered off, {self.dir} removed")
-            self.dir = None
 
     def _save(self):
         path = os.path.join(self.dir, JOURNAL)
@@ -349,20 +396,54 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
     def read_sysfs(self, dev, attr):
         return self.run(["cat", f"/sys/block/{dev}/{attr}"]).stdout.strip()
 
+    def start_doctor(self, *args):
+        """`blockstack-doctor --json` (the console script of this .venv) started in the guest, in
+        the background, on its real devices with the guest's lvm.conf; doctor(job) collects it.
+        A minute under TCG on a busy machine: a scenario starts it while it waits for something."""
+        # dmsetup under TCG on a busy machine can outlast the default 10 s (see exporter_commands)
+        argv = [DOCTOR, "--json", f"--path.lvmconf={GUEST_LVM_DIR}/lvm.conf", "--collector.dm.timeout=60", *args]
+        report = f"/tmp/blockstack-doctor-{secrets.token_hex(4)}.json"
+        job = self.start(" ".join(shlex.quote(a) for a in argv) + f" > {report}")
+        job.report = report
+        return job
+
+    def doctor(self, *args, job=None, timeout=300):
+        """(exit status, report) of a blockstack-doctor run in the guest: `job` (start_doctor), or
+        one run now with `args`. GuestError if it could not read what it needs (exit 2) or failed."""
+        job = job or self.start_doctor(*args)
+        rc, output = job.wait(timeout)
+        if rc not in (0, 1):
+            raise GuestError(f"blockstack-doctor in the guest: exit {rc}\n{output[-3000:]}")
+        return rc, json.loads(self.run(["cat", job.report]).stdout)
+
     # -- the exporters in the guest ---------------------------------------------------------
 
-    def ebpf_configs(self):
+    def probe_ebpf_configs(self):
+        """Start ebpf-configs/select-configs.sh in the guest, in the background: each probe loads
+        and verifies BPF programs, a minute or more under TCG on a busy machine, so a scenario
+        starts it before it builds its devices. ebpf_configs() collects it."""
+        if self._probe is None and self._ebpf_configs is None:
+            # jbd2 is a module: the fexit variant attaches to its functions only once it is loaded
+            # (a host with ext4 mounted has it; a guest before its first mount has not)
+            self._probe = self.start(f"modprobe ext4; SELECT_CONFIGS_TIMEOUT=300 "
+                                     f"{os.path.join(REPO, 'ebpf-configs', 'select-configs.sh')} {EBPF_EXPORTER} "
+                                     f"{EBPF_CONFIG_DIR}")
+
+    def ebpf_configs(self, timeout=1200):
         """The ebpf_exporter configs the guest's kernel loads (ebpf-configs/select-configs.sh run
         there: on 6.1 and 6.12 block_io,jbd2_credit_wait_fexit)."""
-        # each probe loads and verifies BPF programs: minutes under TCG on a busy machine
-        r = self.run(["env", "SELECT_CONFIGS_TIMEOUT=300", os.path.join(REPO, "ebpf-configs", "select-configs.sh"),
-                      EBPF_EXPORTER, EBPF_CONFIG_DIR], timeout=1200)
-        if r.stderr.strip():
-            self.say("vm: select-configs.sh in the guest: " + " ".join(r.stderr.split()))
-        if not r.stdout.strip():
-            raise GuestError("no ebpf_exporter config loads in the guest")
-        self.say(f"vm: ebpf_exporter configs that load on {self.release}: {r.stdout.strip()}")
-        return r.stdout.strip()
+        if self._ebpf_configs is None:
+            self.probe_ebpf_configs()
+            rc, output = self._probe.wait(timeout)
+            # its warnings (stderr) first, the configs (stdout) on the last line
+            lines = [line for line in output.splitlines() if line.strip()]
+            if rc != 0 or not lines or lines[-1].startswith("select-configs:"):
+                raise GuestError(f"no ebpf_exporter config loads in the guest (select-configs.sh exit {rc}): {output}")
+            if lines[:-1]:
+                self.say("vm: select-configs.sh in the guest: " + " ".join(lines[:-1]))
+            self._ebpf_configs = lines[-1].strip()
+            self.say(f"vm: ebpf_exporter configs that load on {self.release}: {self._ebpf_configs}")
+        return self._ebpf_configs
 
     def exporter_commands(self, ebpf_configs=None):
         """{component: argv} of the stack's exporters (Stack.commands: the same flags as `make up`),
@@ -421,6 +502,20 @@ class HostStack(Stack):
 
     def commands(self):
         return {c: cmd for c, cmd in super().commands().items() if c not in GUEST_EXPORTERS}
+
+
+class Phases(dict):
+    """Seconds per phase of a scenario, in order: end(name) closes the phase that began at the
+    previous end (or at creation)."""
+
+    def __init__(self):
+        super().__init__()
+        self._since = time.monotonic()
+
+    def end(self, name):
+        now = time.monotonic()
+        self[name] = round(now - self._since, 1)
+        self._since = now
 
 
 def _write(path, text, mode=0o644):

@@ -9,7 +9,9 @@ nvme0n1, logical volume vg0/lv with ext4 and a 200 MiB file, a classic snapshot 
 with 4 KiB chunks, mounted; the file read buffered through the snapshot in a loop (page cache
 dropped every pass). dm-snapshot cuts every bio into 4 KiB chunks (a split per chunk); at
 nomerges=0 the NVMe queue merges them back (~510-sector requests on nvme0n1), at nomerges=2 it
-cannot: 8-sector requests, each one a refused merge, and the collapse page on nvme0n1.
+cannot: 8-sector requests, each one a refused merge, and the collapse page on nvme0n1. The origin
+takes 112 MiB of writes after the snapshot is taken (its COW store 44 % used), and blockstack-doctor
+runs in the guest in both states.
 
 Kernels differ in what diskstats shows of the snapshot: on 6.1 and 6.12 dm accounts the split
 bios, so the snapshot's dm-N shows 8-sector requests at either nomerges (the write-up's iostat,
@@ -32,9 +34,9 @@ from .view import StackView
 # the guest sees the host's root read-only: mountpoints on its own tmpfs
 MNT_ORIGIN, MNT_SNAP = "/tmp/blockstack-lv", "/tmp/blockstack-snap"
 DATA_MIB = 200
-# The snapshot's stack in the guest
+SERVERS = ("receiver", "alertmanager", "prometheus")  # on the host
+# The snapshot's stack in the guest (vgcreate makes nvme0n1 a PV: each LVM command costs seconds under TCG)
 SNAPSHOT_SETUP = f"""set -e
-pvcreate -q /dev/nvme0n1
 vgcreate -q vg0 /dev/nvme0n1
 lvcreate -q -y -L 512M -n lv vg0
 mkfs.ext4 -q -E lazy_itable_init=0,lazy_journal_init=0,nodiscard /dev/vg0/lv
@@ -45,6 +47,10 @@ umount {MNT_ORIGIN}
 lvcreate -q -y -s -c {{chunk}} -L 256M -n snap vg0/lv
 mount /dev/vg0/snap {MNT_SNAP}
 """
+# A live origin's writes since the snapshot was taken, beyond the file (its last 112 MiB): each
+# 4 KiB chunk copied to the COW store, which ends ~44 % used (the doctor's COW finding from 40 %)
+COW_MIB = 112
+ORIGIN_WRITES = f"dd if=/dev/zero of=/dev/vg0/lv bs=1M seek={512 - COW_MIB} count={COW_MIB} oflag=direct status=none"
 # Buffered reads of the file through the snapshot, from the device every pass
 SNAPSHOT_READS = (f"while :; do echo 1 > /proc/sys/vm/drop_caches; "
                   f"dd if={MNT_SNAP}/data of=/dev/null bs=1M status=none; done")
@@ -73,46 +79,79 @@ class Outcome:
     facts: dict = dataclasses.field(default_factory=dict)   # what the exporters reported
     healthy_lineup: dict = dataclasses.field(default_factory=dict)
     sick_lineup: dict = dataclasses.field(default_factory=dict)
+    doctor: dict = dataclasses.field(default_factory=dict)  # "healthy"/"sick" -> (exit status, JSON report)
+    phases: dict = dataclasses.field(default_factory=vm.Phases)  # seconds per phase after the boot
 
 
 def build_snapshot(guest, chunk="4k"):
     """The NVMe incident's stack in the guest (SNAPSHOT_SETUP); {layer: dm-N} by LVM name."""
     guest.run(SNAPSHOT_SETUP.format(chunk=chunk), timeout=900)
+    return dm_names(guest)
+
+
+def dm_names(guest):
+    """{dm name: dm-N} of every device-mapper device in the guest."""
     out = guest.run("for d in /sys/block/dm-*; do echo ${d##*/} $(cat $d/dm/name); done").stdout
     return {name: dev for dev, name in (line.split() for line in out.splitlines())}
 
 
+def host_stack(guest, workdir, timing, servers=SERVERS):
+    """The servers' configuration on the host (vm.HostStack), scraping at the timing's interval."""
+    return vm.HostStack(guest, workdir, servers=servers, scrape_interval=timing.scrape_interval,
+                        evaluation_interval=timing.scrape_interval)
+
+
 @contextlib.contextmanager
-def host_stack(guest, workdir, timing, servers=("receiver", "alertmanager", "prometheus")):
-    """The servers on the host scraping the guest's exporters; yields (HostStack, StackView)."""
-    stack = vm.HostStack(guest, workdir, servers=servers, scrape_interval=timing.scrape_interval,
-                         evaluation_interval=timing.scrape_interval)
+def serving(stack):
+    """A vm.HostStack's servers (Prometheus with the project's rules, Alertmanager, the receiver,
+    ...) running on the host and scraping the guest's exporters, every target up; yields its
+    StackView. Stopped on exit."""
     missing = stack.missing()
     if missing:
         raise RuntimeError("the VM lab's stack needs: " + "; ".join(missing))
     with stack.running(timeout=120):
         view = StackView.from_stack(stack)
         view.prometheus.wait_targets_up(timeout=180)
-        yield stack, view
+        yield view
 
 
 def firing_pages(view, since):
+    """The pages (receiver /page, firing) received since `since` (Unix seconds)."""
     return [n for n in view.notifications(since) if n.path == "/page" and n.status == "firing"]
 
 
-def exporter_facts(view, host):
+def latest(view, metric, selector=""):
+    """The series of an exporter's metric as of the guest's last scrape that had them (within a
+    minute): under TCG on a busy machine a scrape can end at its deadline before a collector
+    (dmsetup) is done, and an instant query right after it finds nothing."""
+    sel = ",".join(x for x in (f'host="{view.host}"', selector) if x)
+    return view.prometheus.query(f"last_over_time({metric}{{{sel}}}[1m])")
+
+
+def exporter_facts(view):
     """What the exporters in the guest report of the snapshot stack, through Prometheus."""
-    p = view.prometheus
-    sel = f'host="{host}"'
-    info = {r["metric"]["device"]: r["metric"] for r in p.query(f'blockstack_device_info{{{sel},kind="dm"}}')}
-    edges = sorted((r["metric"]["device"], r["metric"]["lower"]) for r in p.query(f"blockstack_device_lower_info{{{sel}}}"))
-    snap = p.query(f"blockstack_dm_snapshot_info{{{sel}}}")
-    chunk = {r["metric"]["device"]: float(r["value"][1]) for r in p.query(f"blockstack_dm_snapshot_chunk_size_bytes{{{sel}}}")}
-    used = {r["metric"]["device"]: float(r["value"][1]) for r in p.query(f"blockstack_dm_snapshot_cow_used_bytes{{{sel}}}")}
-    size = {r["metric"]["device"]: float(r["value"][1]) for r in p.query(f"blockstack_dm_snapshot_cow_size_bytes{{{sel}}}")}
+    def by_device(metric):
+        return {r["metric"]["device"]: float(r["value"][1]) for r in latest(view, metric)}
+    info = {r["metric"]["device"]: r["metric"] for r in latest(view, "blockstack_device_info", 'kind="dm"')}
+    edges = sorted((r["metric"]["device"], r["metric"]["lower"]) for r in latest(view, "blockstack_device_lower_info"))
     return {"dm": {dev: {k: m.get(k, "") for k in ("name", "vg_name", "lv_name", "lv_layer")} for dev, m in info.items()},
-            "edges": edges, "snapshot": [r["metric"] for r in snap], "chunk_bytes": chunk,
-            "cow_used_bytes": used, "cow_size_bytes": size}
+            "edges": edges, "snapshot": [r["metric"] for r in latest(view, "blockstack_dm_snapshot_info")],
+            "chunk_bytes": by_device("blockstack_dm_snapshot_chunk_size_bytes"),
+            "cow_used_bytes": by_device("blockstack_dm_snapshot_cow_used_bytes"),
+            "cow_size_bytes": by_device("blockstack_dm_snapshot_cow_size_bytes")}
+
+
+def scrape_health(view, seconds=3600):
+    """How complete the guest's blockstack-exporter scrapes were over the last `seconds`: scrapes,
+    scrapes that carried the snapshot's info series, the longest scrape, the collectors' errors by
+    reason (a collector past its share of the 4.5 s deadline skips the rest: under TCG, dmsetup)."""
+    p, sel, w = view.prometheus, f'host="{view.host}"', f"{int(seconds)}s"
+    return {"scrapes": p.value(f'sum(count_over_time(up{{{sel},job="blockstack"}}[{w}]))', 0.0),
+            "up": p.value(f'sum(sum_over_time(up{{{sel},job="blockstack"}}[{w}]))', 0.0),
+            "with_snapshot_info": p.value(f"max(count_over_time(blockstack_dm_snapshot_info{{{sel}}}[{w}]))", 0.0),
+            "longest_seconds": p.value(f'max(max_over_time(scrape_duration_seconds{{{sel},job="blockstack"}}[{w}]))', 0.0),
+            "errors": {f'{r["metric"].get("collector")}/{r["metric"].get("reason")}': float(r["value"][1])
+                       for r in p.query(f"blockstack_collector_errors_total{{{sel}}}")}}
 
 
 def counter_increase(view, metric, device, seconds):
@@ -126,25 +165,43 @@ def counter_increase(view, metric, device, seconds):
 def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
     """The NVMe incident on a booted guest (vm.Guest with nvme >= 1): the snapshot stack, the
     exporters in the guest, the servers on the host; `healthy` seconds (timing.healthy) at
-    nomerges=0 under snapshot reads, then nomerges=2 until the page. An Outcome."""
+    nomerges=0 under snapshot reads, then nomerges=2 until the page. blockstack-doctor runs in
+    the guest once in each state (Outcome.doctor). An Outcome."""
     t = timing or Timing()
     out = Outcome(guest.kernel_name, guest.release, guest.boot_seconds)
+    phases = out.phases
+    guest.probe_ebpf_configs()  # meanwhile
     dm = build_snapshot(guest)
     snap = dm["vg0-snap"]
-    say(f"vm: vg0/lv (ext4, {DATA_MIB} MiB file) and vg0/snap (4 KiB chunks) on nvme0n1: " +
-        ", ".join(f"{n}={d}" for n, d in sorted(dm.items())))
-    with guest.exporters(), host_stack(guest, workdir, t) as (stack, view), guest.background(SNAPSHOT_READS):
+    guest.run(ORIGIN_WRITES, timeout=600)
+    say(f"vm: vg0/lv (ext4, {DATA_MIB} MiB file) and vg0/snap (4 KiB chunks) on nvme0n1, {COW_MIB} MiB written "
+        "to the origin since: " + ", ".join(f"{n}={d}" for n, d in sorted(dm.items())))
+    phases.end("setup")
+    # nomerges=0: blockstack-doctor meanwhile (a minute or more in the guest on a busy machine)
+    doctor = guest.start_doctor()
+    with contextlib.ExitStack() as running:
+        running.enter_context(guest.exporters())
+        phases.end("exporters")
+        view = running.enter_context(serving(host_stack(guest, workdir, t)))
+        phases.end("servers")
+        running.enter_context(guest.background(SNAPSHOT_READS))
+
         def reads_seen():
             lineup = view.lineup(["nvme0n1", snap])
             return lineup if "read" in lineup.get("nvme0n1", {}) else None
         out.healthy_lineup = procs.wait_until("snapshot reads on nvme0n1 in Prometheus", reads_seen,
-                                              t.lineup_timeout, interval=5)
-        out.facts = exporter_facts(view, stack.host)
+                                              t.lineup_timeout, interval=2)
+        # dmsetup in the guest on a busy machine often outlasts the scrape's deadline: wait for a
+        # scrape that had the snapshot's status
+        procs.wait_until("the snapshot's COW use in Prometheus",
+                         lambda: latest(view, "blockstack_dm_snapshot_cow_used_bytes"), 240, interval=2)
+        out.facts = exporter_facts(view)
         say(f"vm: healthy lineup (nomerges=0): {_lineup(out.healthy_lineup)}")
+        phases.end("reads seen")
         if healthy:
             start = time.time()
             while time.time() - start < t.healthy:
-                time.sleep(15)
+                time.sleep(min(15, max(0.0, t.healthy - (time.time() - start))))
                 out.healthy_pages = firing_pages(view, start - 60)
                 alerts = view.alerts(["nvme0n1", *dm.values()])
                 say(f"vm: +{time.time() - start:.0f}s nomerges=0: {_lineup(view.lineup(['nvme0n1', snap]))}; "
@@ -153,9 +210,13 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
             out.facts["missed_merges_healthy"] = counter_increase(
                 view, "ebpf_exporter_block_rq_missed_merges_total", "nvme0n1", 60)
             out.facts["splits_healthy"] = counter_increase(view, "ebpf_exporter_block_bio_splits_total", snap, 60)
+        out.doctor["healthy"] = guest.doctor(job=doctor)
+        say(f"vm: blockstack-doctor at nomerges=0: {doctor_summary(out.doctor['healthy'])}")
+        phases.end("healthy")
         onset = time.time()
         guest.write_sysfs("nvme0n1", "queue/nomerges", 2)
         say("vm: nvme0n1 nomerges 0 -> 2")
+        doctor = guest.start_doctor()  # while the page comes
 
         def paged():
             return [n for n in firing_pages(view, onset) if n.alertname == "BlockStackMergeCollapse"
@@ -164,7 +225,10 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
         out.page_seconds = hit[0].received_at - onset
         say(f"vm: +{out.page_seconds:.0f}s PAGE {hit[0].alertname} on {hit[0].device}: {hit[0].annotations.get('summary')}")
         say(f"    description: {' '.join(hit[0].annotations.get('description', '').split())}")
+        phases.end("page")
         time.sleep(t.linger)
+        out.doctor["sick"] = guest.doctor(job=doctor)
+        say(f"vm: blockstack-doctor at nomerges=2: {doctor_summary(out.doctor['sick'])}")
         out.pages = firing_pages(view, onset)
         out.sick_lineup = view.lineup(["nvme0n1", snap])
         seconds = max(time.time() - onset, 30)
@@ -173,12 +237,21 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
         out.facts["splits_sick"] = counter_increase(view, "ebpf_exporter_block_bio_splits_total", snap, min(seconds, 60))
         out.facts["dm_names"] = dm
         say(f"vm: sick lineup (nomerges=2): {_lineup(out.sick_lineup)}")
+        out.facts["scrapes"] = scrape_health(view)
+        phases.end("linger")
+    phases.end("stop")
     return out
 
 
+def doctor_summary(doctor):
+    """A line of a blockstack-doctor run (Guest.doctor): its exit status and findings."""
+    rc, report = doctor
+    return f"exit {rc}; " + "; ".join(f"{f['severity']} {f['check']} on {report['devices'][f['device']]['label']}: "
+                                      f"{f['what']}" for f in report["findings"])
+
+
 @contextlib.contextmanager
-def nvme_collapse(guest, workdir, healthy=60, settle=25, timing=None, servers=("receiver", "alertmanager", "prometheus", "grafana"),
-                  say=print):
+def nvme_collapse(guest, workdir, healthy=60, settle=25, timing=None, servers=(*SERVERS, "grafana"), say=print):
     """The NVMe incident held open for a look at it (the dashboard screenshot): the snapshot stack,
     the exporters in the guest, `servers` on the host (Grafana too by default), `healthy` seconds
     of snapshot reads at nomerges=0 once Prometheus sees them, then nomerges=2 until the collapse
@@ -186,10 +259,12 @@ def nvme_collapse(guest, workdir, healthy=60, settle=25, timing=None, servers=("
     Yields a namespace: stack, view, dm ({LVM name: dm-N}), snap (dm-N), start (the reads seen,
     Unix seconds), onset, paged. The reads go on until the context exits."""
     t = timing or Timing()
+    guest.probe_ebpf_configs()  # meanwhile
     dm = build_snapshot(guest)
     snap = dm["vg0-snap"]
     say("vm: vg0/snap (4 KiB chunks) over nvme0n1: " + ", ".join(f"{n}={d}" for n, d in sorted(dm.items())))
-    with guest.exporters(), host_stack(guest, workdir, t, servers) as (stack, view), guest.background(SNAPSHOT_READS):
+    stack = host_stack(guest, workdir, t, servers)
+    with guest.exporters(), serving(stack) as view, guest.background(SNAPSHOT_READS):
         procs.wait_until("snapshot reads on nvme0n1 in Prometheus",
                          lambda: "read" in view.lineup(["nvme0n1"]).get("nvme0n1", {}), t.lineup_timeout, interval=5)
         start = time.time()
@@ -215,7 +290,7 @@ def _lineup(lineup):
 
 def run(kernel, healthy=True, timing=None, say=print):
     """Boot `kernel`, run the NVMe incident, tear down; an Outcome."""
-    with tempfile.TemporaryDirectory(prefix="blockstack-vm-stack-") as workdir, vm.Guest(kernel, nvme=1, say=say) as g:
+    with tempfile.TemporaryDirectory(prefix="blockstack-vm-stack-") as workdir, vm.Guest(kernel, nvme=1, say=vm.say) as g:
         return nvme_incident(g, workdir, timing, healthy, say)
 
 
@@ -224,17 +299,11 @@ def main(argv=None):
     ap.add_argument("kernels", nargs="*", default=["6.1", "6.12"])
     ap.add_argument("--healthy-seconds", type=float, default=Timing.healthy)
     args = ap.parse_args(argv)
-    problems = vm.missing(args.kernels)
-    if problems:
-        print("the VM lab needs: " + "; ".join(problems), file=sys.stderr)
+    if not vm.ready(args.kernels):
         return 2
-    vm.sweep_stale()
-
-    def say(msg):
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
     rows, ok = [], True
     for k in args.kernels:
-        o = run(k, timing=Timing(healthy=args.healthy_seconds), say=say)
+        o = run(k, timing=Timing(healthy=args.healthy_seconds), say=vm.say)
         good = not o.healthy_pages and o.page_seconds is not None and len(o.pages) == 1
         ok &= good
         rows.append(f"| NVMe incident (LVM snapshot 4 KiB chunks on nvme0n1) | {o.release} | page "

@@ -7,8 +7,9 @@ Prometheus with the project's rules, Alertmanager and the page receiver on the h
 stacks: one guest, eight NVMe namespaces: md0 RAID1 (2 devices), md1 RAID5 (3), an LVM thin pool
     vgt/pool with a thin volume vgt/thin1, dm-crypt crypt0 (plain, aes-xts), and one namespace
     shared by two controllers of one NVMe subsystem (native multipath: the head nvmeSn1 over the
-    hidden paths nvmeSc*n1). Facts: names, edges, thin-pool data and metadata use; then sequential
-    reads through every top device for `healthy` seconds: no page.
+    hidden paths nvmeSc*n1). Facts: names, edges, thin-pool data (216 MiB of 256 written) and
+    metadata use; blockstack-doctor in the guest; then sequential reads through every top device
+    for `healthy` seconds: no page.
 lvm2: vg0/lv on one NVMe namespace with a classic snapshot, 256 MiB of direct writes to the
     origin at chunk sizes 4, 64 and 512 KiB (seconds per GiB: the write-up's ordering); the chunk
     alert; then a 40 MiB COW store filled by throttled origin writes: the COW page
@@ -32,7 +33,7 @@ from blockstack_deploy import procs
 from blockstack_rules import knobs
 
 from . import vm
-from .view import StackView
+from .vm_scenarios import dm_names, doctor_summary, firing_pages, latest, serving
 
 MP_SERIAL = "nvme-mp"
 # Seven NVMe controllers plus a subsystem of two take 170-240 s to boot under TCG on a loaded 2-core
@@ -43,20 +44,20 @@ BY_SERIAL = r"""nv() { for d in $(ls /sys/block | grep -E '^nvme[0-9]+n1$'); do
   [ "$(tr -d ' ' < /sys/block/$d/device/serial)" = "$1" ] && echo $d; done; true; }
 export LVM_SUPPRESS_FD_WARNINGS=1
 """
+THIN_USED_MIB = 216
 STACKS_SETUP = BY_SERIAL + f"""set -e
 for m in dm-thin-pool dm-crypt raid1 raid456; do modprobe $m; done
 mdadm --create /dev/md0 --run --level=1 --raid-devices=2 --metadata=1.2 --assume-clean /dev/$(nv nvme0) /dev/$(nv nvme1)
 mdadm --create /dev/md1 --run --level=5 --raid-devices=3 --metadata=1.2 --assume-clean \
     /dev/$(nv nvme2) /dev/$(nv nvme3) /dev/$(nv nvme4)
-pvcreate -q /dev/$(nv nvme5)
 vgcreate -q vgt /dev/$(nv nvme5)
-lvcreate -q -y -L 256M -T vgt/pool
-lvcreate -q -y -V 1G -T vgt/pool -n thin1
+lvcreate -q -y -L 256M -V 1G -T vgt/pool -n thin1
 head -c 32 /dev/urandom > /tmp/crypt0.key
 cryptsetup open --type plain --cipher aes-xts-plain64 --key-size 256 --key-file /tmp/crypt0.key /dev/$(nv nvme6) crypt0
-for d in /dev/md0 /dev/md1 /dev/vgt/thin1 /dev/mapper/crypt0 /dev/$(nv {MP_SERIAL}); do
-    dd if=/dev/zero of=$d bs=1M count=64 oflag=direct status=none
-done
+# Only the thin volume needs writing for its reads to reach the pool's device (an unprovisioned
+# block reads as zeros from nowhere); the others read their devices as they are. The pool's data
+# {THIN_USED_MIB} MiB of 256 (84 %: dmeventd's and the doctor's warning from 80 %).
+dd if=/dev/zero of=/dev/vgt/thin1 bs=1M count={THIN_USED_MIB} oflag=direct status=none
 """
 TOPS = ("md0", "md1", "vgt/thin1", "mapper/crypt0")
 # Sequential buffered reads through every top device, from the device every pass
@@ -98,28 +99,6 @@ class RulesStack(vm.HostStack):
         return config
 
 
-@contextlib.contextmanager
-def servers(guest, workdir, overrides=None):
-    """The servers on the host scraping the guest's exporters; yields (stack, StackView)."""
-    stack = RulesStack(guest, workdir, overrides)
-    missing = stack.missing()
-    if missing:
-        raise RuntimeError("the VM lab's stack needs: " + "; ".join(missing))
-    with stack.running(timeout=120):
-        view = StackView.from_stack(stack)
-        view.prometheus.wait_targets_up(timeout=180)
-        yield stack, view
-
-
-def pages_since(view, since):
-    return [n for n in view.notifications(since) if n.path == "/page" and n.status == "firing"]
-
-
-def dm_names(guest):
-    out = guest.run("for d in /sys/block/dm-*; do echo ${d##*/} $(cat $d/dm/name); done").stdout
-    return {name: dev for dev, name in (line.split() for line in out.splitlines())}
-
-
 def by_serial(guest, serial):
     return guest.run(BY_SERIAL + f"nv {serial}").stdout.strip()
 
@@ -137,46 +116,68 @@ class StacksOutcome:
     healthy_seconds: float = 0.0
     alerts: list = dataclasses.field(default_factory=list)    # pending or firing during the reads
     pages: list = dataclasses.field(default_factory=list)
+    doctor: tuple = None                # blockstack-doctor in the guest during the reads: (exit status, report)
+    phases: dict = dataclasses.field(default_factory=vm.Phases)  # seconds per phase after the boot
 
 
 def stacks(guest, workdir, healthy=90, say=print):
     """Build md RAID1/RAID5, a thin pool, dm-crypt and native multipath (STACKS_SETUP) on a booted
     guest (vm.Guest with nvme >= 7 and multipath_opts), report what the exporters say, read through
-    every stack for `healthy` seconds. A StacksOutcome."""
+    every stack for `healthy` seconds, blockstack-doctor run in the guest meanwhile. A StacksOutcome."""
     out = StacksOutcome(guest.release, guest.boot_seconds)
+    phases = out.phases
+    guest.probe_ebpf_configs()  # meanwhile
     guest.run(STACKS_SETUP, timeout=900)
     dm = dm_names(guest)
     out.devices = {"md0": "md0", "md1": "md1", "crypt": dm["crypt0"], "thin": dm["vgt-thin1"],
                    "tpool": dm["vgt-pool-tpool"], "mp": by_serial(guest, MP_SERIAL)}
     out.devices.update({f"nvme{i}": by_serial(guest, f"nvme{i}") for i in range(7)})
     say(f"vm: stacks built: {out.devices}")
-    with guest.exporters(), servers(guest, workdir) as (stack, view), guest.background(STACKS_READS):
-        p, sel = view.prometheus, f'host="{stack.host}"'
+    phases.end("setup")
+    doctor = guest.start_doctor()  # meanwhile: the stacks are built, the exporters start
+    with contextlib.ExitStack() as running:
+        running.enter_context(guest.exporters())
+        phases.end("exporters")
+        view = running.enter_context(serving(RulesStack(guest, workdir)))
+        phases.end("servers")
+        running.enter_context(guest.background(STACKS_READS))
         tops = [out.devices[k] for k in ("md0", "md1", "crypt", "thin")]
 
         def reads_seen():
             lineup = view.lineup(tops)
             return lineup if all("read" in lineup.get(d, {}) for d in tops) else None
-        procs.wait_until("reads through every stack in Prometheus", reads_seen, 240, interval=5)
-        out.info = {r["metric"]["device"]: r["metric"] for r in p.query(f"blockstack_device_info{{{sel}}}")}
+        seen = procs.wait_until("reads through every stack in Prometheus", reads_seen, 240, interval=2)
+        # dmsetup in the guest on a busy machine often outlasts the scrape's deadline: wait for a
+        # scrape that had the thin pool's status
+        procs.wait_until("the thin pool's use in Prometheus",
+                         lambda: latest(view, "blockstack_dm_thin_pool_data_used_bytes"), 240, interval=2)
+        phases.end("reads seen")
+        out.info = {r["metric"]["device"]: r["metric"] for r in latest(view, "blockstack_device_info")}
         out.edges = sorted((r["metric"]["device"], r["metric"]["lower"])
-                           for r in p.query(f"blockstack_device_lower_info{{{sel}}}"))
-        for r in p.query(f"blockstack_dm_target_info{{{sel}}}"):
+                           for r in latest(view, "blockstack_device_lower_info"))
+        for r in latest(view, "blockstack_dm_target_info"):
             out.targets.setdefault(r["metric"]["device"], []).append(r["metric"]["target"])
-        for r in p.query(f'{{__name__=~"blockstack_dm_thin_pool_.*",{sel}}}'):
-            key = r["metric"]["__name__"].removeprefix("blockstack_dm_thin_pool_")
-            if key == "state":
-                key = "state_" + r["metric"]["state"]
-            out.thin[key] = float(r["value"][1])
+        for name in ("data_used_bytes", "data_size_bytes", "metadata_used_bytes", "metadata_size_bytes", "state"):
+            for r in latest(view, "blockstack_dm_thin_pool_" + name):
+                out.thin[name if name != "state" else "state_" + r["metric"]["state"]] = float(r["value"][1])
         start = time.time()
         all_devices = list(out.devices.values())
+        # each device as last seen reading: the loop reads one device at a time, and on a busy
+        # machine a pass over all of them outlasts the rate window
+        devices = all_devices + [f"{out.devices['mp'][:-2]}c.*n1"]
+        out.lineup = {**seen, **view.lineup(devices)}
         while time.time() - start < healthy:
-            time.sleep(15)
+            time.sleep(min(15, max(0.0, healthy - (time.time() - start))))
             out.alerts = sorted(set(out.alerts) | set(view.alerts(all_devices, with_severity=True)))
-            say(f"vm: +{time.time() - start:.0f}s reads: {view.lineup(all_devices)}; alerts {out.alerts or 'none'}")
+            now = view.lineup(devices)
+            out.lineup.update(now)
+            say(f"vm: +{time.time() - start:.0f}s reads: {now}; alerts {out.alerts or 'none'}")
         out.healthy_seconds = time.time() - start
-        out.lineup = view.lineup(all_devices + [f"{out.devices['mp'][:-2]}c.*n1"])
-        out.pages = pages_since(view, start - 120)
+        out.pages = firing_pages(view, start - 120)
+        out.doctor = guest.doctor(job=doctor)
+        say(f"vm: blockstack-doctor: {doctor_summary(out.doctor)}")
+        phases.end("healthy")
+    phases.end("stop")
     return out
 
 
@@ -229,7 +230,7 @@ def lvm2(guest, workdir, say=print, chunks=(4, 64, 512), page_timeout=300, chunk
     # Alerts: the chunk alert's `for:` shortened to chunk_for; everything else as shipped.
     guest.run("lvcreate -q -y -s -c 4k -L 40M -n snap vg0/lv", timeout=300)
     snap = dm_names(guest)["vg0-snap"]
-    with guest.exporters(), servers(guest, workdir, {"snapshot_chunk_for": chunk_for}) as (stack, view):
+    with guest.exporters(), serving(RulesStack(guest, workdir, {"snapshot_chunk_for": chunk_for})) as view:
         fill_start = time.time()
         with guest.background(THROTTLED_WRITES):
             def chunk_alert():
@@ -240,7 +241,7 @@ def lvm2(guest, workdir, say=print, chunks=(4, 64, 512), page_timeout=300, chunk
             say(f"vm: +{out.chunk_alert_seconds:.0f}s {out.chunk_alert}")
 
             def page(name):
-                return [n for n in pages_since(view, fill_start) if n.alertname == name and n.device == snap]
+                return [n for n in firing_pages(view, fill_start) if n.alertname == name and n.device == snap]
             hit = procs.wait_until("the COW page", lambda: page("BlockStackSnapshotCowNearlyFull"), page_timeout, interval=1)
             out.cow_page, out.cow_page_seconds = hit[0], hit[0].received_at - fill_start
             say(f"vm: +{out.cow_page_seconds:.0f}s PAGE {hit[0].alertname}: {hit[0].annotations.get('description')}")
@@ -253,7 +254,7 @@ def lvm2(guest, workdir, say=print, chunks=(4, 64, 512), page_timeout=300, chunk
         hit = procs.wait_until("the Invalid page", lambda: page("BlockStackSnapshotInvalid"), page_timeout, interval=1)
         out.invalid_page, out.invalid_page_seconds = hit[0], hit[0].received_at - fill_start
         say(f"vm: +{out.invalid_page_seconds:.0f}s PAGE {hit[0].alertname}: {hit[0].annotations.get('summary')}")
-        out.pages = pages_since(view, fill_start)
+        out.pages = firing_pages(view, fill_start)
     return out
 
 
@@ -288,7 +289,7 @@ def ext4(guest, workdir, say=print, alert_timeout=420):
     dev = by_serial(guest, "nvme0")
     out.configs = guest.ebpf_configs()
     say(f"vm: ext4 on {dev} (4 MiB journal, dioread_nolock); ebpf configs {out.configs}")
-    with guest.exporters(ebpf_configs=out.configs), servers(guest, workdir) as (stack, view):
+    with guest.exporters(ebpf_configs=out.configs), serving(RulesStack(guest, workdir)) as view:
         start = time.time()
         with guest.background(EXT4_WRITERS):
             def ticket():
@@ -300,7 +301,7 @@ def ext4(guest, workdir, say=print, alert_timeout=420):
             out.waits_per_second = view.prometheus.value(f'host_device:ebpf_jbd2_credit_wait:rate{{device="{dev}"}}')
             say(f"vm: +{out.alert_seconds:.0f}s {hit[0].alertname} ({hit[0].labels.get('severity')}): "
                 f"{' '.join(hit[0].annotations.get('description', '').split())}")
-        out.pages = pages_since(view, start)
+        out.pages = firing_pages(view, start)
     return out
 
 
@@ -324,17 +325,11 @@ def main(argv=None):
                     choices=["stacks", "lvm2", "ext4"])
     ap.add_argument("--kernel", default="6.1")
     args = ap.parse_args(argv)
-    problems = vm.missing([args.kernel])
-    if problems:
-        print("the VM lab needs: " + "; ".join(problems), file=sys.stderr)
+    if not vm.ready([args.kernel]):
         return 2
-    vm.sweep_stale()
-
-    def say(msg):
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
     for s in args.scenarios:
-        o = run(s, args.kernel, say=say)
-        say(f"{s}: {o}")
+        o = run(s, args.kernel, say=vm.say)
+        vm.say(f"{s}: {o}")
     return 0
 
 

@@ -5,12 +5,16 @@ the host. What the exporters name and link, and sequential reads through every s
 not page. The LVM2 write-up (chunk sizes, the COW page, the Invalid page) is test_lvm2_write_up,
 marked vm_long: make test-vm-long, not make test."""
 import os
+import time
 
 import pytest
 
 from blockstack_lab import vm, vm_stacks
 
 pytestmark = [pytest.mark.vm, pytest.mark.root, pytest.mark.servers]
+
+
+HEALTHY_SECONDS = 60
 
 
 @pytest.fixture
@@ -21,15 +25,18 @@ def vm_prerequisites():
 
 
 def test_nvme_stacks_report_and_stay_quiet(vm_prerequisites, tmp_path):
+    started = time.monotonic()
     image = tmp_path / "multipath.img"
     image.write_bytes(b"")
     os.truncate(image, 1 << 30)
     with vm.Guest("6.1", nvme=7, nvme_size=1 << 30, qemu_opts=vm_stacks.multipath_opts(image),
-                  boot_timeout=vm_stacks.BOOT_TIMEOUT) as guest:
+                  boot_timeout=vm_stacks.BOOT_TIMEOUT, say=vm.say) as guest:
         directory = guest.dir
-        o = vm_stacks.stacks(guest, str(tmp_path / "stack"), healthy=90)
+        o = vm_stacks.stacks(guest, str(tmp_path / "stack"), healthy=HEALTHY_SECONDS, say=vm.say)
+        closing = time.monotonic()
     assert not os.path.exists(directory)
-    print(f"\n{o.release}: boot {o.boot_seconds:.0f} s, healthy {o.healthy_seconds:.0f} s; {o}")
+    print(f"\n{o.release}: boot {o.boot_seconds:.0f} s, then {dict(o.phases)}, power-off "
+          f"{time.monotonic() - closing:.0f} s; {time.monotonic() - started:.0f} s in all; {o}")
     d, edges = o.devices, set(o.edges)
 
     # md: kind md, the kernel name, an edge to each member
@@ -45,7 +52,7 @@ def test_nvme_stacks_report_and_stay_quiet(vm_prerequisites, tmp_path):
     assert (tpool["vg_name"], tpool["lv_name"], tpool["lv_layer"]) == ("vgt", "pool", "tpool")
     assert (d["thin"], d["tpool"]) in edges and o.targets[d["thin"]] == ["thin"]
     assert o.thin["data_size_bytes"] == 256 << 20 and o.thin["metadata_size_bytes"] == 4 << 20
-    assert 64 << 20 <= o.thin["data_used_bytes"] < 256 << 20
+    assert vm_stacks.THIN_USED_MIB << 20 <= o.thin["data_used_bytes"] < 256 << 20
     assert 0 < o.thin["metadata_used_bytes"] < 4 << 20
     assert o.thin["state_rw"] == 1
     # native multipath: the namespace's head over its two hidden paths
@@ -54,12 +61,28 @@ def test_nvme_stacks_report_and_stay_quiet(vm_prerequisites, tmp_path):
     assert len(paths) == 2 and all(p.startswith(mp[:-2] + "c") for p in paths), (mp, paths)
 
     # healthy: large requests at every layer, nothing pending or firing, no page
-    assert o.healthy_seconds >= 90
+    assert o.healthy_seconds >= HEALTHY_SECONDS
     for dev in ("md0", "md1", d["crypt"], d["thin"], d["nvme0"], d["nvme2"], d["nvme6"]):
         rate, sectors = o.lineup[dev]["read"]
         assert sectors >= 64, (dev, o.lineup)
     assert not [a for a in o.alerts if a[3] == "critical"], o.alerts
     assert not o.pages, [(p.alertname, p.device) for p in o.pages]
+
+    # blockstack-doctor in the guest: the thin pool's data use by its LVM name, a warning (exit 1);
+    # its metadata use below the threshold; dm-crypt on NVMe without the workqueue bypass flags
+    rc, report = o.doctor
+    found = {(f["check"], f["device"]): f for f in report["findings"]}
+    assert rc == 1 and {f["severity"] for f in report["findings"]} == {"warning", "info"}, report["findings"]
+    pool = found["thin_pool_full", d["tpool"]]
+    assert pool["severity"] == "warning" and pool["what"].startswith("thin pool data 84% used"), pool
+    assert pool["evidence"] == ["dmsetup status vgt-pool-tpool: data 216 MiB of 256 MiB"], pool
+    assert pool["fix"] == "lvextend -L +<size> vgt/pool", pool
+    assert [f["what"] for f in report["findings"] if f["check"] == "thin_pool_full"] == [pool["what"]]  # not metadata
+    crypt = found["crypt_workqueue", d["crypt"]]
+    assert crypt["what"] == f"dm-crypt over non-rotational {d['nvme6']} without no_read_workqueue and no_write_workqueue"
+    assert "cryptsetup refresh --perf-no_read_workqueue --perf-no_write_workqueue crypt0" == crypt["fix"], crypt
+    assert ("lvm_autoextend_off", d["tpool"]) in found
+    assert [k for k in found if k[0] not in ("thin_pool_full", "crypt_workqueue", "lvm_autoextend_off")] == []
 
 
 @pytest.mark.vm_long
