@@ -149,9 +149,10 @@ class Supervisor:
             print(f"still running after SIG{sig.name[3:]}: {left}")
 
     def leftovers(self):
-        """Pids whose command line names this stack's state directory, but for this process and
-        its ancestors (`make down STATE_DIR=...` names it too)."""
-        mark = self.state.encode()
+        """Pids with an argument that is, or lies under, this stack's state directory (not merely
+        starts like it: `.state-lab` is another stack's), but for this process and its ancestors
+        (`make down STATE_DIR=...` names it too)."""
+        state = self.state.rstrip("/").encode()
         mine = _ancestors(os.getpid())
         found = []
         for entry in os.listdir("/proc"):
@@ -159,10 +160,11 @@ class Supervisor:
                 continue
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if mark in f.read():
-                        found.append(int(entry))
+                    args = f.read().split(b"\0")
             except OSError:
                 continue
+            if any(a.endswith(state) or state + b"/" in a for a in args):
+                found.append(int(entry))
         return found
 
 
