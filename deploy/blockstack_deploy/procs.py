@@ -22,14 +22,19 @@ def http_get(url, timeout=5):
 
 
 def wait_until(what, predicate, timeout, interval=1.0):
-    """Poll predicate until it returns something truthy and return that; at most `timeout` seconds."""
+    """Poll predicate until it returns something truthy and return that; at most `timeout` seconds.
+    An OSError (a server not listening yet, a connection refused) counts as not yet."""
     deadline = time.monotonic() + timeout
+    last = None
     while time.monotonic() < deadline:
-        value = predicate()
+        try:
+            value = predicate()
+        except OSError as e:
+            value, last = None, e
         if value:
             return value
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f": {last}" if last else ""))
 
 
 def wait_http(url, timeout=30, proc=None):

@@ -19,6 +19,7 @@ The fleet runs on FLEET_SERVERS (blockstack_deploy.stack.SERVERS; default upstre
 Alertmanager 0.31, `make upstream-servers`); `FLEET_SERVERS=debian,upstream` runs it on each.
 """
 import collections
+import contextlib
 import json
 import math
 import os
@@ -94,14 +95,15 @@ def collapse_pages(f, host, dev):
 
 
 @pytest.fixture
-def collapse():
-    """collapse(dev): sequential batched direct reads with nomerges=2 until the test ends."""
+def reads():
+    """reads(dev, nomerges=None): sequential batched direct reads of dev, with queue/nomerges set
+    when given, until the test ends. Returns when they started."""
     cleanups = []
 
-    def start(dev):
-        setting = loop.sysfs_setting(dev, "queue/nomerges", "2")
+    def start(dev, nomerges=None):
+        setting = loop.sysfs_setting(dev, "queue/nomerges", nomerges) if nomerges else contextlib.nullcontext()
         setting.__enter__()
-        load = subprocess.Popen(["fio", "--name=collapse", f"--filename={dev}", "--size=64m", "--readonly",
+        load = subprocess.Popen(["fio", "--name=reads", f"--filename={dev}", "--size=64m", "--readonly",
                                  *fio.SEQ_BATCHED_READ, "--time_based", "--runtime=300", "--output=/dev/null"],
                                 start_new_session=True)
         cleanups.append((load, setting))
@@ -203,7 +205,7 @@ def test_thanos_query_returns_each_hosts_lineup_once(fleet):
     print(f"lineup: {len(deduped)} series deduplicated, {len(raw)} raw")
 
 
-def test_dashboard_unchanged_against_thanos_query(fleet):
+def test_dashboard_unchanged_against_thanos_query(fleet, reads):
     """The dashboard's queries, with h1's upper as the stack (the device variable: the upper and its
     lower, or one device in the repeated panels), over the last 2 minutes at the 5 s scrape
     interval ($__rate_interval 20 s, Grafana's 4 x scrape), as Grafana sends them to Thanos Query.
@@ -212,13 +214,18 @@ def test_dashboard_unchanged_against_thanos_query(fleet):
     with open(blockstack_dashboard.OUTPUT) as fh:
         dashboard = json.load(fh)
     thanos = Prometheus(fleet.central.query_url(), auth=fleet.admin)
+    h1 = fleet.hosts["h1"]
+    reads(f"/dev/{h1.upper}")  # the stack at work, so that its rates and histograms exist
+    sizes = f'host_device_operation:node_disk_request_size_sectors:avg{{host="h1", device=~"{h1.upper}|{h1.lower}"}}'
+    wait_until("request sizes of h1's stack through Thanos Query", lambda: len(thanos.query(sizes)) >= 2, 90, 2)
+    time.sleep(20)  # a $__rate_interval of every series at work
     end = math.ceil(time.time() / 5) * 5
     host = next(v for v in dashboard["templating"]["list"] if v["name"] == "host")["query"]["query"]
     match, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", host).groups()
     assert sorted(thanos.label_values(label, match, start=end - 120, end=end)) == sorted(fleet.hosts), \
         "the host variable must span the fleet"
-    h1 = fleet.hosts["h1"]
     ran = with_data = 0
+    shown = set()
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             device = h1.upper if panel.get("repeat") == "device" else f"({h1.upper}|{h1.lower})"
@@ -230,7 +237,11 @@ def test_dashboard_unchanged_against_thanos_query(fleet):
             assert len(keys) == len(set(keys)), f"{panel['title']}: duplicate series through Thanos: {text}"
             assert not any(s["metric"].get("host") not in (None, "h1") for s in result), f"{panel['title']}: {text}"
             with_data += bool(result)
-    assert ran and with_data >= ran // 2, f"only {with_data} of {ran} dashboard queries returned data"
+            if result:
+                shown.add(panel["title"])
+    # h1 has neither a snapshot nor jbd2 waits to show; every other panel shows its stack at work
+    blank = {p["title"] for p in dashboard["panels"] if p.get("targets")} - shown
+    assert all(t.startswith(("Snapshot", "jbd2")) for t in blank), f"panels without data through Thanos: {blank}"
     print(f"dashboard: {ran} queries through Thanos Query, {with_data} with data")
 
 
@@ -271,9 +282,9 @@ def test_cost_per_host(fleet):
     assert all(n > 0 for n in series.values())
 
 
-def test_collapse_pages_once_naming_the_host(fleet, collapse):
+def test_collapse_pages_once_naming_the_host(fleet, reads):
     dev = fleet.hosts["h1"].plain[0]
-    flipped = collapse(dev)
+    flipped = reads(dev, nomerges="2")
     page = wait_until("the h1 page", lambda: collapse_pages(fleet, "h1", dev), PAGE_TIMEOUT, 1)
     print(f"h1 paged {time.monotonic() - flipped:.0f} s after the collapse")
     time.sleep(DUPLICATE_WINDOW)
@@ -286,7 +297,7 @@ def test_collapse_pages_once_naming_the_host(fleet, collapse):
     assert not others, f"pages for other hosts: {others}"
 
 
-def test_peer_and_replica_killed_host_stopped_still_pages_once(fleet, collapse):
+def test_peer_and_replica_killed_host_stopped_still_pages_once(fleet, reads):
     fleet.central_procs["alertmanager-1"].send_signal(signal.SIGKILL)
     fleet.kill("h1", "prometheus-A")
     h3 = fleet.hosts["h3"]
@@ -295,7 +306,7 @@ def test_peer_and_replica_killed_host_stopped_still_pages_once(fleet, collapse):
     netns.link_down(h3.ns)
     stopped = time.monotonic()
     dev = fleet.hosts["h1"].plain[1]
-    flipped = collapse(dev)
+    flipped = reads(dev, nomerges="2")
 
     wait_until("the second h1 page", lambda: collapse_pages(fleet, "h1", dev), PAGE_TIMEOUT, 1)
     print(f"h1 paged {time.monotonic() - flipped:.0f} s after the collapse (1 peer, 1 replica left)")
