@@ -18,8 +18,10 @@ A benchmark, not a test: it prints figures and asserts nothing. Needs root, fio,
                  nothing else, the worst case (few real devices complete 4 KiB reads this cheaply);
      direct-io   loop with --direct-io=on over a file on the root filesystem's disk: each I/O
                  reaches a real device, like the disks this stack watches.
-   Runs alternate with/without (order flipped each round) so drift and neighbours' load spread
-   over both sides; the figure is the median of the per-round ratios (ratio of medians beside it).
+   Beside none and ours, empty programs on our hooks (bench/floor.bpf.c): what running any program
+   there costs, the part no change inside ours can remove. Runs are interleaved, the order rotated
+   each round, so drift and neighbours' load spread over every side; the figures are the medians
+   of the per-round ratios to none.
 """
 import argparse
 import contextlib
@@ -85,27 +87,29 @@ def device(mode, size):
 
 
 def compare(mode, names, rounds, runtime, size):
-    without, with_ = [], []
+    """IOPS with none, with empty programs on our hooks (the floor: what any program there costs)
+    and with ours, interleaved, the order rotated each round. Returns ours / none."""
+    sides = {"none": None, "floor": (UPSTREAM_DIR, "floor"), "ours": (CONFIG_DIR, names)}
+    iops = {side: [] for side in sides}
     with device(mode, size) as dev:
         run_fio(dev, 1)  # warm caches and CPU frequency
         for i in range(rounds):
-            order = ("without", "with") if i % 2 == 0 else ("with", "without")
+            order = list(sides)[i % 3:] + list(sides)[:i % 3]
             for side in order:
-                if side == "with":
-                    with exporter(names):
-                        iops = run_fio(dev, runtime)
-                    with_.append(iops)
+                if sides[side] is None:
+                    value = run_fio(dev, runtime)
                 else:
-                    iops = run_fio(dev, runtime)
-                    without.append(iops)
-                print(f"  {mode} round {i + 1}/{rounds} {side:>7}: {iops:10.0f} IOPS", flush=True)
-    # Each round's two runs are seconds apart, so their ratio is the least disturbed by drift.
-    pair = statistics.median(w / wo for w, wo in zip(with_, without))
-    ratio = statistics.median(with_) / statistics.median(without)
-    print(f"{mode}: IOPS ratio with/without {pair:.3f} (median of {rounds} interleaved pairs; goal >= 0.98); "
-          f"medians {statistics.median(with_):.0f} with, {statistics.median(without):.0f} without "
-          f"(ratio of medians {ratio:.3f})", flush=True)
-    return pair
+                    config_dir, config_names = sides[side]
+                    with exporter(config_names, config_dir):
+                        value = run_fio(dev, runtime)
+                iops[side].append(value)
+                print(f"  {mode} round {i + 1}/{rounds} {side:>5}: {value:10.0f} IOPS", flush=True)
+    # Each round's runs are seconds apart, so their ratios are the least disturbed by drift.
+    ratios = {side: statistics.median(w / wo for w, wo in zip(iops[side], iops["none"])) for side in ("floor", "ours")}
+    print(f"{mode}: IOPS ratio ours/none {ratios['ours']:.3f}, floor (empty programs on our hooks)/none "
+          f"{ratios['floor']:.3f} (medians of {rounds} interleaved rounds; goal >= 0.98); medians "
+          + ", ".join(f"{side} {statistics.median(v):.0f}" for side, v in iops.items()), flush=True)
+    return ratios["ours"]
 
 
 def foreign_programs():
