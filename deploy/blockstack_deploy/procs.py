@@ -16,6 +16,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def cmdlines():
+    """(pid, [argument, ...] as bytes) of every process running now, from /proc/PID/cmdline; a
+    process gone while this reads is left out."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                yield int(entry), f.read().split(b"\0")
+        except OSError:
+            continue
+
+
 def http_get(url, timeout=5):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read().decode()

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from . import privileges
+from . import privileges, procs
 from .files import write_if_changed
 from .roles import probe
 from .stack import VENV_BIN
@@ -154,18 +154,8 @@ class Supervisor:
         (`make down STATE_DIR=...` names it too)."""
         state = self.state.rstrip("/").encode()
         mine = _ancestors(os.getpid())
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in mine:
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    args = f.read().split(b"\0")
-            except OSError:
-                continue
-            if any(a.endswith(state) or state + b"/" in a for a in args):
-                found.append(int(entry))
-        return found
+        return [pid for pid, args in procs.cmdlines()
+                if pid not in mine and any(a.endswith(state) or state + b"/" in a for a in args)]
 
 
 def _stat(pid):

@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import time
 
+from blockstack_deploy import procs
 from blockstack_exporter.devices import parse_mountinfo
 
 from . import loop
@@ -234,19 +235,9 @@ def fio_tag(pid):
 
 def fio_of(pid):
     """Pids of the fio processes a lab process `pid` started (named fio_tag(pid)-...)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv and os.path.basename(argv[0]) == b"fio" and any(
-                a.startswith(f"--name={fio_tag(pid)}-".encode()) for a in argv):
-            found.append(int(entry))
-    return found
+    name = f"--name={fio_tag(pid)}-".encode()
+    return [p for p, argv in procs.cmdlines()
+            if os.path.basename(argv[0]) == b"fio" and any(a.startswith(name) for a in argv)]
 
 
 def sweep_stale(say=print, root=LAB_ROOT):

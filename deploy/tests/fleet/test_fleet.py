@@ -97,23 +97,17 @@ def collapse_pages(f, host, dev):
 @pytest.fixture
 def reads():
     """reads(dev, nomerges=None): sequential batched direct reads of dev, with queue/nomerges set
-    when given, until the test ends. Returns when they started."""
-    cleanups = []
+    when given, until the test ends (then fio is stopped and the setting restored). Returns when
+    they started."""
+    with contextlib.ExitStack() as cleanup:
+        def start(dev, nomerges=None):
+            if nomerges:
+                cleanup.enter_context(loop.sysfs_setting(dev, "queue/nomerges", nomerges))
+            cleanup.enter_context(fio.background([f"--filename={dev}", "--size=64m", "--readonly", *fio.SEQ_BATCHED_READ],
+                                                 runtime=300, name="reads"))
+            return time.monotonic()
 
-    def start(dev, nomerges=None):
-        setting = loop.sysfs_setting(dev, "queue/nomerges", nomerges) if nomerges else contextlib.nullcontext()
-        setting.__enter__()
-        load = subprocess.Popen(["fio", "--name=reads", f"--filename={dev}", "--size=64m", "--readonly",
-                                 *fio.SEQ_BATCHED_READ, "--time_based", "--runtime=300", "--output=/dev/null"],
-                                start_new_session=True)
-        cleanups.append((load, setting))
-        return time.monotonic()
-
-    yield start
-    for load, setting in cleanups:
-        os.killpg(load.pid, signal.SIGTERM)
-        load.wait(30)
-        setting.__exit__(None, None, None)
+        yield start
 
 
 def test_a_hosts_secret_pushes_its_own_alerts_only(fleet):
