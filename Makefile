@@ -152,7 +152,7 @@ bench-exporter: venv
 fuzz-exporter: venv
 	@PYTHONPATH=exporters/tests $(VPY) exporters/bench/fuzz_exporter.py $(FUZZ_ARGS)
 
-## bench-ebpf: BPF ns per I/O vs upstream's examples/biolatency, and fio 4 KiB random-read IOPS with all BPF configs attached vs none
+## bench-ebpf: BPF ns per I/O vs upstream's examples/biolatency, fio 4 KiB random-read IOPS with all BPF configs attached vs none, and the BPF share of a read's CPU (perf)
 bench-ebpf: venv ebpf-build
 	@$(VPY) ebpf-configs/bench/bench_overhead.py
 

@@ -4,6 +4,7 @@ set -euo pipefail
 packages=(
   prometheus prometheus-alertmanager prometheus-node-exporter   # the servers (2.42, 0.25, 1.5)
   fio sysstat                                                   # load generator, iostat cross-check
+  linux-perf                                                    # make bench-ebpf: the BPF share of a read's CPU
   clang llvm bpftool libelf-dev zlib1g-dev pkg-config make      # BPF programs and the libbpf build
   clang-format                                                  # the BPF sources' format check
   e2fsprogs util-linux fdisk kmod iproute2                      # mkfs.ext4, losetup, sfdisk; ip netns, ss

@@ -23,12 +23,19 @@ A benchmark, not a test: it prints figures and asserts nothing. Needs root, fio,
    inside ours can remove). Runs are interleaved, the order rotated each round, so drift and
    neighbours' load spread over every side, and each follows a 1 s ramp that fio leaves out; the
    figures are the medians of the per-round ratios to none.
+3. The BPF share of the CPU a read takes (goal <= 2 %, what IOPS >= 0.98 asks of a CPU-bound
+   read), on both loops: `perf record -a -g` samples during a run each of the floor, upstream's
+   biolatency and ours, interleaved; the share is the I/O path's samples (fio, kernel workers,
+   interrupts; not idle, not other processes) with a BPF program in their stack. Unlike the IOPS
+   ratio it does not move with where the scheduler puts the loop's worker, so a run resolves a
+   fraction of a per cent. Needs perf (Debian's linux-perf); skipped without it.
 """
 import argparse
 import contextlib
 import ctypes
 import json
 import os
+import shutil
 import statistics
 import struct
 import subprocess
@@ -274,6 +281,64 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None):
     return ratio
 
 
+# --- the BPF share of a read's CPU, from perf's stacks -------------------------------------------
+# A sample is idle when the CPU was halted (its innermost frame is an idle loop's), and on the I/O
+# path when it is fio's, a kernel worker's (the loop device's), softirq's, or an interrupt's taken
+# on an idle CPU (comm swapper): other processes on a shared machine are left out.
+IDLE_FRAMES = ("halt", "idle", "mwait")
+IO_COMMS = ("fio", "kworker/", "ksoftirqd/", "swapper")
+
+
+def perf_shares(path):
+    """(all samples, those on the I/O path, those of them with a BPF program in the stack) in a
+    perf.data file."""
+    text = subprocess.run(["perf", "script", "-i", path, "-F", "comm,ip,sym"], check=True, capture_output=True,
+                          text=True, timeout=300).stdout
+    total = io_path = bpf = 0
+    for sample in text.split("\n\n"):
+        comm, *stack = sample.strip().splitlines() or [""]
+        frames = [line.split(None, 1)[-1] for line in stack]  # "address symbol", innermost first
+        total += bool(frames)
+        if not frames or not comm.startswith(IO_COMMS) or any(f in frames[0] for f in IDLE_FRAMES):
+            continue
+        io_path += 1
+        bpf += any(frame.startswith(("bpf_prog_", "bpf_trace_run")) for frame in frames)
+    return total, io_path, bpf
+
+
+def cpu_share(mode, names, rounds, runtime, size):
+    """The share of the I/O path's CPU spent in BPF programs (and what they call: clock reads, map
+    helpers, the tracepoint's dispatch into them), for the floor, upstream's biolatency and ours,
+    interleaved: perf record -a -g during each fio run, after a 1 s ramp. Returns ours' share."""
+    sides = {"floor": (UPSTREAM_DIR, "floor"), "upstream biolatency": (UPSTREAM_DIR, "biolatency"),
+             "ours": (CONFIG_DIR, names)}
+    shares = {side: [] for side in sides}
+    busy = []
+    data = os.path.join(BUILD, "bench-ebpf.perf.data")
+    with device(mode, size) as dev:
+        run_fio(dev, 1)
+        for i in range(rounds):
+            for side in list(sides)[i % len(sides):] + list(sides)[:i % len(sides)]:
+                with exporter(sides[side][1], sides[side][0]):
+                    with procs.running(["fio", "--name=bench-ebpf", f"--filename={dev}", *WORKLOAD, "--time_based",
+                                        f"--runtime={runtime + 2}", "--output-format=terse"]):
+                        time.sleep(1)
+                        subprocess.run(["perf", "record", "-q", "-a", "-g", "-e", "cpu-clock", "-F", "1999", "-o", data,
+                                        "--", "sleep", str(runtime)], check=True, capture_output=True,
+                                       timeout=runtime + 60)
+                total, io_path, bpf = perf_shares(data)
+                shares[side].append(bpf / max(io_path, 1))
+                busy.append(io_path / max(total, 1))
+                print(f"  {mode} round {i + 1}/{rounds} {side:>19}: BPF in {bpf} of {io_path} samples on the "
+                      f"I/O path ({shares[side][-1]:.2%})", flush=True)
+    os.unlink(data)
+    print(f"{mode}: BPF share of the I/O path's CPU (median of {rounds} interleaved rounds, perf record -a -g): "
+          + ", ".join(f"{side} {statistics.median(v):.2%}" for side, v in shares.items())
+          + f"; the I/O path kept {statistics.median(busy):.0%} of the CPUs busy (a 2 % share is IOPS >= 0.98 "
+          "where the CPU is the bottleneck, near 100 %)", flush=True)
+    return statistics.median(shares["ours"])
+
+
 # --- scale: ns per I/O against the number of devices in the maps ---------------------------------
 SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
 BPF_MAP_UPDATE_ELEM, BPF_MAP_GET_FD_BY_ID = 2, 14
@@ -384,6 +449,8 @@ def main():
     parser.add_argument("--scale", default="0,100,1000,4000,10000",
                         help="devices whose keys fill the maps for the scale curve, comma-separated ('' for none)")
     parser.add_argument("--scale-rounds", type=int, default=2, help="runs of the scale curve (default 2)")
+    parser.add_argument("--share-rounds", type=int, default=3,
+                        help="rounds of the BPF CPU share per loop, 0 for none (default 3; needs perf)")
     args = parser.parse_args()
     size = args.size_mib << 20
 
@@ -404,6 +471,11 @@ def main():
     if not args.cost_only:
         for mode in ["page-cache", "direct-io"] if args.mode == "both" else [args.mode]:
             compare(mode, names, args.rounds, args.runtime, size)
+        if args.share_rounds and not shutil.which("perf"):
+            print("perf not found (Debian's linux-perf): the BPF CPU share is skipped", flush=True)
+        elif args.share_rounds:
+            for mode in ["page-cache", "direct-io"] if args.mode == "both" else [args.mode]:
+                cpu_share(mode, names, args.share_rounds, args.runtime + 1, size)
     print(f"({time.monotonic() - started:.0f} s)")
     return 0
 
