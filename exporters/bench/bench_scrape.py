@@ -249,12 +249,12 @@ def scale(sizes, rounds):
                      len(b["body"]), series(b["body"])))
         print(f"  {n} devices done", flush=True)
     print(f"scale ({rounds} alternating scrapes per size, load {os.getloadavg()[0]:.1f}):")
-    print("| devices | blockstack ms | CPU ms | µs/device | RSS MiB | KiB | series | node_exporter ms | CPU ms | "
-          "µs/device | RSS MiB | KiB | series | ratio |")
+    print("| devices | blockstack ms | CPU ms | CPU µs/device | RSS MiB | KiB | series | node_exporter ms | CPU ms | "
+          "CPU µs/device | RSS MiB | KiB | series | ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, wa, ca, ra, ba, sa, wb, cb, rb, bb, sb in rows:
-        print(f"| {n:,} | {wa * 1e3:.1f} | {ca * 1e3:.1f} | {wa / n * 1e6:.1f} | {ra >> 20} | {ba >> 10:,} | {sa:,} | "
-              f"{wb * 1e3:.1f} | {cb * 1e3:.1f} | {wb / n * 1e6:.1f} | {rb >> 20} | {bb >> 10:,} | {sb:,} | "
+        print(f"| {n:,} | {wa * 1e3:.1f} | {ca * 1e3:.1f} | {ca / n * 1e6:.1f} | {ra >> 20} | {ba >> 10:,} | {sa:,} | "
+              f"{wb * 1e3:.1f} | {cb * 1e3:.1f} | {cb / n * 1e6:.1f} | {rb >> 20} | {bb >> 10:,} | {sb:,} | "
               f"{wa / wb:.2f}x |", flush=True)
 
 
