@@ -65,8 +65,16 @@ TIMER_PROGRAMS = {"flush_pending"}
 WORKLOAD = fio.RANDOM_4K_READ
 
 
-def run_fio(dev, runtime):
-    return fio.iops(fio.run([f"--filename={dev}", *WORKLOAD], runtime=runtime, name="bench-ebpf"))
+def run_fio(dev, runtime, ramp=0):
+    """fio's IOPS over `runtime` seconds, after `ramp` seconds it leaves out."""
+    return fio.iops(fio.run([f"--filename={dev}", *WORKLOAD, f"--ramp_time={ramp}"], runtime=runtime,
+                            name="bench-ebpf"))
+
+
+def rotated(sides, i):
+    """The sides in round i's order: each round starts one later, so drift spreads over all."""
+    order = list(sides)
+    return order[i % len(order):] + order[:i % len(order)]
 
 
 @contextlib.contextmanager
@@ -101,20 +109,16 @@ def compare(mode, names, rounds, runtime, size):
     that an exporter just started weighs on no figure. Returns ours / none."""
     sides = {"none": None, "none again": None, "floor": (UPSTREAM_DIR, "floor"), "ours": (CONFIG_DIR, names)}
     iops = {side: [] for side in sides}
-
-    def measure():
-        return fio.iops(fio.run([f"--filename={dev}", *WORKLOAD, "--ramp_time=1"], runtime=runtime, name="bench-ebpf"))
-
     with device(mode, size) as dev:
         run_fio(dev, 1)  # warm caches and CPU frequency
         for i in range(rounds):
-            for side in list(sides)[i % len(sides):] + list(sides)[:i % len(sides)]:
+            for side in rotated(sides, i):
                 if sides[side] is None:
-                    value = measure()
+                    value = run_fio(dev, runtime, ramp=1)
                 else:
                     config_dir, config_names = sides[side]
                     with exporter(config_names, config_dir):
-                        value = measure()
+                        value = run_fio(dev, runtime, ramp=1)
                 iops[side].append(value)
                 print(f"  {mode} round {i + 1}/{rounds} {side:>10}: {value:10.0f} IOPS", flush=True)
     # Each round's runs are seconds apart, so their ratios are the least disturbed by drift.
@@ -236,7 +240,7 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None):
         stack, hooks = hooks_per_io(dev, mode)
         run_fio(dev, 1)
         for i in range(rounds):
-            for side in list(sides)[i % len(sides):] + list(sides)[:i % len(sides)]:
+            for side in rotated(sides, i):
                 ios, iops, delta, disks = cost_run(dev, sides[side], runtime)
                 results[side].append((ios, iops, delta))
                 ours = disks[stack[0]][0] * len(stack)
@@ -318,10 +322,9 @@ def cpu_share(mode, names, rounds, runtime, size):
     with device(mode, size) as dev:
         run_fio(dev, 1)
         for i in range(rounds):
-            for side in list(sides)[i % len(sides):] + list(sides)[:i % len(sides)]:
+            for side in rotated(sides, i):
                 with exporter(sides[side][1], sides[side][0]):
-                    with procs.running(["fio", "--name=bench-ebpf", f"--filename={dev}", *WORKLOAD, "--time_based",
-                                        f"--runtime={runtime + 2}", "--output-format=terse"]):
+                    with fio.background([f"--filename={dev}", *WORKLOAD], runtime=runtime + 2, name="bench-ebpf"):
                         time.sleep(1)
                         subprocess.run(["perf", "record", "-q", "-a", "-g", "-e", "cpu-clock", "-F", "1999", "-o", data,
                                         "--", "sleep", str(runtime)], check=True, capture_output=True,
