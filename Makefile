@@ -299,15 +299,15 @@ SOAK_MINUTES ?= 10
 soak: deps venv ebpf-build
 	@$(VPY) lab/bench/soak.py --minutes $(SOAK_MINUTES)
 
-## --- the VM lab (lab/README.md "VM lab"): Debian's 6.1 and 6.12 under QEMU/TCG with emulated NVMe ----------
+## --- the VM lab (lab/README.md "VM lab"): Debian's 5.10, 6.1, 6.12 and sid's newest under QEMU/TCG with emulated NVMe ----------
 .PHONY: vm-deps vm-lab test-vm
 
-## vm-deps: QEMU, busybox, LVM2 and Debian's 6.1 and 6.12 kernels from apt (virtme-ng comes with make venv)
+## vm-deps: QEMU, busybox, LVM2 and Debian's kernels: 6.1 and 6.12 from apt, bullseye's 5.10 and sid's newest through the lab's own apt configuration (virtme-ng comes with make venv)
 vm-deps:
 	@scripts/install-vm.sh
 
 ## vm-lab: the NVMe incident on a real LVM snapshot over emulated NVMe, on each kernel of VM_KERNELS (root, 6-11 min per kernel)
-VM_KERNELS ?= 6.1 6.12
+VM_KERNELS ?= 5.10 6.1 6.12 sid
 vm-lab: deps vm-deps venv ebpf-build
 	@$(VPY) -m blockstack_lab.vm_scenarios $(VM_KERNELS)
 
@@ -316,10 +316,19 @@ vm-lab: deps vm-deps venv ebpf-build
 vm-lab-stacks: deps vm-deps venv ebpf-build
 	@$(VPY) -m blockstack_lab.vm_stacks
 
+## test-kernels: the NVMe incident on every kernel of the VM lab's matrix: 5.10, 6.1, 6.12, sid (root, 25-35 min; results in BENCHMARKS.md)
+.PHONY: test-kernels bench-kernels
+test-kernels: deps vm-deps venv ebpf-build
+	@BLOCKSTACK_VM_KERNELS=all $(PYTEST) -m vm lab/tests/test_vm_nvme.py --durations=0
+
+## bench-kernels: BPF ns per I/O, ours vs upstream's biolatency, in a guest of each kernel of the matrix (root, ~15 min)
+bench-kernels: deps vm-deps venv ebpf-build
+	@$(VPY) lab/bench/bench_kernels.py
+
 ## test-vm-long: the VM scenarios too long for make test (pytest -m vm_long: the LVM2 and ext4 write-ups; root, 10-20 min)
 test-vm-long: deps vm-deps venv ebpf-build
 	@$(PYTEST) -m vm_long
 
-## test-vm: the VM tier alone (pytest -m vm: a 6.12 guest for the NVMe incident, a 6.1 one for thin/crypt/md/multipath; root, 13-16 min at load 12-24 on this 2-core machine)
+## test-vm: the VM tier alone (pytest -m vm: the NVMe incident on 5.10 and sid, a 6.1 guest for thin/crypt/md/multipath; root, ~15 min quiet)
 test-vm: deps vm-deps venv ebpf-build
 	@$(PYTEST) -m "vm and not vm_long"

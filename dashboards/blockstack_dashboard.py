@@ -234,7 +234,33 @@ def alert_panels(k):
         # a host-wide alert has no device or operation: its cells empty, not the panel's empty state
         .override_by_name("device", [prop("noValue", "")]).override_by_name("operation", [prop("noValue", "")]),
         findings_panel(k),
+        evidence_panel(k),
     ]
+
+
+def evidence_panel(k):
+    """blockstack_ebpf_set_loaded{set, config}: which BPF programs this host's kernel runs. The
+    collapse page rests on the block set; where it is not loaded nothing can page, and the row is
+    in BlockStackCollapseEvidenceMissing's colour (a warning)."""
+    return (table.Panel().title("eBPF evidence").datasource(DS).span(24).height(4)
+            .description(
+                "The sets of BPF programs this host's kernel loads (ebpf-configs/select-configs.sh at the stack's "
+                "start): block (block_io, or block_io_immediate before Linux 5.17) counts refused merges and "
+                "split-off pieces, the evidence every merge-collapse page rests on; jbd2 times journal credit waits. "
+                "Healthy: both loaded (Linux 5.10 to 5.16: block_io_immediate). Sick: 'not loaded', no variant loads "
+                "on this kernel (before 5.10, or no BTF): no collapse can page on this host (alert "
+                "BlockStackCollapseEvidenceMissing); the loaders' errors are in blockstack_ebpf_variant_failed_info "
+                "and STATE_DIR/ebpf-status.tsv.")
+            .with_target(table_q(f"max by (set, config) (blockstack_ebpf_set_loaded{{{k['blockstack_selector']}, "
+                                 f'host="$host"}})'))
+            .with_transformation(organize(exclude=["Time"], rename={"config": "variant running", "Value": "state"},
+                                          order=["set", "config", "Value"]))
+            .override_by_name("state", [
+                prop("mappings", [m.to_json() for m in value_map({1: ("loaded", HEALTHY),
+                                                                    0: ("not loaded", WARNING)})]),
+                color_cells()])
+            .no_value("No status: the stack did not probe the kernel (ebpf_exporter run by other means), or "
+                      "blockstack-exporter is down."))
 
 
 def findings_panel(k):

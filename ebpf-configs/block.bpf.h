@@ -8,6 +8,7 @@
 #define BLOCKSTACK_BLOCK_BPF_H
 
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
 
 /* All programs here are tp_btf (BTF-typed raw tracepoints): their arguments are typed kernel
  * pointers, so fields are read directly (a plain load, relocated by CO-RE through vmlinux.h's
@@ -69,26 +70,79 @@ static __always_inline u32 request_dev(struct request *rq)
     return disk_dev(request_disk(rq));
 }
 
-/* bio->bi_bdev exists since 5.12 (commit 309dca309fc3, "block: store a block_device pointer in
- * struct bio"); these programs target kernels with it. */
+/* A bio's disk: bio->bi_bdev->bd_disk since 5.12 (commit 309dca309fc3, "block: store a
+ * block_device pointer in struct bio"), bio->bi_disk before it. */
+struct bio___old {
+    struct gendisk *bi_disk;
+} __attribute__((preserve_access_index));
+
 static __always_inline u32 bio_dev(struct bio *bio)
 {
+    struct bio___old *old = (void *) bio;
+
+    if (bpf_core_field_exists(old->bi_disk))
+        return disk_dev(old->bi_disk);
     return disk_dev(bio->bi_bdev->bd_disk);
 }
 
+/* The block tracepoints lost their first argument, the request_queue, in 5.11: commit
+ * e8a676d61c07 ("block: remove the request_queue argument from the block_bio_* tracepoints":
+ * block_bio_queue, block_bio_backmerge/frontmerge, block_split) and commit a54895fa057c ("block:
+ * remove the request_queue to argument request based tracepoints": block_rq_issue). Stable
+ * kernels took the second alone: Debian 11's 5.10.262 has block_rq_issue(rq) beside
+ * block_bio_queue(q, bio). So each tracepoint's prototype is matched on its own against the
+ * running kernel's BTF (bpf_core_type_matches: libbpf 1.0+, clang 15+), as libbpf-tools'
+ * core_fixes.bpf.h does; to the verifier the answer is a constant, and it checks only the branch
+ * taken (an argument a tracepoint does not have is refused). */
+typedef void (*btf_trace_block_bio_queue___q)(void *, struct request_queue *, struct bio *);
+typedef void (*btf_trace_block_split___q)(void *, struct request_queue *, struct bio *, unsigned int);
+typedef void (*btf_trace_block_bio_backmerge___q)(void *, struct request_queue *, struct request *, struct bio *);
+typedef void (*btf_trace_block_bio_frontmerge___q)(void *, struct request_queue *, struct request *, struct bio *);
+typedef void (*btf_trace_block_rq_issue___q)(void *, struct request_queue *, struct request *);
+
+#define TP_QUEUE_FIRST(tp) bpf_core_type_matches(btf_trace_##tp##___q)
+
+/* Argument `n` of a tracepoint program's context, loaded by an instruction of its own: from two
+ * plain loads clang makes one at a computed offset, and the verifier accepts only fixed offsets
+ * into a program's context. OFF is n * 8, a literal. */
+#define TP_CTX(ctx, OFF)                                                                                               \
+    ({                                                                                                                 \
+        void *__arg;                                                                                                   \
+        asm volatile("%[arg] = *(u64 *)(%[c] + " #OFF ")" : [arg] "=r"(__arg) : [c] "r"(ctx));                         \
+        __arg;                                                                                                         \
+    })
+
+/* Tracepoint tp's first argument as numbered since 5.11, and the merged bio of
+ * block_bio_backmerge/frontmerge (third before 5.11, first since). */
+#define TP_ARG0(ctx, tp) (TP_QUEUE_FIRST(tp) ? TP_CTX(ctx, 8) : TP_CTX(ctx, 0))
+#define TP_MERGED_BIO(ctx, tp) (TP_QUEUE_FIRST(tp) ? TP_CTX(ctx, 16) : TP_CTX(ctx, 0))
+
+/* The operations as named before 6.0, when enum req_opf became enum req_op ("treewide: Rename
+ * enum req_opf into enum req_op", v6.0-rc1); libbpf matches names without the ___old suffix. */
+enum req_opf___old {
+    REQ_OP_READ___old,
+    REQ_OP_WRITE___old,
+    REQ_OP_FLUSH___old,
+    REQ_OP_DISCARD___old,
+    REQ_OP_SECURE_ERASE___old,
+};
+
 /* enum req_op values come from the running kernel's BTF (bpf_core_enum_value), not from here. */
+#define REQ_OP_VALUE(name)                                                                                             \
+    (bpf_core_type_exists(enum req_op) ? bpf_core_enum_value(enum req_op, name)                                        \
+                                       : bpf_core_enum_value(enum req_opf___old, name##___old))
+
 static __always_inline u8 op_class(u32 opf)
 {
     u32 op = opf & REQ_OP_MASK;
 
-    if (op == bpf_core_enum_value(enum req_op, REQ_OP_READ))
+    if (op == REQ_OP_VALUE(REQ_OP_READ))
         return OPC_READ;
-    if (op == bpf_core_enum_value(enum req_op, REQ_OP_WRITE))
+    if (op == REQ_OP_VALUE(REQ_OP_WRITE))
         return OPC_WRITE;
-    if (op == bpf_core_enum_value(enum req_op, REQ_OP_DISCARD) ||
-        op == bpf_core_enum_value(enum req_op, REQ_OP_SECURE_ERASE))
+    if (op == REQ_OP_VALUE(REQ_OP_DISCARD) || op == REQ_OP_VALUE(REQ_OP_SECURE_ERASE))
         return OPC_DISCARD;
-    if (op == bpf_core_enum_value(enum req_op, REQ_OP_FLUSH))
+    if (op == REQ_OP_VALUE(REQ_OP_FLUSH))
         return OPC_FLUSH;
     return OPC_OTHER;
 }

@@ -17,8 +17,8 @@
 // when another device takes the slot, and by `flush_pending`, a perf_event program that runs on
 // every CPU FLUSH_HZ times a second: an observation reaches the exported maps within 1 / FLUSH_HZ
 // seconds, exactly (nothing is sampled or dropped). Built with -DBLOCK_IO_IMMEDIATE
-// (block_io_immediate.bpf.c) the histograms are updated in the exported maps at each event, as
-// before 2026-11-24: no lag, ~1.5x the BPF time per I/O, and no bpf_loop() (Linux 5.17+) needed.
+// (block_io_immediate.bpf.c) the histograms are updated in the exported maps at each event: no
+// lag, ~1.5x the BPF time per I/O, and no bpf_loop() (Linux 5.17+) needed, so it loads from 5.10.
 #include <vmlinux.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -571,10 +571,11 @@ int flush_pending(void *ctx)
 
 // Fires once per bio submitted to a device (submit_bio_noacct_nocheck, before any split), for
 // bio-based and request-based devices alike; a dm clone sent to the device beneath fires again
-// with that device.
+// with that device. TP_PROTO(struct bio *bio) since 5.11 (TP_ARG0 in block.bpf.h: before that (q, bio)).
 SEC("tp_btf/block_bio_queue")
-int BPF_PROG(block_bio_queue, struct bio *bio)
+int BPF_PROG(block_bio_queue)
 {
+    struct bio *bio = TP_ARG0(ctx, block_bio_queue);
     u32 dev = bio_dev(bio);
 
     if (dev)
@@ -656,10 +657,11 @@ static __always_inline bool rq_missed_merge(struct request *rq, u32 dev, u8 op, 
 // A request going to the driver (blk_mq_start_request): its final size after merging and
 // splitting, how long it waited since it was made (the queue stage: plug, I/O scheduler, software
 // queue), its issue time for the service stage, and whether it is a missed merge.
-// TP_PROTO(struct request *rq) since 5.11 (commit a54895fa057c).
+// TP_PROTO(struct request *rq) since 5.11 (commit a54895fa057c; TP_ARG0 in block.bpf.h).
 SEC("tp_btf/block_rq_issue")
-int BPF_PROG(block_rq_issue, struct request *rq)
+int BPF_PROG(block_rq_issue)
 {
+    struct request *rq = TP_ARG0(ctx, block_rq_issue);
     struct inflight *slot;
     struct last_rq *last;
     u32 id = request_id(rq);
@@ -726,17 +728,18 @@ static __always_inline int count_merge(struct bio *bio, u8 type)
 }
 
 // TP_PROTO(struct bio *bio) since 5.11 (commit e8a676d61c07, "block: remove the request_queue
-// argument from the block_bio_* tracepoints"): the bio joins the end / the front of a request.
+// argument from the block_bio_* tracepoints"; before it (q, rq, bio), the bio third): the bio
+// joins the end / the front of a request.
 SEC("tp_btf/block_bio_backmerge")
-int BPF_PROG(block_bio_backmerge, struct bio *bio)
+int BPF_PROG(block_bio_backmerge)
 {
-    return count_merge(bio, MERGE_BACK);
+    return count_merge(TP_MERGED_BIO(ctx, block_bio_backmerge), MERGE_BACK);
 }
 
 SEC("tp_btf/block_bio_frontmerge")
-int BPF_PROG(block_bio_frontmerge, struct bio *bio)
+int BPF_PROG(block_bio_frontmerge)
 {
-    return count_merge(bio, MERGE_FRONT);
+    return count_merge(TP_MERGED_BIO(ctx, block_bio_frontmerge), MERGE_FRONT);
 }
 
 // A bio too large (or with too many segments, or crossing a chunk boundary) for the device's
@@ -745,8 +748,9 @@ int BPF_PROG(block_bio_frontmerge, struct bio *bio)
 // into n pieces counts n - 1: the extra requests the split created. TP_PROTO(struct bio *bio,
 // unsigned int new_sector) since 5.11 (commit e8a676d61c07); `bio` is the piece split off.
 SEC("tp_btf/block_split")
-int BPF_PROG(block_split, struct bio *bio, unsigned int new_sector)
+int BPF_PROG(block_split)
 {
+    struct bio *bio = TP_ARG0(ctx, block_split);
     struct op_key key = {};
 
     key.dev = bio_dev(bio);

@@ -5,7 +5,8 @@ packages=(
   prometheus prometheus-alertmanager prometheus-node-exporter   # the servers (2.42, 0.25, 1.5)
   fio sysstat                                                   # load generator, iostat cross-check
   linux-perf                                                    # make bench-ebpf: the BPF share of a read's CPU
-  clang llvm bpftool libelf-dev zlib1g-dev pkg-config make      # BPF programs and the libbpf build
+  clang llvm bpftool libelf-dev zlib1g-dev pkg-config make      # the libbpf build, upstream's examples
+  clang-16                                                      # BPF programs: bpf_core_type_matches needs clang 15+
   clang-format                                                  # the BPF sources' format check
   e2fsprogs util-linux fdisk kmod iproute2                      # mkfs.ext4, losetup, sfdisk; ip netns, ss
   systemd                                                       # systemd-analyze verify of the rendered units

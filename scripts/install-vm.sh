@@ -2,8 +2,10 @@
 # Installs what the VM lab (lab/blockstack_lab/vm.py, `make vm-lab`, the `vm` test tier) needs from
 # Debian: QEMU (software emulation: the guest boots under -accel tcg), busybox-static (virtme-ng builds the
 # guest's initramfs from it), LVM2 (the guest runs the host's binaries over a read-only view of its
-# root) and the two Debian 12 kernels the lab boots: 6.1 (linux-image-amd64) and 6.12 (the newest
-# linux-image-6.12.*+deb12-amd64). virtme-ng itself comes from PyPI into .venv (requirements.in, locked with hashes in requirements.txt).
+# root) and the four Debian kernels the lab boots: 6.1 (linux-image-amd64) and 6.12 (the newest
+# linux-image-6.12.*+deb12-amd64) installed from the host's apt sources, 5.10 (Debian 11) and sid's newest
+# unpacked by scripts/fetch-kernel.sh from a private apt configuration. virtme-ng itself comes from PyPI
+# into .venv (requirements.in, locked with hashes in requirements.txt).
 # Idempotent: a no-op when all are present.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -20,9 +22,12 @@ if ! dpkg-query -W -f='${Package} ${Status}\n' 'linux-image-6.12.*+deb12-amd64' 
   [ -n "$k612" ] || { echo "no linux-image-6.12.*+deb12-amd64 in apt's lists" >&2; exit 1; }
   missing+=("$k612")
 fi
-if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
-echo ">> apt-get install ${missing[*]}"
-[ -n "${updated:-}" ] || apt-get update -qq
-# the kernels' postinst builds an initramfs for the host's boot loader; the lab does not use it
-# (virtme-ng builds its own), but the package insists on a generator (initramfs-tools)
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo ">> apt-get install ${missing[*]}"
+  [ -n "${updated:-}" ] || apt-get update -qq
+  # the kernels' postinst builds an initramfs for the host's boot loader; the lab does not use it
+  # (virtme-ng builds its own), but the package insists on a generator (initramfs-tools)
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# 5.10 and sid: not in the host's apt sources (about 180 MB and half a minute the first time)
+"$(dirname "$0")/fetch-kernel.sh" 5.10 sid

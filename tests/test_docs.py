@@ -107,3 +107,27 @@ def test_make_targets_in_the_docs_exist():
 
     target = r"make (?:-s )?([a-z][a-z0-9]*(?:-[a-z0-9]+)*(?:-\*)?)"
     assert not found("`" + target, allowed, code_pattern=r"(?:^\s*|\$ |&& )" + target)
+
+
+def test_readme_kernel_table_is_what_the_matrix_loads():
+    """README's kernel table names, per kernel, the BPF programs that the VM tier asserts
+    select-configs.sh chooses there (vm_scenarios.EXPECTED_CONFIGS); ebpf-configs/README.md's
+    table the same."""
+    from blockstack_lab.vm_scenarios import EXPECTED_CONFIGS
+
+    def programs(path, columns):
+        """{kernel: {config named in those columns}} of a table whose rows start "| 5.10 (" etc."""
+        rows = {}
+        for line in (ROOT / path).read_text().splitlines():
+            m = re.match(r"\| (5\.10|6\.1|6\.12|7\.2) \(", line)
+            if m:
+                cells = line.strip("|").split(" | ")
+                named = re.findall(r"`([a-z0-9_]+)`", " ".join(cells[c] for c in columns))
+                rows["sid" if m[1] == "7.2" else m[1]] = set(named)
+        return rows
+
+    for path, columns in (("README.md", [2]), ("ebpf-configs/README.md", [1, 2])):
+        rows = programs(path, columns)
+        assert set(rows) == set(EXPECTED_CONFIGS), (path, rows)
+        for kernel, configs in EXPECTED_CONFIGS.items():
+            assert rows[kernel] == set(configs.split(",")), (path, kernel, rows[kernel])

@@ -57,7 +57,7 @@ def vm_lab(work, kernel):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vm", metavar="KERNEL", help="the VM lab's NVMe incident on Debian's KERNEL (6.1 or 6.12)")
+    ap.add_argument("--vm", metavar="KERNEL", help="the VM lab's NVMe incident on Debian's KERNEL (5.10, 6.1, 6.12 or sid)")
     ap.add_argument("--output")
     args = ap.parse_args(argv)
     output = args.output or (VM_OUTPUT if args.vm else DEFAULT_OUTPUT)

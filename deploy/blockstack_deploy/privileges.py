@@ -10,9 +10,10 @@ capability. systemd.py gives the units the same identities (User=, AmbientCapabi
                                                root alone may search); ambient, so dmsetup has them
     ebpf_exporter      root                    CAP_BPF, CAP_PERFMON (load and attach tracepoint
                                                programs), CAP_DAC_READ_SEARCH (tracefs event ids); it
-                                               drops them all once attached (--capabilities.keep=none).
-                                               No CAP_SYS_RESOURCE: since 5.11 BPF memory is charged
-                                               to the cgroup, not the memlock limit
+                                               drops them all once attached (--capabilities.keep=none;
+                                               CAP_BPF kept before 5.19: stack.ebpf_keep_capabilities).
+                                               No CAP_SYS_RESOURCE from 5.11 on: BPF memory is charged
+                                               to the cgroup, not the memlock limit (before: kept)
     Prometheus, watchers, blockstack-prometheus      none
     Thanos sidecars
     Alertmanager       blockstack-alertmanager  none
@@ -30,15 +31,23 @@ secrets (0640) and rendered configuration. Not root: everything runs as the invo
 import grp
 import os
 import pwd
+import re
 import subprocess
 
 GROUP = "blockstack"
 FRONT = "blockstack-front"  # its group alone enters the exporters' socket directories
+def _before(major, minor):
+    """Whether this host's kernel is older than major.minor."""
+    m = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return bool(m) and (int(m[1]), int(m[2])) < (major, minor)
+
+
 # (user, extra groups, capabilities) by kind of program (its name before the first "-")
 IDENTITIES = {
     "node": ("blockstack-node", (), ()),
     "blockstack": ("blockstack-exporter", ("disk",), ("sys_admin", "dac_read_search")),
-    "ebpf": ("root", (), ("bpf", "perfmon", "dac_read_search")),
+    # before 5.11 BPF maps count against RLIMIT_MEMLOCK, which libbpf raises: CAP_SYS_RESOURCE
+    "ebpf": ("root", (), ("bpf", "perfmon", "dac_read_search", *(("sys_resource",) if _before(5, 11) else ()))),
     "prometheus": ("blockstack-prometheus", (GROUP,), ()),
     "watcher": ("blockstack-prometheus", (GROUP,), ()),
     "sidecar": ("blockstack-prometheus", (GROUP,), ()),  # reads its Prometheus's TSDB

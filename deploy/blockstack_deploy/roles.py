@@ -217,7 +217,9 @@ class Standalone(Role):
                  f"  Alertmanager   {scheme}://{host}:{p['alertmanager']}/   (admin, password in {self.admin.password_file})",
                  f"  pages file     {self.stack.pages_file}"]
         for name, label in (("node", "node_exporter"), ("blockstack", "blockstack-exporter"), ("ebpf", "ebpf_exporter")):
-            lines.append(f"  {label:<14} http://127.0.0.1:{p[name]}/metrics")
+            if name != "ebpf" or self.stack.runs_ebpf:
+                lines.append(f"  {label:<14} http://127.0.0.1:{p[name]}/metrics")
+        lines += ebpf_summary(self.stack)
         lines.append(f"  {'page receiver':<14} http://127.0.0.1:{p['receiver']}/")
         if self.grafana:
             lines.append(f"  Grafana        {scheme}://{host}:{p['grafana']}/d/blockstack-merges  "
@@ -227,6 +229,26 @@ class Standalone(Role):
         if self.web:
             lines.append(f"  TLS + basic auth: admin / password in {self.web.password_file}, CA {self.ca}")
         return lines
+
+
+def ebpf_summary(stack):
+    """Lines for make up's summary on the BPF program sets that did not load on this kernel: the
+    collapse page rests on the block set, so a host without it must say so (so does the alert
+    BlockStackCollapseEvidenceMissing, from blockstack-exporter's blockstack_ebpf_set_loaded)."""
+    lines = []
+    try:
+        with open(stack.ebpf_status_file or "") as f:
+            rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    except OSError:
+        return lines
+    for row in rows:
+        name, chosen, failures = (row + ["", ""])[:3]
+        if chosen == "-":
+            blind = " (the collapse page cannot fire on this host)" if name == "block" else ""
+            lines.append(f"  WARNING: no {name} BPF programs load on this kernel{blind}: {failures}")
+    if not stack.runs_ebpf:
+        lines.append(f"  {'ebpf_exporter':<14} not started: nothing to load ({stack.ebpf_status_file})")
+    return lines
 
 
 class FleetRole(Role):
@@ -254,6 +276,10 @@ class Agent(FleetRole):
              "prometheus-A": 9090, "prometheus-B": 9091,
              "sidecar-A-grpc": 10901, "sidecar-A-http": 10902,
              "sidecar-B-grpc": 10911, "sidecar-B-http": 10912}
+
+    @property
+    def extra(self):
+        return ebpf_summary(self.exporters)
 
     def __init__(self, state, host, alertmanagers, secrets=None, replicas=("A",), listen="127.0.0.1",
                  ports=None, devices=None, scrape_interval="5s", ebpf_configs=None):

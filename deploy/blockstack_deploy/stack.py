@@ -7,9 +7,11 @@ the lab start them directly (Stack.running).
 import contextlib
 import glob
 import os
+import re
 import shutil
 import socket
 import subprocess
+import sys
 import urllib.parse
 
 import yaml
@@ -91,28 +93,58 @@ def program(component, servers=None):
     return which(*names, target=target)
 
 
-def ebpf_config_names(cache=None):
-    """The ebpf_exporter configs this kernel can load (jbd2 fexit where allowed, else tracepoints);
-    with cache (a file), probed once per kernel and build of the BPF objects."""
-    if cache:
-        key = f"{os.uname().release} {_mtime(EBPF_CONFIG_DIR)}"
-        try:
-            with open(cache) as f:
-                cached_key, names = f.read().split("\n")[:2]
-            if cached_key == key and names:
-                return names
-        except (FileNotFoundError, ValueError):
-            pass
-        names = ebpf_config_names()
-        os.makedirs(os.path.dirname(cache), exist_ok=True)
-        with open(cache, "w") as f:
-            f.write(f"{key}\n{names}\n")
-        return names
-    out = subprocess.run([os.path.join(REPO, "ebpf-configs", "select-configs.sh"), EBPF_EXPORTER, EBPF_CONFIG_DIR],
-                         check=True, capture_output=True, text=True, timeout=300).stdout.strip()
-    if not out:
-        raise RuntimeError("no ebpf_exporter config loads on this kernel")
-    return out
+def ebpf_config_names(cache=None, status_file=None):
+    """The ebpf_exporter configs this kernel can load, comma-separated: "" where none does (a kernel
+    before 5.10 or without BTF; select-configs.sh says why on stderr), and select-configs.sh's
+    status of every set in status_file (blockstack-exporter's --collector.ebpf.status-file). With
+    cache (a file), probed once per kernel and build of the BPF objects, the status kept beside it
+    (ebpf_status_file)."""
+    if not cache:
+        return _select_configs(status_file)
+    status_file = ebpf_status_file(cache)
+    key = f"{os.uname().release} {_mtime(EBPF_CONFIG_DIR)}"
+    try:
+        with open(cache) as f:
+            cached_key, names = f.read().split("\n")[:2]
+        if cached_key == key and os.path.exists(status_file):
+            return names
+    except (FileNotFoundError, ValueError):
+        pass
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    names = _select_configs(status_file)
+    with open(cache, "w") as f:
+        f.write(f"{key}\n{names}\n")
+    return names
+
+
+def ebpf_status_file(cache):
+    """Where ebpf_config_names(cache) keeps the status of each set of BPF programs."""
+    return os.path.join(os.path.dirname(cache), "ebpf-status.tsv")
+
+
+def _select_configs(status_file=None):
+    r = subprocess.run([os.path.join(REPO, "ebpf-configs", "select-configs.sh"), EBPF_EXPORTER, EBPF_CONFIG_DIR,
+                        *([status_file] if status_file else [])], check=True, capture_output=True, text=True, timeout=600)
+    if r.stderr.strip():
+        print(r.stderr.strip(), file=sys.stderr)
+    return r.stdout.strip()
+
+
+def ebpf_keep_capabilities(release):
+    """ebpf_exporter's --capabilities.keep on a kernel `release`: every capability is dropped once
+    the programs are attached, except where the kernel then refuses it its own maps. Before 5.19
+    kernel.unprivileged_bpf_disabled (Debian's default 2) refused every bpf() command, reading a
+    map included, to a process without CAP_BPF or CAP_SYS_ADMIN; "bpf: Refine
+    kernel.unprivileged_bpf_disabled behaviour" (5.19) limited it to creating maps and loading
+    programs. So CAP_BPF stays there (5.10 in the VM lab: every histogram empty without it)."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return "none" if m and (int(m[1]), int(m[2])) >= (5, 19) else "cap_bpf"
+
+
+def _btf_path():
+    """--btf.path from $BTF_PATH: a BTF file for a kernel without /sys/kernel/btf/vmlinux
+    (select-configs.sh reads the same variable)."""
+    return [f"--btf.path={os.environ['BTF_PATH']}"] if os.environ.get("BTF_PATH") else []
 
 
 def _mtime(path):
@@ -137,6 +169,11 @@ class Stack:
         for c in self.components:
             self.ports.setdefault(c, procs.free_port())
         self._ebpf_configs, self._ebpf_cache = ebpf_configs, ebpf_cache
+        # select-configs.sh's status of each set of BPF programs, which blockstack-exporter
+        # publishes (blockstack_ebpf_set_loaded): written when the stack probes the kernel, beside
+        # the cache or in workdir; where the configs are given, a status file put there (or none)
+        self.ebpf_status_file = ebpf_status_file(ebpf_cache or os.path.join(self.workdir, "ebpf-configs.txt"))
+        self.kernel_release = os.uname().release  # the kernel ebpf_exporter runs on (the VM lab: a guest's)
         # The exposed mode (roles.Standalone): Prometheus and Alertmanager bind web_listen and serve
         # web_config_file (TLS + basic auth); web_client is the basic_auth (+ scheme/tls_config)
         # block Prometheus uses to reach them (pki.Secrets.client_http), at web_address.
@@ -156,6 +193,18 @@ class Stack:
         self.pages_file = os.path.join(self.workdir, "pages.jsonl")  # the receiver's (roles: STATE/pages/)
         # More of the stack's own servers to scrape: {job: (address:port, scheme)} (roles.Standalone: Grafana).
         self.also_scrape = {}
+
+    @property
+    def ebpf_configs(self):
+        """The configs ebpf_exporter loads ("" where none loads on this kernel: it is not started,
+        not scraped, and blockstack-exporter's status says why)."""
+        if self._ebpf_configs is None:
+            self._ebpf_configs = ebpf_config_names(self._ebpf_cache, self.ebpf_status_file)
+        return self._ebpf_configs
+
+    @property
+    def runs_ebpf(self):
+        return "ebpf" in self.components and bool(self.ebpf_configs)
 
     def missing(self):
         """What this stack needs and cannot find here, each naming the make target that provides it."""
@@ -195,7 +244,7 @@ class Stack:
                 "alertmanager": "alertmanager", "prometheus": "prometheus"}
         scrape_configs = []
         for component, job in jobs.items():
-            if component in self.components:
+            if component in self.components and (component != "ebpf" or self.runs_ebpf):
                 scrape_configs.append({
                     "job_name": job,
                     "scrape_interval": self.scrape_interval,
@@ -273,18 +322,22 @@ class Stack:
                              f"--collector.diskstats.device-exclude={DISKSTATS_EXCLUDE}"]),
                             {}, self.url("node", "/metrics"))
         if "blockstack" in self.components:
-            cmds["blockstack"] = ([program("blockstack"), f"--web.listen-address=127.0.0.1:{p['blockstack']}"],
+            if "ebpf" in self.components:
+                self.ebpf_configs  # the probe writes the status file
+            status = [f"--collector.ebpf.status-file={self.ebpf_status_file}"] \
+                if self.ebpf_status_file and os.path.exists(self.ebpf_status_file) else []
+            cmds["blockstack"] = ([program("blockstack"), f"--web.listen-address=127.0.0.1:{p['blockstack']}", *status],
                                   {}, self.url("blockstack", "/metrics"))
-        if "ebpf" in self.components:
-            if self._ebpf_configs is None:
-                self._ebpf_configs = ebpf_config_names(self._ebpf_cache)
-            # --capabilities.keep=none: every capability dropped once the programs are attached
+        if self.runs_ebpf:
+            # --capabilities.keep: every capability dropped once the programs are attached (but
+            # CAP_BPF before 5.19, ebpf_keep_capabilities)
             listen = "fd://0" if self.metrics_socket_dir else f"127.0.0.1:{p['ebpf']}"
             cmds["ebpf"] = (self._socketed("ebpf", [program("ebpf"), f"--config.dir={EBPF_CONFIG_DIR}",
-                             f"--config.names={self._ebpf_configs}", "--capabilities.keep=none",
+                             f"--config.names={self.ebpf_configs}", *_btf_path(),
+                             f"--capabilities.keep={ebpf_keep_capabilities(self.kernel_release)}",
                              f"--web.listen-address={listen}"]),
                             {"OTEL_TRACES_EXPORTER": "none"}, self.url("ebpf", "/metrics"))
-        socketed = [c for c in ("node", "ebpf") if c in self.components]
+        socketed = [c for c in ("node", "ebpf") if c in cmds]
         if self.metrics_socket_dir and socketed:
             cmds["front"] = ([program("gate"), metrics_front.__file__, "serve",
                               *(f"--route=127.0.0.1:{p[c]}={self.metrics_socket(c)}" for c in socketed)],

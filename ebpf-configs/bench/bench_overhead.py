@@ -130,6 +130,16 @@ def compare(mode, names, rounds, runtime, size):
     return ratios["ours"]
 
 
+def loads(config_dir, names):
+    """Whether ebpf_exporter loads and attaches `names` from `config_dir` on this kernel."""
+    r = subprocess.run([EXPORTER, f"--config.dir={config_dir}", f"--config.names={names}", "--config.check",
+                        "--config.strict"], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OTEL_TRACES_EXPORTER="none"))
+    if r.returncode:
+        print(f"  {names} does not load here: {(r.stdout + r.stderr).strip().splitlines()[-1:]}", flush=True)
+    return r.returncode == 0
+
+
 def foreign_programs():
     """BPF programs already attached to the block tracepoints by someone else (another
     ebpf_exporter, bpftrace): they run in the 'without' runs too and shrink the difference."""
@@ -222,7 +232,19 @@ def cost_run(dev, side, runtime):
     return ios, fio.iops(report), delta, disks
 
 
-def bpf_cost(names, rounds, runtime, size, mode, baseline=None):
+@contextlib.contextmanager
+def whole_disk(name):
+    """An existing whole disk (a VM lab guest's nvme0n1) as the cost runs' device: one bio, one
+    request issued and completed per read, block_rq_insert only with an I/O scheduler."""
+    yield f"/dev/{name}"
+
+
+def disk_hooks(name):
+    return [name], {"block_bio_queue": 1, "block_rq_issue": 1, "block_rq_complete": 1,
+                    "block_rq_insert": int(scheduler(name) != "none")}
+
+
+def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None):
     """BPF run time per I/O, from the kernel's own accounting (kernel.bpf_stats_enabled), for no
     programs, upstream's examples/biolatency and all of ours, in interleaved runs on one device.
 
@@ -235,9 +257,11 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None):
              "floor (empty programs)": (UPSTREAM_DIR, "floor")}
     if baseline:  # another build of our configs (e.g. main's), measured beside this one
         sides["ours, --baseline build"] = (baseline, names)
+    if disk:  # sides that do not load on this kernel (upstream's biolatency before 5.11) are left out
+        sides = {side: v for side, v in sides.items() if v[1] is None or loads(*v)}
     results = {side: [] for side in sides}
-    with device(mode, size) as dev, bpf_stats_enabled():
-        stack, hooks = hooks_per_io(dev, mode)
+    with (whole_disk(disk) if disk else device(mode, size)) as dev, bpf_stats_enabled():
+        stack, hooks = disk_hooks(disk) if disk else hooks_per_io(dev, mode)
         run_fio(dev, 1)
         for i in range(rounds):
             for side in rotated(sides, i):
@@ -273,6 +297,10 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None):
                       f"at {iops:.0f} IOPS")
                 continue
             print(f"      {p:45s} {ns:6.0f} ns/run x {n}" + ("" if n else "  (not on this workload's path)"))
+    if "upstream biolatency" not in per_io:
+        print(f"BPF run time per I/O ({mode}): ours {per_io['ours']:.0f} ns, floor (empty programs) "
+              f"{per_io['floor (empty programs)']:.0f} ns; upstream biolatency does not load on this kernel", flush=True)
+        return None
     ratio = per_io["ours"] / per_io["upstream biolatency"]
     floor = per_io["floor (empty programs)"]
     print(f"BPF run time per I/O ({mode}): none 0 ns, upstream biolatency {per_io['upstream biolatency']:.0f} ns, "
@@ -447,6 +475,8 @@ def main():
     parser.add_argument("--mode", choices=["page-cache", "direct-io", "both"], default="both",
                         help="loop devices of the IOPS comparison")
     parser.add_argument("--cost-only", action="store_true", help="only the BPF run time comparison")
+    parser.add_argument("--disk", help="only the BPF run time comparison, on this existing whole disk (e.g. "
+                        "nvme0n1 in a VM lab guest: make bench-kernels); the upstream objects must be built")
     parser.add_argument("--baseline", help="a directory of another build of our configs (NAME.bpf.o + NAME.yaml, "
                         "e.g. main's .build/ebpf-configs) to measure beside this one")
     parser.add_argument("--scale", default="0,100,1000,4000,10000",
@@ -457,10 +487,11 @@ def main():
     args = parser.parse_args()
     size = args.size_mib << 20
 
-    subprocess.run(["make", "-s", "-C", os.path.join(ROOT, "ebpf-configs"), f"BUILD={BUILD}", "upstream"],
-                   check=True, timeout=300)
+    if not args.disk:  # a guest's root is read-only: lab/bench/bench_kernels.py builds them on the host
+        subprocess.run(["make", "-s", "-C", os.path.join(ROOT, "ebpf-configs"), f"BUILD={BUILD}", "upstream"],
+                       check=True, timeout=300)
     names = subprocess.run([SELECT, EXPORTER, CONFIG_DIR], check=True, capture_output=True, text=True,
-                           timeout=300).stdout.strip()
+                           timeout=600).stdout.strip()
     print(f"our configs: {names}; upstream: {UPSTREAM_DIR}/biolatency", flush=True)
     foreign = foreign_programs()
     if foreign:
@@ -468,6 +499,10 @@ def main():
               "side, so the IOPS ratio understates the overhead; stop other ebpf_exporters for a clean figure",
               flush=True)
     started = time.monotonic()
+    if args.disk:
+        bpf_cost(names, args.cost_rounds, args.runtime, size, args.disk, disk=args.disk)
+        print(f"({time.monotonic() - started:.0f} s)")
+        return 0
     bpf_cost(names, args.cost_rounds, args.runtime, size, "direct-io", args.baseline)
     if args.scale:
         scale_cost(names, [int(x) for x in args.scale.split(",")], args.scale_rounds, args.runtime, size)

@@ -50,15 +50,17 @@ def config_names():
 
 
 def cannot_load():
-    """{name: reason} from cannot-load.txt."""
-    reasons = {}
+    """{name: (the error its failure must report, reason)} from cannot-load.txt."""
+    entries = {}
     with open(CANNOT_LOAD) as f:
         for line in f:
             line = line.strip()
             if line and not line.startswith("#"):
-                name, _, reason = line.partition(" ")
-                reasons[name] = reason.strip()
-    return reasons
+                m = re.fullmatch(r"(\S+)\s+\[([^\]]+)\]\s+(.*)", line)
+                if not m:
+                    raise ValueError(f"cannot-load.txt: expected NAME [ERROR] REASON, got {line!r}")
+                entries[m.group(1)] = (m.group(2), m.group(3))
+    return entries
 
 
 def config_check(names, timeout=60):

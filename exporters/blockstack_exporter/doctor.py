@@ -10,9 +10,10 @@ it matters, the command that fixes it now and how to make the fix persist.
     blockstack-doctor --interval 5          # and each layer's requests over 5 s (iostat's lineup)
     blockstack-doctor --interval 5 --ebpf http://127.0.0.1:9435/metrics   # with refused merges and splits
 
-Exit status: 0 no finding at warning or above, 1 findings at warning or above, 2 something it
+Exit status: 0 no finding at warning or above, 1 findings at warning or above (or, with
+--collector.ebpf.status-file, a set of BPF programs this kernel does not load), 2 something it
 needs could not be read (a collector failed as a whole, no block devices, --device unknown,
-ebpf_exporter unreachable); the findings it could make are printed all the same.
+ebpf_exporter unreachable, the status file); the findings it could make are printed all the same.
 """
 import argparse
 import json
@@ -24,6 +25,7 @@ import time
 
 from . import __version__, checks, knobs
 from .collectors import ALL, DmCollector, FindingsCollector
+from .collectors.ebpf import parse_status
 from .fs import ParseError, read_text
 from .scrape import BlockstackCollector, Paths, deadline
 
@@ -291,8 +293,38 @@ def stacks_of(host, only=None):
     return out
 
 
-def render_text(report, host):
+def ebpf_sets(status_file, problems):
+    """{set: {config, errors}} from select-configs.sh's status file ({} without one; a problem if
+    it cannot be read)."""
+    if not status_file:
+        return {}
+    try:
+        rows = parse_status(read_text(status_file))
+    except (OSError, ParseError) as e:
+        problems.append(f"--collector.ebpf.status-file {status_file}: {e}")
+        return {}
+    return {name: {"config": chosen, "errors": errors} for name, chosen, errors in rows}
+
+
+def _ebpf_lines(sets):
+    """The sets of BPF programs this kernel does not load, first in the report: without the block
+    set no merge collapse can page on this host."""
     lines = []
+    for name, s in sets.items():
+        errors = "; ".join(f"{variant}: {error}" for variant, error in s["errors"].items())
+        if not s["config"]:
+            blind = "no merge collapse can page on this host" if name == "block" else "its alerts cannot fire"
+            lines += [f"WARNING ebpf_evidence_missing: no {name} BPF programs load on this kernel: {blind}",
+                      f"    evidence  {errors or 'no variant built'}",
+                      "    fix now   a kernel from 5.10 on with BTF (/sys/kernel/btf/vmlinux), or ebpf_exporter's "
+                      "--btf.path with a BTF file for this kernel (ebpf-configs/README.md, \"Kernels\")", ""]
+        elif errors:
+            lines.append(f"ebpf: {name} runs as {s['config']} ({errors})")
+    return lines + ([""] if lines and lines[-1] else [])
+
+
+def render_text(report, host):
+    lines = _ebpf_lines(report.get("ebpf_sets", {}))
     counts = {s: 0 for s in checks.SEVERITIES}
     for f in report["findings"]:
         counts[f.severity] += 1
@@ -357,6 +389,7 @@ def render_json(report, host):
         "findings": [f.as_dict() for f in report["findings"]],
         "lineup": report.get("lineup"),
         "problems": report["problems"],
+        "ebpf_sets": report["ebpf_sets"],
         "exit": report["exit"],
     }, indent=2, sort_keys=True) + "\n"
 
@@ -387,6 +420,9 @@ def parse_args(argv):
                         "rates and live collapses")
     p.add_argument("--ebpf", metavar="URL", help="ebpf_exporter's /metrics: refused merges, splits and jbd2 "
                                                 "credit waits in the lineup (needs --interval)")
+    p.add_argument("--collector.ebpf.status-file", dest="ebpf_status_file", metavar="PATH",
+                   help="ebpf-configs/select-configs.sh's status file (make up: STATE_DIR/ebpf-status.tsv): a set "
+                        "of BPF programs this kernel does not load is a warning (exit 1)")
     p.add_argument("--version", action="version", version=__version__)
     args = p.parse_args(argv)
     if args.ebpf and not args.interval:
@@ -447,7 +483,10 @@ def run(args, out=sys.stdout):
     report["findings"] = [f for f in findings if f.device in in_scope or not host.devices]
     report["problems"] = problems
     serious = any(f.severity in ("critical", "warning") for f in report["findings"])
-    report["exit"] = 2 if unreadable else 1 if serious else 0
+    report["ebpf_sets"] = ebpf_sets(args.ebpf_status_file, problems)
+    blind = any(not s["config"] for s in report["ebpf_sets"].values())
+    unreadable |= args.ebpf_status_file is not None and report["ebpf_sets"] == {}
+    report["exit"] = 2 if unreadable else 1 if serious or blind else 0
     out.write(render_json(report, host) if args.json else render_text(report, host))
     return report["exit"]
 

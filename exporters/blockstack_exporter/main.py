@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__, server
 from . import checks, knobs
-from .collectors import ALL, DmCollector, FindingsCollector
+from .collectors import ALL, DmCollector, EbpfCollector, FindingsCollector
 from .scrape import BlockstackCollector, Paths
 
 DEFAULT_LISTEN = "127.0.0.1:9363"
@@ -25,6 +25,8 @@ def build_collectors(args):
             collectors.append(DmCollector(dmsetup=args.dmsetup, timeout=args.dmsetup_timeout))
         elif name == "findings":
             collectors.append(FindingsCollector(knobs.load(args.knobs, checks.KNOBS)))
+        elif name == "ebpf":
+            collectors.append(EbpfCollector(args.ebpf_status_file))
         else:
             collectors.append(ALL[name]())
     return collectors
@@ -105,6 +107,9 @@ def parse_args(argv):
                    help="dmsetup binary (default %(default)s)")
     p.add_argument("--collector.dm.timeout", dest="dmsetup_timeout", type=float, default=5.0,
                    help="seconds before a dmsetup call is abandoned (default %(default)s)")
+    p.add_argument("--collector.ebpf.status-file", dest="ebpf_status_file", default=None, metavar="PATH",
+                   help="ebpf-configs/select-configs.sh's status file: which sets of BPF programs load on this "
+                        "kernel, and why the others do not (default: none, nothing published)")
     p.add_argument("--config.knobs", dest="knobs", default=None, metavar="PATH",
                    help="the alerts' config.yml whose thresholds the findings use (default: the copy shipped "
                         "with the exporter, the repository's alerts/config.yml)")

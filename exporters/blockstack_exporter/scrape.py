@@ -38,7 +38,7 @@ MAX_LABEL_VALUE = 512  # characters; a path or a mount option is far shorter
 MAX_SERIES_PER_DEVICE = 512  # per family; a device has ~30 ext4 options, and beneath it a few devices
 MAX_LOG_LINES = 20  # new log lines per scrape; the rest is summed up in one line
 DEFAULT_TIMEOUT = 4.5  # seconds, without a deadline from the request (the stack's scrape timeout is 5 s)
-SHARES = {"queue": 0.15, "stack": 0.15, "dm": 0.35, "ext4": 0.2, "jbd2": 0.1, "findings": 0.05}  # of a collection's budget
+SHARES = {"queue": 0.15, "stack": 0.15, "dm": 0.35, "ext4": 0.2, "jbd2": 0.08, "ebpf": 0.02, "findings": 0.05}  # of a collection's budget
 
 
 class CollectorFailed(Exception):

@@ -20,8 +20,12 @@ FAKE_DMSETUP = os.path.join(HERE, "fake_dmsetup")
 
 
 def tree_flags(tree):
+    """The exporter's flags for a fixture tree; its ebpf-status.tsv (select-configs.sh's status
+    file, where the tree has one) for the ebpf collector."""
+    status = os.path.join(tree, "ebpf-status.tsv")
     return [f"--path.sysfs={tree}/sys", f"--path.procfs={tree}/proc", f"--path.dev={tree}/dev",
-            f"--collector.dm.dmsetup={FAKE_DMSETUP}"]
+            f"--collector.dm.dmsetup={FAKE_DMSETUP}",
+            *([f"--collector.ebpf.status-file={status}"] if os.path.exists(status) else [])]
 
 
 def registry_for(tree, *flags):

@@ -147,7 +147,15 @@ def ebpf_section():
             for name, (kind, help_, labels, configs) in metrics.items()]
     out += ["", "Label values:", ""]
     out += [f"- `{label}`: {', '.join(f'`{v}`' for v in vals)}" for label, vals in values.items()]
+    out += ["", "ebpf_exporter's own families that the rules read (its `exporter/exporter.go`):", "",
+            "| metric | type | labels | help |", "| --- | --- | --- | --- |"]
+    out += [f"| `{name}` | {kind} | {labels_cell(labels)} | {cell(help_)} |" for name, (kind, help_, labels) in OWN.items()]
     return out + [""]
+
+
+# ebpf_exporter v2.5.1's families of its own that alerts read, with its HELP text
+OWN = {"ebpf_exporter_enabled_configs": ("gauge", "The set of enabled configs (value 1 for each config it runs; "
+                                                  "BlockStackCollapseEvidenceMissing reads it).", ["name"])}
 
 
 def render():

@@ -1,4 +1,4 @@
-"""The VM lab: a Debian kernel from apt (6.1 or 6.12) booted by virtme-ng under QEMU with software
+"""The VM lab: a Debian kernel (6.1, 6.12, 5.10 or sid's) booted by virtme-ng under QEMU with software
 emulation (TCG), with emulated NVMe devices on fresh images, for what this host's kernel cannot
 show (device-mapper, LVM snapshots, fexit). `make vm-lab` runs the NVMe incident on it
 (vm_scenarios.py); the `vm` test tier (lab/tests/test_vm_*.py) and the benchmarks use this API:
@@ -30,10 +30,11 @@ How the guest is made (the facts issue #20 measured):
   is left of QEMU's process group is killed; the directory (images included) is removed.
   `sweep_stale` does the same for guests whose owning process was SIGKILLed.
 
-Kernels differ (README "Kernel matrix"): on 6.1 and 6.12 the jbd2 fexit variant loads (on this
-host's 6.18 only the tracepoint one), and device-mapper accounts the split bios in its own
-/proc/diskstats: a dm-snapshot with 4 KiB chunks shows 8-sector requests on dm-N at any nomerges,
-so only the missed-merge counter and the bio sizes entering dm show the NVMe incident's contrast.
+Kernels differ (README "Kernel matrix"): on 6.1, 6.12 and sid the jbd2 fexit variant loads (on this
+host's 6.18 only the tracepoint one; on 5.10, without task storage, only the legacy one), and
+device-mapper accounts the split bios in its own /proc/diskstats: a dm-snapshot with 4 KiB chunks
+shows 8-sector requests on dm-N at any nomerges, so only the missed-merge counter and the bio sizes
+entering dm show the NVMe incident's contrast.
 """
 import contextlib
 import dataclasses
@@ -78,8 +79,14 @@ BLACKLIST = ("kvm", "kvm_amd", "kvm_intel", "iTCO_wdt", "iTCO_vendor_support", "
              "bochs", "drm_vram_helper", "powernow_k8", "acpi_cpufreq", "intel_rapl_msr", "intel_rapl_common",
              "aesni_intel", "ghash_clmulni_intel", "crc32_pclmul", "polyval_clmulni", "sha512_ssse3",
              "sha256_ssse3", "sha1_ssse3", "button", "qemu_fw_cfg")
-# Kernels by the name the tests use: the newest installed Debian package of each line
-KERNEL_GLOBS = {"6.1": "/boot/vmlinuz-6.1.0-*-amd64", "6.12": "/boot/vmlinuz-6.12.*+deb12-amd64"}
+# Kernels by the name the tests use: the newest installed of each line. 6.1 and 6.12 are Debian 12's
+# packages; 5.10 (Debian 11) and sid are unpacked from bullseye's and sid's by scripts/fetch-kernel.sh
+KERNEL_GLOBS = {"6.1": "/boot/vmlinuz-6.1.0-*-amd64", "6.12": "/boot/vmlinuz-6.12.*+deb12-amd64",
+                "5.10": "/boot/vmlinuz-5.10.0-*-amd64"}
+# Kernels by the file in which fetch-kernel.sh names the release it installed: sid's changes with each
+# upload (e.g. 7.2.13+deb14-amd64), its "+debN" with each Debian release
+KERNEL_MARKERS = {"sid": "/var/lib/blockstack-lab/kernels/sid"}
+KERNELS = ("6.1", "6.12", "5.10", "sid")
 LVM_CONF = """\
 # The VM lab's LVM configuration (vm.py): no udev in the guest, nothing written to /etc/lvm
 devices {
@@ -102,10 +109,17 @@ global {
 
 
 def kernel(name):
-    """'/boot/vmlinuz-...' of a kernel by name ('6.1', '6.12', or a path); FileNotFoundError naming
+    """'/boot/vmlinuz-...' of a kernel by name (one of KERNELS, or a path); FileNotFoundError naming
     the make target that installs it."""
     if name.startswith("/"):
         return name
+    if name in KERNEL_MARKERS:
+        with contextlib.suppress(OSError):
+            with open(KERNEL_MARKERS[name]) as f:
+                path = "/boot/vmlinuz-" + (f.read().split() or [""])[0]
+            if os.path.isfile(path):
+                return path
+        raise FileNotFoundError(f"no Debian {name} kernel (named in {KERNEL_MARKERS[name]}): run make vm-deps")
     found = sorted(glob.glob(KERNEL_GLOBS[name]), key=_version_key)
     if not found:
         raise FileNotFoundError(f"no Debian {name} kernel ({KERNEL_GLOBS[name]}): run make vm-deps")
@@ -116,7 +130,7 @@ def _version_key(path):
     return [int(n) for n in re.findall(r"\d+", os.path.basename(path))]
 
 
-def missing(kernels=("6.1", "6.12")):
+def missing(kernels=KERNELS):
     """What the VM lab needs and cannot find here, each naming the make target that provides it."""
     problems = [] if os.geteuid() == 0 else ["needs root (QEMU's 9p view of the host's root)"]
     if not os.access(VNG, os.X_OK):
@@ -186,7 +200,7 @@ class Background:
 
 
 class Guest:
-    """One booted guest: kernel `kernel` ('6.1', '6.12' or a vmlinuz path) with `nvme` emulated NVMe
+    """One booted guest: kernel `kernel` (one of KERNELS or a vmlinuz path) with `nvme` emulated NVMe
     devices of `nvme_size` bytes each on fresh images, `memory` and `cpus`, the exporters' ports
     forwarded. `boot_timeout` bounds the boot (the agent answering: ~1 min on a quiet machine, up
     to 5 on a loaded one); `qemu_opts` are appended to QEMU's command line (e.g. other device
@@ -401,7 +415,8 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
         the background, on its real devices with the guest's lvm.conf; doctor(job) collects it.
         A minute under TCG on a busy machine: a scenario starts it while it waits for something."""
         # dmsetup under TCG on a busy machine can outlast the default 10 s (see exporter_commands)
-        argv = [DOCTOR, "--json", f"--path.lvmconf={GUEST_LVM_DIR}/lvm.conf", "--collector.dm.timeout=60", *args]
+        argv = [DOCTOR, "--json", f"--path.lvmconf={GUEST_LVM_DIR}/lvm.conf", "--collector.dm.timeout=60",
+                *([f"--collector.ebpf.status-file={self.ebpf_status_file}"] if self._probed() else []), *args]
         report = f"/tmp/blockstack-doctor-{secrets.token_hex(4)}.json"
         job = self.start(" ".join(shlex.quote(a) for a in argv) + f" > {report}")
         job.report = report
@@ -427,29 +442,53 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
             # (a host with ext4 mounted has it; a guest before its first mount has not)
             self._probe = self.start(f"modprobe ext4; SELECT_CONFIGS_TIMEOUT=300 "
                                      f"{os.path.join(REPO, 'ebpf-configs', 'select-configs.sh')} {EBPF_EXPORTER} "
-                                     f"{EBPF_CONFIG_DIR}")
+                                     f"{EBPF_CONFIG_DIR} {self.ebpf_status_file}")
+
+    @property
+    def ebpf_status_file(self):
+        """select-configs.sh's status of each set in the guest (its directory is shared with the
+        host read-write): blockstack-exporter and the doctor in the guest read it."""
+        return os.path.join(self.dir, "ebpf-status.tsv")
 
     def ebpf_configs(self, timeout=1200):
-        """The ebpf_exporter configs the guest's kernel loads (ebpf-configs/select-configs.sh run
-        there: on 6.1 and 6.12 block_io,jbd2_credit_wait_fexit)."""
+        """The ebpf_exporter configs the guest's kernel loads, comma-separated ("" if none:
+        ebpf_exporter is then not started), from ebpf-configs/select-configs.sh run there: the
+        README's kernel table."""
         if self._ebpf_configs is None:
             self.probe_ebpf_configs()
             rc, output = self._probe.wait(timeout)
-            # its warnings (stderr) first, the configs (stdout) on the last line
+            if rc != 0 or not os.path.exists(self.ebpf_status_file):
+                raise GuestError(f"select-configs.sh failed in the guest (exit {rc}): {output}")
+            # its warnings (stderr) first, the configs (stdout) on the last line, empty if none
             lines = [line for line in output.splitlines() if line.strip()]
-            if rc != 0 or not lines or lines[-1].startswith("select-configs:"):
-                raise GuestError(f"no ebpf_exporter config loads in the guest (select-configs.sh exit {rc}): {output}")
-            if lines[:-1]:
-                self.say("vm: select-configs.sh in the guest: " + " ".join(lines[:-1]))
-            self._ebpf_configs = lines[-1].strip()
-            self.say(f"vm: ebpf_exporter configs that load on {self.release}: {self._ebpf_configs}")
+            warnings = [line for line in lines if line.startswith("select-configs:")]
+            if warnings:
+                self.say("vm: select-configs.sh in the guest: " + " ".join(warnings))
+            self._ebpf_configs = lines[-1].strip() if lines and not lines[-1].startswith("select-configs:") else ""
+            self.say(f"vm: ebpf_exporter configs that load on {self.release}: {self._ebpf_configs or 'none'}")
         return self._ebpf_configs
+
+    def _probed(self):
+        """Whether select-configs.sh ran (or runs) in the guest; waits for its answer."""
+        if self._probe is None and self._ebpf_configs is None:
+            return False
+        self.ebpf_configs()
+        return True
+
+    def ebpf_status(self):
+        """{set: (config or "", {variant: error})} of select-configs.sh's run in the guest."""
+        self.ebpf_configs()
+        with open(self.ebpf_status_file) as f:
+            rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+        return {name: ("" if chosen == "-" else chosen,
+                       dict(x.split(": ", 1) for x in failures.split("; ") if ": " in x)) for name, chosen, failures in rows}
 
     def exporter_commands(self, ebpf_configs=None):
         """{component: argv} of the stack's exporters (Stack.commands: the same flags as `make up`),
         listening on the guest's address instead of 127.0.0.1."""
         stack = Stack(os.path.join(self.dir, "guest-stack"), components=GUEST_EXPORTERS, ports=EXPORTER_PORTS,
-                      ebpf_configs=ebpf_configs or self.ebpf_configs())
+                      ebpf_configs=self.ebpf_configs() if ebpf_configs is None else ebpf_configs)
+        stack.ebpf_status_file, stack.kernel_release = self.ebpf_status_file, self.release
         listen = "--web.listen-address=127.0.0.1:"
         commands = {c: [a.replace(listen, f"--web.listen-address={GUEST_ADDRESS}:") for a in argv]
                     for c, (argv, _, _) in stack.commands().items()}
@@ -497,6 +536,7 @@ class HostStack(Stack):
 
     def __init__(self, guest, workdir, servers=("receiver", "alertmanager", "prometheus"), host=None, **kw):
         ports = {c: guest.ports[c] for c in GUEST_EXPORTERS}
+        kw.setdefault("ebpf_configs", guest.ebpf_configs())  # the guest's kernel's, not this host's
         super().__init__(workdir, host=host or f"vm-{guest.kernel_name}",
                          components=[*GUEST_EXPORTERS, *servers], ports=ports, **kw)
 

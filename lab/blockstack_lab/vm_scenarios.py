@@ -2,7 +2,7 @@
 guest, run the exporters there and the servers with the project's rules on the host, and report
 what the user sees (the page at the receiver, its text) and what the exporters report.
 
-    python -m blockstack_lab.vm_scenarios [KERNEL ...]      (make vm-lab; default 6.1 6.12)
+    python -m blockstack_lab.vm_scenarios [KERNEL ...]      (make vm-lab; default 5.10 6.1 6.12 sid)
 
 The NVMe incident (docs/incidents, "nomerges=2 under an LVM snapshot on NVMe"): volume group vg0 on
 nvme0n1, logical volume vg0/lv with ext4 and a 200 MiB file, a classic snapshot vg0/snap of it
@@ -13,7 +13,7 @@ cannot: 8-sector requests, each one a refused merge, and the collapse page on nv
 takes 112 MiB of writes after the snapshot is taken (its COW store 44 % used), and blockstack-doctor
 runs in the guest in both states.
 
-Kernels differ in what diskstats shows of the snapshot: on 6.1 and 6.12 dm accounts the split
+Kernels differ in what diskstats shows of the snapshot: on every kernel of the matrix (5.10 on) dm accounts the split
 bios, so the snapshot's dm-N shows 8-sector requests at either nomerges (the write-up's iostat,
 dm at 512 over nvme at 8, is an older kernel's); only nvme0n1's request size, the missed-merge
 counter and the split counter show the contrast.
@@ -35,6 +35,16 @@ from .view import StackView
 MNT_ORIGIN, MNT_SNAP = "/tmp/blockstack-lv", "/tmp/blockstack-snap"
 DATA_MIB = 200
 SERVERS = ("receiver", "alertmanager", "prometheus")  # on the host
+# What ebpf-configs/select-configs.sh chooses on each kernel of the matrix (the README's kernel
+# table, which tests/test_docs.py holds to this): block_io needs bpf_loop() (5.17), fexit on jbd2
+# needs BTF for modules (5.11) and a kernel that allows trampolines, jbd2_credit_wait the 6.2+
+# ext4 tracepoints.
+EXPECTED_CONFIGS = {
+    "5.10": "block_io_immediate,jbd2_credit_wait_legacy",
+    "6.1": "block_io,jbd2_credit_wait_fexit",
+    "6.12": "block_io,jbd2_credit_wait_fexit",
+    "sid": "block_io,jbd2_credit_wait_fexit",
+}
 # The snapshot's stack in the guest (vgcreate makes nvme0n1 a PV: each LVM command costs seconds under TCG)
 SNAPSHOT_SETUP = f"""set -e
 vgcreate -q vg0 /dev/nvme0n1
@@ -51,6 +61,13 @@ mount /dev/vg0/snap {MNT_SNAP}
 # 4 KiB chunk copied to the COW store, which ends ~44 % used (the doctor's COW finding from 40 %)
 COW_MIB = 112
 ORIGIN_WRITES = f"dd if=/dev/zero of=/dev/vg0/lv bs=1M seek={512 - COW_MIB} count={COW_MIB} oflag=direct status=none"
+# A synchronous writer on its own small ext4 (a loop device on the guest's tmpfs, not nvme0n1):
+# every 4 KiB write starts a jbd2 handle, so the credit-wait histogram counts on every kernel
+JBD2_IMAGE, JBD2_MNT = "/tmp/blockstack-jbd2.img", "/tmp/blockstack-jbd2"
+JBD2_WRITES = (f"set -e; modprobe loop; truncate -s 64M {JBD2_IMAGE}; dev=$(losetup -f --show {JBD2_IMAGE}); "
+               f"mkfs.ext4 -q -E lazy_itable_init=0,lazy_journal_init=0,nodiscard $dev; mkdir -p {JBD2_MNT}; "
+               f"mount $dev {JBD2_MNT}; dd if=/dev/zero of={JBD2_MNT}/sync bs=4k count=300 oflag=dsync status=none; "
+               f"echo ${{dev#/dev/}}")
 # Buffered reads of the file through the snapshot, from the device every pass
 SNAPSHOT_READS = (f"while :; do echo 1 > /proc/sys/vm/drop_caches; "
                   f"dd if={MNT_SNAP}/data of=/dev/null bs=1M status=none; done")
@@ -77,6 +94,8 @@ class Outcome:
     page_seconds: float = None          # nomerges 0 -> 2 to the page at the receiver
     pages: list = dataclasses.field(default_factory=list)   # every firing page after the onset
     facts: dict = dataclasses.field(default_factory=dict)   # what the exporters reported
+    configs: str = ""                   # the ebpf_exporter configs the kernel loads (select-configs.sh)
+    ebpf_status: dict = dataclasses.field(default_factory=dict)  # {set: (config, {variant: error})}
     healthy_lineup: dict = dataclasses.field(default_factory=dict)
     sick_lineup: dict = dataclasses.field(default_factory=dict)
     doctor: dict = dataclasses.field(default_factory=dict)  # "healthy"/"sick" -> (exit status, JSON report)
@@ -162,6 +181,14 @@ def counter_increase(view, metric, device, seconds):
         f' host_devno:blockstack_device:info{{device="{device}"}})', 0.0)
 
 
+def counter_value(view, metric, device):
+    """An ebpf_exporter counter's value on `device` (a device the scenario made: all its counts are
+    the scenario's), named through the rules' device map as counter_increase does."""
+    return view.prometheus.value(
+        f'sum({metric} * on (host, devno) group_left (device) host_devno:blockstack_device:info{{device="{device}"}})',
+        0.0)
+
+
 def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
     """The NVMe incident on a booted guest (vm.Guest with nvme >= 1): the snapshot stack, the
     exporters in the guest, the servers on the host; `healthy` seconds (timing.healthy) at
@@ -196,6 +223,14 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
         procs.wait_until("the snapshot's COW use in Prometheus",
                          lambda: latest(view, "blockstack_dm_snapshot_cow_used_bytes"), 240, interval=2)
         out.facts = exporter_facts(view)
+        out.configs, out.ebpf_status = guest.ebpf_configs(), guest.ebpf_status()
+        jbd2_dev = guest.run(JBD2_WRITES, timeout=300).stdout.split()[-1]
+        out.facts["jbd2_waits"] = procs.wait_until(
+            f"jbd2 credit waits on {jbd2_dev} in Prometheus",
+            lambda: counter_value(view, "ebpf_exporter_jbd2_credit_wait_seconds_count", jbd2_dev) or None,
+            60, interval=2) if "jbd2" in out.configs else 0.0
+        say(f"vm: configs {out.configs or 'none'}; {out.facts['jbd2_waits']:.0f} jbd2 credit waits counted on "
+            f"{jbd2_dev} (300 synchronous writes)")
         say(f"vm: healthy lineup (nomerges=0): {_lineup(out.healthy_lineup)}")
         phases.end("reads seen")
         if healthy:
@@ -296,7 +331,7 @@ def run(kernel, healthy=True, timing=None, say=print):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="The NVMe incident on Debian's kernels in the VM lab")
-    ap.add_argument("kernels", nargs="*", default=["6.1", "6.12"])
+    ap.add_argument("kernels", nargs="*", default=list(EXPECTED_CONFIGS))
     ap.add_argument("--healthy-seconds", type=float, default=Timing.healthy)
     args = ap.parse_args(argv)
     if not vm.ready(args.kernels):
@@ -305,14 +340,15 @@ def main(argv=None):
     for k in args.kernels:
         o = run(k, timing=Timing(healthy=args.healthy_seconds), say=vm.say)
         good = not o.healthy_pages and o.page_seconds is not None and len(o.pages) == 1
+        good &= o.configs == EXPECTED_CONFIGS.get(k, o.configs)
         ok &= good
-        rows.append(f"| NVMe incident (LVM snapshot 4 KiB chunks on nvme0n1) | {o.release} | page "
+        rows.append(f"| NVMe incident (LVM snapshot 4 KiB chunks on nvme0n1) | {o.release} | {o.configs or 'none'} | page "
                     f"BlockStackMergeCollapse on nvme0n1 at nomerges=2, none at 0 | "
                     f"{'; '.join(f'{p.alertname} on {p.device}' for p in o.pages) or 'no page'}"
                     f"{'; healthy: ' + ', '.join(p.alertname for p in o.healthy_pages) if o.healthy_pages else ''} | "
                     f"{o.page_seconds:.0f} | {o.healthy_seconds / 60:.1f} | boot {o.boot_seconds:.0f} s |")
-    print("\n| scenario | kernel | expected | observed | onset→page s | healthy min watched | |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| scenario | kernel | configs | expected | observed | onset→page s | healthy min watched | |")
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0 if ok else 1
 

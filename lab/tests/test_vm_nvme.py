@@ -1,14 +1,18 @@
 """The VM tier (pytest -m vm): the NVMe incident on a real LVM snapshot over emulated NVMe, on
-Debian's own 6.12 kernel booted under QEMU/TCG (blockstack_lab/vm.py, vm_scenarios.py), with the
+Debian's own kernels booted under QEMU/TCG (blockstack_lab/vm.py, vm_scenarios.py), with the
 exporters in the guest and Prometheus (the project's rules), Alertmanager and the page receiver on
-the host: >= 3 minutes of snapshot reads at nomerges=0 without a page, then nomerges=2 pages once.
+the host: snapshot reads at nomerges=0 without a page, then nomerges=2 pages once. Every set of
+BPF programs loads, as the variant the README's kernel table names (vm_scenarios.EXPECTED_CONFIGS),
+and counts: missed merges at nomerges=2 and not at 0, splits, jbd2 credit waits.
 blockstack-doctor, run in the guest in each state, names the snapshot's settings by their LVM
-names and nomerges=2 on nvme0n1. The kernel matrix: 6.12 here, 6.1 in test_vm_stacks.py (one
-guest each keeps the tier within its minutes). Under TCG on a busy machine dmsetup in the guest
-often outlasts its share of the exporter's scrape deadline, so some scrapes lack the snapshot's
-series: the page and the facts read them as of the last scrape that had them (last_over_time), or
-the page lost its "Snapshot vg0/snap" sentence. The test boots its own guest and checks that
-nothing of it is left behind."""
+names and nomerges=2 on nvme0n1.
+
+The kernel matrix (make test-kernels runs all four): make test boots the oldest, Debian 11's 5.10,
+with a minute healthy, and the newest, Debian sid's, with 3 minutes; 6.1 runs the stacks
+(test_vm_stacks.py). Under TCG on a busy machine dmsetup in the guest often outlasts its share of
+the exporter's scrape deadline, so some scrapes lack the snapshot's series: the page and the facts
+read them as of the last scrape that had them (last_over_time), or the page lost its "Snapshot
+vg0/snap" sentence. Each test boots its own guest and checks that nothing of it is left behind."""
 import os
 import subprocess
 import time
@@ -19,12 +23,13 @@ from blockstack_lab import vm, vm_scenarios
 
 pytestmark = [pytest.mark.vm, pytest.mark.root, pytest.mark.servers]
 
-
-@pytest.fixture
-def vm_prerequisites():
-    problems = vm.missing()
-    if problems:
-        pytest.fail("the VM tier needs: " + "; ".join(problems))
+# (kernel, seconds healthy) of make test; make test-kernels sets BLOCKSTACK_VM_KERNELS=all
+KERNELS = [("5.10", 60), ("sid", 180)]
+ALL_KERNELS = [("5.10", 180), ("6.1", 180), ("6.12", 180), ("sid", 180)]
+# The page within this many seconds of the onset (nomerges 0 -> 2). The product's goal is 40 s at a
+# 5 s scrape interval (README), measured per kernel in BENCHMARKS.md; a loaded TCG guest's
+# exporters answer late, so the test allows half as much again.
+PAGE_SECONDS = 60
 
 
 def _qemu_of(directory):
@@ -32,8 +37,8 @@ def _qemu_of(directory):
     return out.split()
 
 
-KERNEL = "6.12"
-HEALTHY_SECONDS = 180
+def _kernels():
+    return ALL_KERNELS if os.environ.get("BLOCKSTACK_VM_KERNELS") == "all" else KERNELS
 
 
 def findings(doctor, check):
@@ -42,10 +47,14 @@ def findings(doctor, check):
     return {f["device"]: f for f in report["findings"] if f["check"] == check}
 
 
-def test_nvme_incident(vm_prerequisites, tmp_path):
+@pytest.mark.parametrize("kernel, healthy", _kernels(), ids=[k for k, _ in _kernels()])
+def test_nvme_incident(kernel, healthy, tmp_path):
+    problems = vm.missing([kernel])
+    if problems:
+        pytest.fail("the VM tier needs: " + "; ".join(problems))
     started = time.monotonic()
-    guest = vm.Guest(KERNEL, nvme=1, say=vm.say)
-    timing = vm_scenarios.Timing(healthy=HEALTHY_SECONDS)
+    guest = vm.Guest(kernel, nvme=1, say=vm.say)
+    timing = vm_scenarios.Timing(healthy=healthy)
     with guest:
         directory = guest.dir
         o = vm_scenarios.nvme_incident(guest, str(tmp_path / "stack"), timing, say=vm.say)
@@ -53,12 +62,17 @@ def test_nvme_incident(vm_prerequisites, tmp_path):
     # torn down: no QEMU, no image
     assert not os.path.exists(directory)
     assert not _qemu_of(directory)
-    print(f"\n{KERNEL} ({o.release}): boot {o.boot_seconds:.0f} s, then {dict(o.phases)}, power-off "
+    print(f"\n{kernel} ({o.release}): boot {o.boot_seconds:.0f} s, then {dict(o.phases)}, power-off "
           f"{time.monotonic() - closing:.0f} s; {time.monotonic() - started:.0f} s in all; healthy "
-          f"{o.healthy_seconds:.0f} s, onset->page {o.page_seconds:.0f} s; {o.facts}")
+          f"{o.healthy_seconds:.0f} s, onset->page {o.page_seconds:.0f} s; configs {o.configs}; {o.ebpf_status}; "
+          f"{o.facts}")
+
+    # every set of BPF programs loads, as the variant the README's kernel table names
+    assert o.configs == vm_scenarios.EXPECTED_CONFIGS[kernel], o.ebpf_status
+    assert o.facts["jbd2_waits"] >= 100, o.facts  # 300 synchronous writes, a handle each at least
 
     # healthy: snapshot reads merged back on nvme0n1, no page at all
-    assert o.healthy_seconds >= HEALTHY_SECONDS
+    assert o.healthy_seconds >= healthy
     assert not o.healthy_pages, [(p.alertname, p.device) for p in o.healthy_pages]
     rate, sectors = o.healthy_lineup["nvme0n1"]["read"]
     assert sectors >= 64, o.healthy_lineup
@@ -71,6 +85,7 @@ def test_nvme_incident(vm_prerequisites, tmp_path):
     assert "nomerges=2" in page.annotations["description"], page.annotations
     rate, sectors = o.sick_lineup["nvme0n1"]["read"]
     assert sectors <= 16, o.sick_lineup
+    assert o.page_seconds <= PAGE_SECONDS, o.page_seconds
 
     # what the exporters in the guest report of the stack
     f, dm = o.facts, o.facts["dm_names"]

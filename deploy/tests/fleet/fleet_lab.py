@@ -17,6 +17,7 @@ Everything is undone on exit, also on failure: processes, namespaces, bridge, mo
 """
 import contextlib
 import os
+import shutil
 import subprocess
 import types
 
@@ -89,7 +90,9 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
                        probe(health, auth=admin, ca=secrets.ca), 60)
 
         # -- agent role in each namespace ----------------------------------------------------
-        ebpf_configs = ebpf_config_names()
+        # one probe for the hosts, which share this kernel; each agent's exporter reads its status
+        ebpf_status = os.path.join(workdir, "ebpf-status.tsv")
+        ebpf_configs = ebpf_config_names(status_file=ebpf_status)
         agents = {}
         starters = {}
         for h, host in fleet_hosts.items():
@@ -97,6 +100,8 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
             agent = agents[h] = Agent(os.path.join(workdir, h), h, central.alertmanager_addresses(), host_secrets[h],
                                       replicas=replicas.get(h, ("A",)), listen=host.address, devices=devices,
                                       scrape_interval=scrape_interval, ebpf_configs=ebpf_configs)
+            os.makedirs(os.path.dirname(agent.exporters.ebpf_status_file), exist_ok=True)
+            shutil.copy(ebpf_status, agent.exporters.ebpf_status_file)
             agent.render()
             for name, (argv, env, health) in agent.commands().items():
                 starters[(h, name)] = (netns.argv_in_net(host.ns, argv), env, health,
