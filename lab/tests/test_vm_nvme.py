@@ -7,12 +7,13 @@ and counts: missed merges at nomerges=2 and not at 0, splits, jbd2 credit waits.
 blockstack-doctor, run in the guest in each state, names the snapshot's settings by their LVM
 names and nomerges=2 on nvme0n1.
 
-The kernel matrix (make test-kernels runs all four): make test boots the oldest, Debian 11's 5.10,
-with a minute healthy, and the newest, Debian sid's, with 3 minutes; 6.1 runs the stacks
-(test_vm_stacks.py). Under TCG on a busy machine dmsetup in the guest often outlasts its share of
-the exporter's scrape deadline, so some scrapes lack the snapshot's series: the page and the facts
-read them as of the last scrape that had them (last_over_time), or the page lost its "Snapshot
-vg0/snap" sentence. Each test boots its own guest and checks that nothing of it is left behind."""
+The kernel matrix (make test-kernels runs all four, 3 minutes healthy each): make test boots the
+oldest, Debian 11's 5.10, with 30 s healthy, and the newest, Debian sid's, with 2 minutes; 6.1
+runs the stacks (test_vm_stacks.py). Under TCG on a busy machine dmsetup in the guest often
+outlasts its share of the exporter's scrape deadline, so some scrapes lack the snapshot's series:
+the page and the facts read them as of the last scrape that had them (last_over_time), or the page
+lost its "Snapshot vg0/snap" sentence. Each test boots its own guest and checks that nothing of it
+is left behind."""
 import os
 import subprocess
 import time
@@ -23,8 +24,10 @@ from blockstack_lab import vm, vm_scenarios
 
 pytestmark = [pytest.mark.vm, pytest.mark.root, pytest.mark.servers]
 
-# (kernel, seconds healthy) of make test; make test-kernels sets BLOCKSTACK_VM_KERNELS=all
-KERNELS = [("5.10", 60), ("sid", 180)]
+# (kernel, seconds healthy) of make test, short enough for its 30 minutes on a fresh machine (the
+# VM tier beside the rest took 17 min with 60 and 180 s); make test-kernels
+# (BLOCKSTACK_VM_KERNELS=all) watches every kernel 3 minutes healthy
+KERNELS = [("5.10", 30), ("sid", 120)]
 ALL_KERNELS = [("5.10", 180), ("6.1", 180), ("6.12", 180), ("sid", 180)]
 # The page within this many seconds of the onset (nomerges 0 -> 2). The product's goal is 40 s at a
 # 5 s scrape interval (README), measured per kernel in BENCHMARKS.md; a loaded TCG guest's
