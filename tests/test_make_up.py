@@ -156,6 +156,10 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
         # faults: kill each component once; the supervisor restarts it
         # up to 10 s ago: a scrape in flight (stamped when it started, stored when it ends; a
         # scrape times out after its 5 s interval) would add a sample to the range after this query
+        # the device's first samples at least 10 s old (three at the 5 s interval): on a quiet machine
+        # the lines above take less than that since the device was made
+        procs.wait_until("10 s of the device's samples", lambda: prometheus.query(
+            f'count_over_time(node_disk_reads_completed_total{{device="{name}"}}[1m]) >= 3'), 60)
         first_sample_time = time.time() - 10
         samples_query = (f'node_disk_reads_completed_total{{device="{name}"}}', first_sample_time - 60,
                          first_sample_time, 1)
