@@ -38,6 +38,7 @@ import urllib.request
 
 import yaml
 
+from blockstack_exporter.collectors.ebpf import parse_status
 from blockstack_rules import knobs
 
 from . import alert_gate, fleet_auth, grafana, pki
@@ -235,16 +236,16 @@ def ebpf_summary(stack):
     """Lines for make up's summary on the BPF program sets that did not load on this kernel: the
     collapse page rests on the block set, so a host without it must say so (so does the alert
     BlockStackCollapseEvidenceMissing, from blockstack-exporter's blockstack_ebpf_set_loaded)."""
-    lines = []
     try:
         with open(stack.ebpf_status_file or "") as f:
-            rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
-    except OSError:
-        return lines
-    for row in rows:
-        name, chosen, failures = (row + ["", ""])[:3]
-        if chosen == "-":
+            rows = parse_status(f.read())
+    except (OSError, ValueError):
+        return []
+    lines = []
+    for name, chosen, errors in rows:
+        if not chosen:
             blind = " (the collapse page cannot fire on this host)" if name == "block" else ""
+            failures = "; ".join(f"{variant}: {error}" for variant, error in errors.items())
             lines.append(f"  WARNING: no {name} BPF programs load on this kernel{blind}: {failures}")
     if not stack.runs_ebpf:
         lines.append(f"  {'ebpf_exporter':<14} not started: nothing to load ({stack.ebpf_status_file})")

@@ -55,6 +55,7 @@ import time
 from blockstack_deploy import procs
 from blockstack_deploy.paths import VENV_BIN
 from blockstack_deploy.stack import EBPF_CONFIG_DIR, EBPF_EXPORTER, REPO, Stack
+from blockstack_exporter.collectors.ebpf import parse_status
 
 VNG = os.path.join(REPO, ".venv", "bin", "vng")
 AGENT = os.path.join(REPO, "lab", "blockstack_lab", "vm_agent.py")
@@ -479,9 +480,7 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
         """{set: (config or "", {variant: error})} of select-configs.sh's run in the guest."""
         self.ebpf_configs()
         with open(self.ebpf_status_file) as f:
-            rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
-        return {name: ("" if chosen == "-" else chosen,
-                       dict(x.split(": ", 1) for x in failures.split("; ") if ": " in x)) for name, chosen, failures in rows}
+            return {name: (chosen, errors) for name, chosen, errors in parse_status(f.read())}
 
     def exporter_commands(self, ebpf_configs=None):
         """{component: argv} of the stack's exporters (Stack.commands: the same flags as `make up`),
