@@ -4,6 +4,7 @@ ebpf_exporter, blockstack-exporter publishes select-configs.sh's status (the ale
 BlockStackCollapseEvidenceMissing reads it), and the summary warns that no collapse can page."""
 import os
 
+import pytest
 import yaml
 
 from blockstack_deploy import roles
@@ -38,6 +39,7 @@ def test_nothing_loads_the_rest_runs_and_says_so(tmp_path):
     assert "ebpf_exporter  not started" in summary and "http://127.0.0.1:9435" not in summary
 
 
+@pytest.mark.built  # the ebpf command names ebpf_exporter (make ebpf-build)
 def test_part_loads_ebpf_runs_what_loads(tmp_path):
     role = standalone(tmp_path, "block_io_immediate", "block\tblock_io_immediate\tblock_io: bpf_loop\njbd2\t-\t\n")
     cmds = role.commands()
