@@ -30,7 +30,7 @@ deps:
 
 ## venv: Python virtual environment with the exporter, the stack model (deploy/), the rules and dashboard generators, the lab kit and test tools
 venv: $(VENV)/.stamp
-PACKAGES := exporters deploy lab alerts alerts/receiver dashboards
+PACKAGES := httpd exporters deploy lab alerts alerts/receiver dashboards
 # Third-party packages only from requirements.txt, each checked against its sha256 (--require-hashes,
 # wheels only: no build step fetches anything unchecked); then the project's own packages, editable,
 # with no dependency resolution and the locked setuptools (their dependencies are in the lock:
@@ -208,6 +208,11 @@ generate: venv
 .PHONY: dashboard-screenshot
 dashboard-screenshot: deps venv ebpf-build grafana
 	@$(VPY) dashboards/tools/screenshot.py
+
+## dashboard-screenshot-ranges: after the lab's collapses, the dashboard at 15 min and 24 h, to docs/dashboard-15m.png and docs/dashboard-24h.png (root, ~4 minutes)
+.PHONY: dashboard-screenshot-ranges
+dashboard-screenshot-ranges: deps venv ebpf-build grafana
+	@$(VPY) dashboards/tools/screenshot.py --ranges
 
 ## dashboard-screenshot-vm: the same during the NVMe incident in the VM lab (LVM snapshot over NVMe, Debian VM_SHOT_KERNEL), to docs/dashboard-vm.png (root, ~6-10 minutes)
 VM_SHOT_KERNEL ?= 6.1

@@ -29,7 +29,7 @@ rule {
 rule {
   match {
     kind = "alerting"
-    name = "BlockStackWatchdog|BlockStackNotificationsFailing|BlockStackRuleEvaluationFailing|BlockStackReceiverWriteFailing"
+    name = "BlockStackWatchdog|BlockStackNotificationsFailing|BlockStackRuleEvaluationFailing|BlockStackReceiverWriteFailing|BlockStackHeartbeatStale|BlockStackPrometheusTSDBFailing"
   }
   // reason: "redundant field with default value": their `for:` is a knob of alerts/config.yml
   // (watchdog_for, pager_failing_for) whose value is 0s; the line stays so that an operator who

@@ -56,6 +56,12 @@ CONFIG = {
 SEVERITY_COLOURS = {"critical": "red", "warning": "orange", "info": "blue"}
 HEALTHY = "green"
 INFO, WARNING = SEVERITY_COLOURS["info"], SEVERITY_COLOURS["warning"]
+# Series colours. Red is the alarm's (the collapse pages' bands, the pages' floors, a critical
+# finding), so no ordinary series may take it, as Grafana's classic palette gives the fifth one: a
+# series is a shade of blue, and on the lineup each layer keeps one colour in every panel (by the
+# L<depth> of LAYER_LEGEND; writes dashed).
+SERIES_COLOURS = {"mode": "shades", "fixedColor": "blue"}
+LAYER_COLOURS = ["blue", "purple", "yellow", "green", "super-light-blue", "super-light-purple"]
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'host="$host", device=~"$device"'
@@ -95,6 +101,11 @@ DEVICE_QUERY = """query_result(max by (device) (
 # The ebpf_exporter configs whose histograms the quantile panels read (bucket bounds).
 BLOCK_IO = os.path.join(os.path.dirname(HERE), "ebpf-configs", "block_io.yaml")
 JBD2 = os.path.join(os.path.dirname(HERE), "ebpf-configs", "jbd2_credit_wait.yaml")
+
+
+# Pixels the alert name column keeps: 8 per character of the longest name
+# (BlockStackPrometheusNotConnectedToAlertmanagers, 47) and the cell's padding.
+ALERT_NAME_WIDTH = 400
 
 
 # --- Small helpers ---------------------------------------------------------------------------------
@@ -139,11 +150,13 @@ def legend_table(calcs=("mean", "max", "lastNotNull"), placement=cm.LegendPlacem
             .placement(placement).show_legend(True).calcs(list(calcs)))
 
 
-def ts(title, description, targets, unit, w=12, h=8, **kw):
+def ts(title, description, targets, unit, w=12, h=9, no_value="No data in this time range", **kw):
+    """A time series panel with its legend as a table on the right, where every series has a row
+    (a legend beneath a graph gets at most a third of the panel's height: 2 or 3 rows)."""
     p = (timeseries.Panel().title(title).description(description).datasource(DS)
-         .unit(unit).span(w).height(h).line_width(2).fill_opacity(10)
-         # narrow panels: the legend beneath the graph, else it leaves no room for the lines
-         .legend(legend_table(placement=cm.LegendPlacement.RIGHT if w >= 12 else cm.LegendPlacement.BOTTOM))
+         .unit(unit).span(w).height(h).line_width(2).fill_opacity(10).no_value(no_value)
+         .color_scheme(db.FieldColor().mode(SERIES_COLOURS["mode"]).fixed_color(SERIES_COLOURS["fixedColor"]))
+         .legend(legend_table())
          .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
                                          .sort(cm.SortOrder.DESCENDING)))
     for t in targets:
@@ -160,21 +173,32 @@ def ts(title, description, targets, unit, w=12, h=8, **kw):
     return p
 
 
-def heat(title, description, target, unit, w=8, h=8, repeat=True):
+def layer_colours(p):
+    """Each layer's colour (LAYER_COLOURS) on a panel whose legends carry L<depth>; writes dashed."""
+    for depth, colour in enumerate(LAYER_COLOURS):
+        p = p.override_by_regexp(f".*\\bL{depth} .*", [prop("color", {"mode": "fixed", "fixedColor": colour})])
+    return p.override_by_regexp(".* write$", [prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})])
+
+
+def heat(title, description, target, unit, w=8, h=8, repeat=True, cell_unit="reqps"):
+    """A heatmap of histogram buckets, `target` only where there were observations (observed()): an
+    empty one says "No data" (Grafana 12's heatmap shows its own words, not a noValue), where buckets
+    of zeros drew an empty colour scale, "∞undefined req/s ... -∞undefined req/s"."""
     p = (heatmap.Panel().title(title).description(description).datasource(DS).span(w).height(h)
          .with_target(target).calculate(False)
          .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Oranges")
                 .scale(hm.HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64))
          .y_axis(heatmap.YAxisConfig().unit(unit).decimals(0))
-         .cell_values(heatmap.CellValues().unit("reqps"))
+         .cell_values(heatmap.CellValues().unit(cell_unit))
          .show_legend().show_tooltip().show_y_histogram().max_data_points(120))
     if repeat:
         p = p.repeat("device").repeat_direction("h")
     return p
 
 
-def stat_panel(title, description, targets, unit, w=6, h=4, thresholds=None):
+def stat_panel(title, description, targets, unit, w=6, h=4, thresholds=None, no_value="No data"):
     p = (stat.Panel().title(title).description(description).datasource(DS).unit(unit).span(w).height(h)
+         .no_value(no_value)
          .graph_mode(cm.BigValueGraphMode.NONE).color_mode(cm.BigValueColorMode.BACKGROUND)
          .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
     for t in targets:
@@ -231,6 +255,11 @@ def alert_panels(k):
         .with_transformation(organize(exclude=["Time", "Value", "__name__", "alertstate", "job", "instance"],
                                       order=["alertname", "severity", "host", "device"]))
         .no_value("No alert is firing for this stack.")
+        # a page's row in its severity's colour (red: critical), its name in full
+        .override_by_name("severity", [
+            prop("mappings", [m.to_json() for m in value_map({s: (s, c) for s, c in SEVERITY_COLOURS.items()})]),
+            prop("custom.cellOptions", {"type": "color-background", "mode": "basic", "applyToRow": True})])
+        .override_by_name("alertname", [prop("custom.minWidth", ALERT_NAME_WIDTH)])
         # a host-wide alert has no device or operation: its cells empty, not the panel's empty state
         .override_by_name("device", [prop("noValue", "")]).override_by_name("operation", [prop("noValue", "")]),
         findings_panel(k),
@@ -314,7 +343,8 @@ def stack_table(k):
              "disk, where a snapshot's COW syncs cost seeks (LVM2 write-up: writes 20-30x slower)."))
     for t in targets:
         p = p.with_target(t)
-    p = (p.with_transformation(merge())
+    p = (p.no_value("No device: this stack has no layer blockstack-exporter knows (pick a stack above)")
+         .with_transformation(merge())
          .with_transformation(organize(
              exclude=["Time", "host", "Value #A", "Value #E"],
              rename={"Value #B": "nomerges", "Value #C": "max_sectors_kb", "Value #D": "max_hw_sectors_kb",
@@ -346,61 +376,95 @@ def lineup_panels(k):
     size = ts(
         "Average request size per layer (upper vs lower)",
         "Average request size in 512-byte sectors per layer and operation (iostat avgrq-sz), from node_exporter "
-        "diskstats; L0 is the top of the stack, higher L numbers sit beneath it. Healthy: every layer of a sequential "
-        "read carries about the same size (NVMe incident, healthy: dm-3, dm-1 and nvme1n1 all at 512.00; the lab's "
-        "loop devices: ~256). Sick: the top stays large while a lower layer drops to 8 sectors (one 4 KiB page) - "
-        "the incident: dm-3 at 512 over dm-1 and nvme1n1 at 8.00, 3000 r/s for 12 MB/s, %util 100. The dashed line "
-        f"is the collapse threshold ({k['collapse_max_sectors']} sectors); red marks are collapse pages.",
-        [q(per_layer(f"host_device_operation:node_disk_request_size_sectors:avg{{{SEL}}}"), legend=LAYER_LEGEND)],
-        "none", w=12, h=9, min=1, log=2,
-        thresholds=steps((None, "transparent"), (k["collapse_max_sectors"], "red")))
+        "diskstats, weighted by requests over each interval of the graph (a collapse's flood of small requests "
+        "pulls it down at every range); L0 is the top of the stack, higher L numbers sit beneath it. Healthy: every "
+        "layer of a sequential read carries about the same size (NVMe incident, healthy: dm-3, dm-1 and nvme1n1 all "
+        "at 512.00; the lab's loop devices: ~256). Sick: the top stays large while a lower layer drops to 8 sectors "
+        "(one 4 KiB page) - the incident: dm-3 at 512 over dm-1 and nvme1n1 at 8.00, 3000 r/s for 12 MB/s, %util "
+        f"100. The dashed line is the collapse threshold ({k['collapse_max_sectors']} sectors); red marks are "
+        "collapse pages.",
+        [q(per_layer(f"{weighted('host_device_operation:node_disk_bytes:rate', 'host_device_operation:node_disk_completed:rate')}"
+                     " / 512"), legend=LAYER_LEGEND)],
+        "suffix: sectors", min=1, log=2, thresholds=steps((None, "transparent"), (k["collapse_max_sectors"], "red")))
     iops = ts(
         "IOPS per layer",
-        "Requests completed per second per device and operation (iostat r/s, w/s). Healthy: a lower layer "
-        "completes about as many requests as the layer above it (NVMe incident, healthy: 409.6 r/s on every layer for "
-        "104857 kB/s). Sick: the lower layer's IOPS explode while throughput falls (3000 r/s on nvme1n1 for 12000 kB/s).",
-        [q(f"host_device_operation:node_disk_completed:rate{{{SEL}}}", legend="{{device}} {{operation}}")],
-        "iops", w=8)
+        "Requests completed per second per layer and operation (iostat r/s, w/s), averaged over each interval of the "
+        "graph. Healthy: a lower layer completes about as many requests as the layer above it (NVMe incident, "
+        "healthy: 409.6 r/s on every layer for 104857 kB/s). Sick: the lower layer's IOPS explode while throughput "
+        "falls (3000 r/s on nvme1n1 for 12000 kB/s).",
+        [q(per_layer(f"avg_over_time(host_device_operation:node_disk_completed:rate{{{SEL}}}{INTERVAL})"),
+           legend=LAYER_LEGEND)],
+        "iops", min=0)
     tput = ts(
         "Throughput per layer",
-        "Bytes per second per device and operation (iostat rkB/s, wkB/s). Healthy: the same bytes flow through each "
-        "layer (104857 kB/s on nvme1n1, dm-1 and dm-0 in the NVMe incident). Sick: throughput drops by an order of "
-        "magnitude on every layer at once while IOPS rise (12000 kB/s, 27x slower reads).",
-        [q(f"host_device_operation:node_disk_bytes:rate{{{SEL}}}", legend="{{device}} {{operation}}")],
-        "Bps", w=8)
+        "Bytes per second per layer and operation (iostat rkB/s, wkB/s), averaged over each interval of the graph. "
+        "Healthy: the same bytes flow through each layer (104857 kB/s on nvme1n1, dm-1 and dm-0 in the NVMe "
+        "incident). Sick: throughput drops by an order of magnitude on every layer at once while IOPS rise "
+        "(12000 kB/s, 27x slower reads).",
+        [q(per_layer(f"avg_over_time(host_device_operation:node_disk_bytes:rate{{{SEL}}}{INTERVAL})"),
+           legend=LAYER_LEGEND)],
+        "Bps", min=0)
+    merged, completed = "host_device_operation:node_disk_merged:rate", "host_device_operation:node_disk_completed:rate"
     ratio = ts(
         "Merge ratio per layer",
-        "Share of submitted I/Os merged into another request: merged / (merged + completed), iostat %rrqm / 100. "
-        "Healthy: close to 1 on a layer that receives a sequential stream of small bios (64 4-KiB bios merged into one "
-        "256 KiB request = 0.98). Sick: 0 on the layer that should merge (nomerges=2: btrace shows no M events, every "
-        "8-sector request is issued on its own).",
-        [q(f"host_device_operation:node_disk_merge_ratio:ratio{{{SEL}}}", legend="{{device}} {{operation}}")],
-        "percentunit", w=8, min=0, max=1)
+        "Share of submitted I/Os merged into another request: merged / (merged + completed) over each interval of "
+        "the graph, iostat %rrqm / 100. Healthy: close to 1 on a layer that receives a sequential stream of small "
+        "bios (64 4-KiB bios merged into one 256 KiB request = 0.98). Sick: 0 on the layer that should merge "
+        "(nomerges=2: btrace shows no M events, every 8-sector request is issued on its own).",
+        [q(per_layer(f"{over(merged)}\n  / (({over(merged)} + {over(completed)}) > 0)"), legend=LAYER_LEGEND)],
+        "percentunit", min=0, max=1)
     refused = layer_rate(
-        "Refused merges per layer",
+        "Refused merges per layer, peak per interval",
         "New requests made for a bio contiguous with a request of the same device and operation still waiting in the "
         "queue, where a merge would have fitted (ebpf_exporter, ebpf_exporter_block_rq_missed_merges_total): the merges "
-        "the layer refused. Layers with I/O only. Healthy: ~0 (sequential I/O is merged before issue; random I/O is "
-        "never adjacent). Sick: about equal to the layer's IOPS - nomerges=2 refuses every merge (the NVMe incident's "
-        f"3000 8-sector r/s on nvme1n1). The dashed line is the page's floor ({k['missed_merges_min_rate']}/s).",
+        f"the layer refused. Each point is the highest {k['rate_window']} rate within its interval of the graph, so a collapse of a "
+        "minute shows at its height over 24 h too. Layers with I/O only. Healthy: ~0 (sequential I/O is merged before "
+        "issue; random I/O is never adjacent). Sick: about equal to the layer's IOPS - nomerges=2 refuses every merge "
+        f"(the NVMe incident's 3000 8-sector r/s on nvme1n1). The dashed line is the page's floor "
+        f"({k['missed_merges_min_rate']}/s).",
         "host_device_operation:ebpf_block_rq_missed_merges:rate", k["missed_merges_min_rate"])
     splits = layer_rate(
-        "Splits per layer",
+        "Splits per layer, peak per interval",
         "Pieces split off bios to fit the layer's limits (max_sectors_kb, segments; ebpf_exporter, "
-        "ebpf_exporter_block_bio_splits_total): each is an extra request. Layers with I/O only. Healthy: 0 when "
-        "bios fit, or a few large pieces (a 1 MiB write cut at 128 KiB); a dm snapshot splits every bio into "
-        "chunks (51,200 splits per 200 MiB at 4 KiB chunks, merged back beneath when nomerges=0). Sick: about "
-        "the layer's IOPS in tiny pieces (max_sectors_kb=4: 127 of every 128 requests). The dashed line is the "
-        f"page's floor ({k['split_min_rate']}/s).",
+        f"ebpf_exporter_block_bio_splits_total): each is an extra request. Each point is the highest {k['rate_window']} rate within "
+        "its interval of the graph. Layers with I/O only. Healthy: 0 when bios fit, or a few large pieces (a 1 MiB "
+        "write cut at 128 KiB); a dm snapshot splits every bio into chunks (51,200 splits per 200 MiB at 4 KiB "
+        "chunks, merged back beneath when nomerges=0). Sick: about the layer's IOPS in tiny pieces "
+        f"(max_sectors_kb=4: 127 of every 128 requests). The dashed line is the page's floor ({k['split_min_rate']}/s).",
         "host_device_operation:ebpf_block_bio_splits:rate", k["split_min_rate"])
-    return [size, refused, splits, iops, tput, ratio]
+    return [layer_colours(p) for p in (size, refused, splits, iops, tput, ratio)]
+
+
+# The interval of the graph that starts at each point (the step, from the point on): each sample falls in
+# one. Grafana aligns a range's end down to a multiple of the step, so a window ending at each point
+# never reaches the latest, partial interval (at 24 h the last 2 minutes: a collapse under way would not
+# show); a point shows its interval, drawn at its start.
+INTERVAL = "[$__interval] offset -$__interval"
+
+
+def over(record):
+    """sum_over_time of a recorded rate over each interval of the graph (weighted())."""
+    return f"sum_over_time({record}{{{SEL}}}{INTERVAL})"
+
+
+def weighted(numerator, denominator):
+    """numerator / denominator of two recorded rates over each whole interval of the graph: an average
+    weighted by the denominator's events. The rules' 20 s windows sampled at the graph's step would show
+    one window per step and miss what happens between (over 24 h, at a 2-minute step, one in 6)."""
+    return f"{over(numerator)}\n  / ({over(denominator)} > 0)"
+
+
+def peak(record):
+    """A recorded rate's highest value within each interval of the graph (INTERVAL): the peak per
+    interval, at every range."""
+    return f"max_over_time({record}{{{SEL}}}{INTERVAL})"
 
 
 def layer_rate(title, description, record, floor):
-    """A narrow lineup panel: the recording rule `record` (events per second) per layer with I/O, and a
-    dashed red line at the page's floor."""
-    return ts(title, description, [q(per_layer(with_traffic(f"{record}{{{SEL}}}")), legend=LAYER_LEGEND)],
-              "reqps", w=6, h=9, min=0, thresholds=steps((None, "transparent"), (floor, "red")))
+    """A lineup panel: the peak per interval of the recording rule `record` (events per second) per
+    layer with I/O, and a dashed red line at the page's floor."""
+    return ts(title, description, [q(per_layer(with_traffic(peak(record))), legend=LAYER_LEGEND)],
+              "reqps", min=0, thresholds=steps((None, "transparent"), (floor, "red")))
 
 
 LAYER_LEGEND = "L{{depth}} {{name}} {{operation}}"
@@ -412,24 +476,31 @@ def per_layer(expr):
 
 
 def with_traffic(expr):
-    """expr for the devices and operations that issued requests (ebpf_exporter, block_rq_issue), 0 where
-    it has no series (an ebpf_exporter counter appears only once it counts), and wherever expr is above 0:
-    a bio-based device (dm, md) issues no requests of its own, yet splits bios (a dm snapshot every one)."""
-    issued = f"host_device_operation:ebpf_block_rq:rate{{{SEL}}}"
+    """expr for the devices and operations that issued requests (ebpf_exporter, block_rq_issue) in the
+    interval, 0 where it has no series (an ebpf_exporter counter appears only once it counts), and
+    wherever expr is above 0: a bio-based device (dm, md) issues no requests of its own, yet splits bios
+    (a dm snapshot every one)."""
+    issued = peak("host_device_operation:ebpf_block_rq:rate")
     return f"(\n  ({expr} or {issued} * 0)\n    and on (host, device, operation) ({issued} > 0)\n  or {expr} > 0\n)"
 
 
-def ebpf_rate(k, metric, extra=""):
+def ebpf_rate(k, metric, extra="", window="$__rate_interval"):
     """rate() of an ebpf_exporter series, named: its series carry the device number (devno), and
     the rules' device map (host_devno:blockstack_device:info) gives the device's name now."""
-    return (f'rate({metric}{{{k["ebpf_selector"]}, host="$host"{extra}}}[$__rate_interval])'
+    return (f'rate({metric}{{{k["ebpf_selector"]}, host="$host"{extra}}}[{window}])'
             f' * on (host, devno) group_left (device) host_devno:blockstack_device:info{{{SEL}}}')
+
+
+def peak_quantile(q, buckets, name, config=BLOCK_IO):
+    """in_range(q, buckets) at its highest within each interval of the graph: a subquery at the
+    evaluation interval of the rates in `buckets` (over the rules' window), so that a p99 of a slow
+    minute keeps its height over 24 h (a rate over the whole interval would dilute it)."""
+    return f"max_over_time({in_range(q, buckets, name, config)}[$__interval:] offset -$__interval)"
 
 
 def distribution_panels(k):
     def buckets(metric, extra=""):
-        return q(f"sum by (le) ({ebpf_rate(k, metric + '_bucket', extra)})", legend="{{le}}",
-                 fmt=pm.PromQueryFormat.HEATMAP)
+        return q(observed(ebpf_rate(k, metric + '_bucket', extra)), legend="{{le}}", fmt=pm.PromQueryFormat.HEATMAP)
 
     bio = heat(
         "Bio size at submission - $device",
@@ -452,12 +523,13 @@ def distribution_panels(k):
         "saturates (snapshot case: up to 24.8 ms, 98% of requests slower, 64x as many requests: 131194 vs 2049).",
         buckets("ebpf_exporter_block_rq_latency_seconds", ', stage="service"'), "s")
     def quantile(q, stage):
-        rate = ebpf_rate(k, "ebpf_exporter_block_rq_latency_seconds_bucket", f', stage="{stage}"')
-        return per_layer(in_range(q, f"sum by (host, device, le) ({rate})", "block_rq_latency_seconds"))
+        rate = ebpf_rate(k, "ebpf_exporter_block_rq_latency_seconds_bucket", f', stage="{stage}"', k["rate_window"])
+        return per_layer(peak_quantile(q, f"sum by (host, device, le) ({rate})", "block_rq_latency_seconds"))
     pcts = ts(
-        "Latency p50 / p99 per layer",
+        "Latency p50 / p99 per layer, peak per interval",
         "Per layer with requests (reads and writes together): p50 and p99 of service time (issue to complete) and p99 "
-        "of queue time (request made to issue; devices with an I/O scheduler only). A quantile is drawn only where "
+        f"of queue time (request made to issue; devices with an I/O scheduler only), over {k['rate_window']} windows "
+        "as the rules, each point the highest within its interval of the graph. A quantile is drawn only where "
         "it falls inside the histogram's range: one in the top bucket (all waits longer than its lower bound, "
         f"{histogram_top(BLOCK_IO, 'block_rq_latency_seconds'):g} s) has no value to draw. Healthy: p99 within a few "
         "ms on SSD/NVMe (NVMe incident, healthy max 5.9 ms). Sick: p99 climbs with the queue full of small requests "
@@ -465,8 +537,18 @@ def distribution_panels(k):
         [q(quantile(0.5, "service"), legend="p50 service L{{depth}} {{name}}", ref="A"),
          q(quantile(0.99, "service"), legend="p99 service L{{depth}} {{name}}", ref="B"),
          q(quantile(0.99, "queue"), legend="p99 queue L{{depth}} {{name}}", ref="C")],
-        "s", w=24, h=8, log=10)
+        "s", w=24, h=10, log=10)
+    # a layer's colour, p50 dotted and the queue's p99 dashed
+    pcts = (layer_colours(pcts).override_by_regexp("^p50 .*", [prop("custom.lineStyle", {"fill": "dot", "dash": [0, 10]})])
+            .override_by_regexp("^p99 queue .*", [prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})]))
     return [bio, rq, lat, pcts]
+
+
+def observed(rate):
+    """sum by (le) of a histogram's bucket rates, at the times some observation was made: an idle
+    range is then empty, and the heatmap says so (heat())."""
+    total = rate.replace("_bucket{", '_bucket{le="+Inf", ', 1)
+    return f"sum by (le) ({rate})\n  and on () (sum({total}) > 0)"
 
 
 def snapshot_panels(k):
@@ -478,9 +560,9 @@ def snapshot_panels(k):
         "snapshot (state invalid/overflow). Every first write to a chunk of the origin costs a COW copy that must be "
         "synced first (LVM2 write-up: writes 20-30x slower with a snapshot).",
         [q(f"host_device:blockstack_dm_snapshot_cow_used:ratio{{{SEL}}}", legend="{{name}}")],
-        "percentunit", w=8, min=0, max=1,
+        "percentunit", min=0, max=1,
         thresholds=steps((None, "transparent"), (k["snapshot_fill_min_used_ratio"], INFO),
-                         (k["snapshot_cow_used_warning_ratio"], WARNING))).no_value(NO_SNAPSHOT)
+                         (k["snapshot_cow_used_warning_ratio"], WARNING)), no_value=NO_SNAPSHOT)
     cow_bytes = ts(
         "Snapshot COW bytes used / size",
         "Bytes of the COW device in use (data and metadata) against its size. Healthy: used grows only with writes "
@@ -489,7 +571,7 @@ def snapshot_panels(k):
         "chunks took 625 s against 55 s with 512 KiB chunks.",
         [q(f"blockstack_dm_snapshot_cow_used_bytes{{{sel}}}", legend="used {{name}}", ref="A"),
          q(f"blockstack_dm_snapshot_cow_size_bytes{{{sel}}}", legend="size {{name}}", ref="B")],
-        "bytes", w=8, min=0).no_value(NO_SNAPSHOT)
+        "bytes", min=0, no_value=NO_SNAPSHOT)
     w = k["snapshot_fill_window"]
     ttf = ts(
         "Snapshot time until COW full",
@@ -498,7 +580,7 @@ def snapshot_panels(k):
         "becomes invalid.",
         [q(f"(blockstack_dm_snapshot_cow_size_bytes{{{sel}}} - blockstack_dm_snapshot_cow_used_bytes{{{sel}}})\n"
            f"  / (deriv(blockstack_dm_snapshot_cow_used_bytes{{{sel}}}[{w}]) > 0)", legend="{{name}}")],
-        "s", w=8, min=0).no_value(f"{NO_SNAPSHOT}, or none filling")
+        "s", min=0, no_value=f"{NO_SNAPSHOT}, or none filling")
     chunk = stat_panel(
         "Snapshot chunk size",
         "The unit a snapshot copies on first write and the size of the requests it sends down. Healthy for write "
@@ -528,22 +610,47 @@ def snapshot_panels(k):
 
 
 NO_SNAPSHOT = "No dm snapshot on this stack"
+# The mount options of the ext4 incident, first in the options table in this order: dioread_nolock
+# (made the default) or its fix dioread_lock, delalloc or its fix nodelalloc, then the journal's data
+# mode and commit interval, which decide how often it fills.
+EXT4_INCIDENT_OPTIONS = [["dioread_nolock", "dioread_lock"], ["delalloc", "nodelalloc"], ["data", "commit"]]
+
+
+def ext4_option_ranks():
+    """[(rank, options)] of EXT4_INCIDENT_OPTIONS, the first group highest; every other option is 1."""
+    return [(len(EXT4_INCIDENT_OPTIONS) + 1 - i, group) for i, group in enumerate(EXT4_INCIDENT_OPTIONS)]
 
 
 def ext4_panels(k):
     sel = f'{k["blockstack_selector"]}, {SEL}'
-    options = (table.Panel().title("ext4 effective mount options").datasource(DS).span(12).height(8)
+    # the incident's options first, marked: the query ranks them (EXT4_INCIDENT_OPTIONS), every other
+    # option 1, and the table sorts by the rank
+    by = "max by (host, device, mountpoint, option, value)"
+    ranked = [f'{by} (blockstack_ext4_option_info{{{sel}, option=~"{"|".join(group)}"}}) * {rank}'
+              for rank, group in ext4_option_ranks()]
+    rank_query = "\n  or ".join(ranked + [f"{by} (blockstack_ext4_option_info{{{sel}}})"])
+    options = (table.Panel().title("ext4 effective mount options").datasource(DS).span(12).height(9)
                .description(
                    "Every option in effect per ext4 filesystem of the stack, from /proc/fs/ext4/DEV/options (defaults "
-                   "included - /proc/mounts hides them, and the ext4 incident hid behind a default). dioread_nolock is "
-                   "highlighted: the default since Linux 5.6 (commit 244adf6426). Healthy: dioread_lock, or dioread_nolock with a "
-                   "journal large enough for the writers (credit waits below 1 ms). Sick: with dioread_nolock, fsync-heavy "
-                   "random buffered writes fell from 20,026 to 315 IOPS on a 128 MiB journal; the fixes were "
-                   "dioread_lock, nodelalloc (disables dioread_nolock) or a 1 GiB journal.")
-               .with_target(table_q(
-                   f"max by (host, device, mountpoint, option, value) (blockstack_ext4_option_info{{{sel}}})"))
-               .with_transformation(organize(exclude=["Time", "Value", "host"],
-                                             order=["device", "mountpoint", "option", "value"]))
+                   "included - /proc/mounts hides them, and the ext4 incident hid behind a default). The options of the "
+                   f"ext4 incident come first, marked ({', '.join(sum(EXT4_INCIDENT_OPTIONS, []))}; the journal's size is the "
+                   "panel beside); dioread_nolock is highlighted: the default since Linux 5.6 (commit 244adf6426). "
+                   "Healthy: dioread_lock, or dioread_nolock with a journal large enough for the writers (credit waits "
+                   "below 1 ms). Sick: with dioread_nolock, fsync-heavy random buffered writes fell from 20,026 to 315 "
+                   "IOPS on a 128 MiB journal; the fixes were dioread_lock, nodelalloc (disables dioread_nolock) or a "
+                   "1 GiB journal.")
+               .with_target(table_q(rank_query))
+               .with_transformation(organize(exclude=["Time", "host"], rename={"Value": "ext4 incident"},
+                                             order=["Value", "option", "value", "device", "mountpoint"]))
+               .with_transformation(dm.DataTransformerConfig(id_val="sortBy", options={
+                   "fields": {}, "sort": [{"field": "ext4 incident", "desc": True}]}))
+               .no_value("No ext4 filesystem on this stack")
+               # a value-less option's cell empty, not the panel's empty state
+               .override_by_name("value", [prop("noValue", "")])
+               .override_by_name("ext4 incident", [
+                   prop("mappings", [{"type": "range", "options": {"from": 2, "to": 1000, "result": {"text": "yes", "index": 0}}},
+                                     {"type": "value", "options": {"1": {"text": "", "index": 1}}}]),
+                   prop("custom.width", 110)])
                .override_by_name("option", [
                    prop("mappings", [m.to_json() for m in value_map({
                        "dioread_nolock": ("dioread_nolock", INFO), "dioread_lock": ("dioread_lock", "green"),
@@ -557,24 +664,27 @@ def ext4_panels(k):
         "rarely wait for credits (the ext4 incident was fixed by growing the journal from 128 MiB to 1 GiB). Sick: a "
         "small journal with dioread_nolock and long credit waits below.",
         [q(f"blockstack_ext4_journal_size_bytes{{{sel}}}", legend="{{device}} {{mountpoint}}")],
-        "bytes", w=12, h=8, thresholds=steps((None, INFO), (k["ext4_journal_good_bytes"], HEALTHY)))
+        "bytes", w=12, h=9, thresholds=steps((None, INFO), (k["ext4_journal_good_bytes"], HEALTHY)),
+        no_value="No ext4 filesystem on this stack")
     wait = heat(
         "jbd2 credit wait",
         "Time tasks wait for journal credits when starting a handle (add_transaction_credits), all ext4 filesystems "
         "of the stack. Healthy: the mass below 10 us (ext4 incident with dioread_lock: average 0.27 ms, mode "
         "0.5-4 us). Sick: a second mode at 8 ms - 1 s (with dioread_nolock: average 154 ms, waits up to 4 s).",
-        q(f"sum by (le) ({ebpf_rate(k, 'ebpf_exporter_jbd2_credit_wait_seconds_bucket')})",
-          legend="{{le}}", fmt=pm.PromQueryFormat.HEATMAP),
-        "s", w=12, h=8, repeat=False)
+        q(observed(ebpf_rate(k, 'ebpf_exporter_jbd2_credit_wait_seconds_bucket')), legend="{{le}}",
+          fmt=pm.PromQueryFormat.HEATMAP),
+        "s", w=12, h=9, repeat=False, cell_unit="ops")
+    jbd2_rate = ebpf_rate(k, 'ebpf_exporter_jbd2_credit_wait_seconds_bucket', window=k["jbd2_rate_window"])
     wait_p99 = ts(
-        "jbd2 credit wait p99 / average",
-        "p99 (drawn only below the histogram's top bucket) and average credit wait per filesystem device. Healthy: average well under 1 ms (0.27 ms in the ext4 "
-        "incident with dioread_lock). Sick: average ~154 ms (the incident with dioread_nolock and a 128 MiB journal); "
-        "p99 of hundreds of ms to seconds.",
-        [q(in_range(0.99, f"sum by (host, device, le) ({ebpf_rate(k, 'ebpf_exporter_jbd2_credit_wait_seconds_bucket')})",
-                    "jbd2_credit_wait_seconds", JBD2), legend="p99 {{device}}", ref="A"),
-         q(f"host_device:ebpf_jbd2_credit_wait_seconds:avg{{{SEL}}}", legend="average {{device}}", ref="B")],
-        "s", w=12, h=8, log=10)
+        "jbd2 credit wait p99 / average, peak per interval",
+        f"p99 (drawn only below the histogram's top bucket) and average credit wait per filesystem device over "
+        f"{k['jbd2_rate_window']} windows, as the rules, each point the highest within its interval of the graph. "
+        "Healthy: average well under 1 ms (0.27 ms in the ext4 incident with dioread_lock). Sick: average ~154 ms (the "
+        "incident with dioread_nolock and a 128 MiB journal); p99 of hundreds of ms to seconds.",
+        [q(peak_quantile(0.99, f"sum by (host, device, le) ({jbd2_rate})", "jbd2_credit_wait_seconds", JBD2),
+           legend="p99 {{device}}", ref="A"),
+         q(peak("host_device:ebpf_jbd2_credit_wait_seconds:avg"), legend="average {{device}}", ref="B")],
+        "s", log=10)
     tx = ts(
         "jbd2 transactions per second",
         "Journal transactions committed per second, and how many of them were requested (fsync and friends) rather "
@@ -586,7 +696,7 @@ def ext4_panels(k):
            ref="A"),
          q(f"rate(blockstack_jbd2_transactions_requested_total{{{sel}}}[$__rate_interval])",
            legend="requested {{journal}}", ref="B")],
-        "ops", w=12, h=8, min=0)
+        "ops", min=0)
     phases = ts(
         "jbd2 transaction phases (average since mount)",
         "Average time a transaction spends in each phase since mount (/proc/fs/jbd2/DEV/info), and the average commit "
@@ -595,7 +705,7 @@ def ext4_panels(k):
         "wait_transaction_locked).",
         [q(f"blockstack_jbd2_transaction_phase_average_seconds{{{sel}}}", legend="{{phase}} {{journal}}", ref="A"),
          q(f"blockstack_jbd2_commit_average_seconds{{{sel}}}", legend="commit {{journal}}", ref="B")],
-        "s", w=12, h=8, min=0)
+        "s", h=12, min=0)
     return [options, journal, wait, wait_p99, tx, phases]
 
 
@@ -603,8 +713,9 @@ def ext4_panels(k):
 
 def variables():
     ds = (db.DatasourceVariable("datasource").label("Data source").type("prometheus")
-          # value: the import input (replaced by the uid chosen on import, see INPUTS); a provisioned copy
-          # keeps the placeholder, matches no uid, and Grafana picks the option named `text` instead
+          # value: the import input, replaced by the uid chosen on import (see INPUTS) and, in the
+          # provisioned copy, by the provisioned datasource's (blockstack_deploy/grafana.py); left as
+          # is, it matches no datasource and Grafana would query its default one
           .current(dm.VariableOption(selected=True, text=CONFIG["datasource_name"], value="${DS_PROMETHEUS}")))
 
     def query_variable(name, label, query, description):

@@ -93,6 +93,7 @@ def main(argv=None):
         kept = [] if args.force else [n for n in KEPT if os.path.exists(os.path.join(state, n))]
         if not kept:
             shutil.rmtree(state, ignore_errors=True)
+            shutil.rmtree(roles.self_pages_dir(state), ignore_errors=True)
             print(f"removed {state}")
             return
         for name in os.listdir(state):

@@ -10,7 +10,7 @@ import pytest
 from blockstack_deploy import procs
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus", "grafana")
+COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "receiver-self", "alertmanager", "prometheus", "grafana")
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = sorted(p for p in ROOT.glob("**/*.md")
               if not any(part.startswith(".") or part in ("node_modules", "fixtures") for part in p.relative_to(ROOT).parts)
               and p != ROOT / "docs" / "metrics.md")
-PACKAGES = {"blockstack_exporter", "blockstack_deploy", "blockstack_lab", "blockstack_rules", "blockstack_dashboard"}
+PACKAGES = {"blockstack_exporter", "blockstack_deploy", "blockstack_lab", "blockstack_rules", "blockstack_dashboard", "blockstack_http"}
 
 
 def rules():

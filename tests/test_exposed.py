@@ -53,7 +53,7 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     # every listener: plain HTTP refused, TLS not trusted without our CA, 401 without or with a
     # wrong password, 200 with the generated one
     checks = {"prometheus": (prom + "/api/v1/query?query=up", "admin", password),
-              "alertmanager": (am + "/api/v2/silences", "admin", password),
+              "alertmanager": (am + "/api/v2/silences", "alertmanager", files.secret(os.path.join(secrets, "alertmanager-password"))),
               "grafana": (graf + "/api/datasources", "admin", grafana_password)}
     report = {}
     for name, (url, user, secret) in checks.items():
@@ -90,7 +90,7 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
 
     prometheus = Prometheus(prom, auth=("admin", password), ca=ca)
     # self-scrapes over TLS with the password: every target up
-    prometheus.wait_targets_up(count=7)
+    prometheus.wait_targets_up(count=8)
     # Grafana's provisioned datasource reaches Prometheus (basic auth + our CA)
     status, health = answer(graf + "/api/datasources/uid/blockstack-prometheus/health", "admin", grafana_password, ca=ca)
     assert status == 200 and json.loads(health)["status"] == "OK", health

@@ -7,12 +7,21 @@ to http://127.0.0.1:PORT/page or /ticket (--path); this appends
     {"notification": <the payload as sent>, "path": "/page", "received_at": <unix seconds>}
 
 to --file and answers 200, so a page is visible (`tail -f`) and testable. GET / and GET /healthz
-answer "ok", GET /metrics its own counters (Prometheus text format). POSTs to /watchdog (the
-always-firing BlockStackWatchdog) are counted, not written. Standard library only; listens on
-127.0.0.1 unless told otherwise.
+answer "ok", GET /metrics its own counters (Prometheus text format). Standard library only
+(blockstack_http is too); listens on 127.0.0.1 unless told otherwise.
 
-    python3 alerts/receiver/page_receiver.py --listen 127.0.0.1:9466 --file .state/config/pages.jsonl \
-        --token-file .state/secrets/receiver-token
+The heartbeat: a POST to /watchdog (the always-firing BlockStackWatchdog, about every minute) is
+written as pages are (append_line, fsynced; 503 and a write error counted when that fails) to a
+new file that then replaces HEARTBEAT_FILE beside the pages file: each heartbeat needs a free
+block of the pages' filesystem (an append could fit in the last block of a full one). Only once
+it is written does /metrics move
+blockstack_receiver_watchdog_last_seconds (BlockStackHeartbeatStale reads it) and, with
+--heartbeat-url-file, the receiver ping the off-host dead man's switch (a healthchecks.io-style
+URL, GET, off the request's thread): rule evaluation, Alertmanager, the notification and the
+durable write are proven every minute, or the switch pages.
+
+    .venv/bin/python alerts/receiver/page_receiver.py --listen 127.0.0.1:9466 --file .state/config/pages.jsonl \
+        --token-file .state/secrets/receiver-token [--heartbeat-url-file .state/secrets/heartbeat-url]
 
 What it takes and what it refuses:
 - 401 for a POST without `Authorization: Bearer <the token in --token-file>` (Alertmanager's
@@ -28,11 +37,15 @@ What it takes and what it refuses:
   string-valued `labels`). Alertmanager does not retry a 4xx: the error is in its log.
 - 411 without Content-Length, 413 past MAX_BODY (1 MiB: ~700 alerts of ~1.5 KB in one group;
   `max_alerts` on the webhook config keeps Alertmanager below it).
-- At most --connections connections at once (a thread each, 256 KiB of stack), further ones wait
-  in the listen backlog (1024); of those, at most --workers authorized requests read their body
-  at once. A connection that sends nothing (or only a request line) holds a thread, not a
-  worker: 200 of them do not delay a page. Each connection (HTTP/1.0, one request) must arrive
-  whole within --request-timeout seconds, or it is dropped (408 when the headers came). Memory:
+- The connections are httpd/blockstack_http.py's (its docstring says what they get): each
+  (HTTP/1.0, one request) must arrive whole, body included, within --request-timeout seconds, or
+  it is dropped (408 when the headers came); 400 for a malformed request line or header, no
+  HTTP/0.9; nothing is written for a request cut off. At most --connections connections at once
+  (a thread each, 256 KiB of stack); at that number the one sending its request the longest is
+  closed for a new one, so connections held open by any local user never stop the accept loop
+  (a page arrives in one go and is not the one closed). Of those, at most --workers authorized
+  requests read their body at once: a connection that sends nothing (or only a request line)
+  holds a thread, not a worker. Memory:
   at most workers x MAX_BODY of bodies (held as they arrive, not as announced) and one
   notification decoded at a time.
 - Rotation: before a line would take the file past --max-bytes, the file is renamed to FILE.1
@@ -43,7 +56,6 @@ import argparse
 import collections
 import contextlib
 import hmac
-import io
 import json
 import math
 import os
@@ -53,11 +65,15 @@ import sys
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import urllib.request
+
+import blockstack_http
 
 DEFAULT_LISTEN = "127.0.0.1:9466"
 WEBHOOK_PATHS = ("/page", "/ticket")  # the receivers of alerts/alertmanager.yml
-WATCHDOG_PATH = "/watchdog"  # the dead-man's-switch receiver's local default: counted, not written
+WATCHDOG_PATH = "/watchdog"  # the dead-man's-switch receiver: the heartbeat (Heartbeat)
+HEARTBEAT_FILE = "heartbeat.jsonl"  # in the pages file's directory
+PING_TIMEOUT = 10.0  # seconds for the dead man's switch to answer a ping
 MAX_BODY = 1 << 20
 WORKERS = 32
 CONNECTIONS = 1024
@@ -146,31 +162,72 @@ def append_line(path, line, max_bytes=None, backups=BACKUPS):
         os.close(fd)
 
 
-class _DeadlineReader(io.RawIOBase):
-    """A socket's bytes, each recv given only what is left of the request's time."""
+class Heartbeat:
+    """The watchdog's proof: when a heartbeat was last written to `path`, and, with `url`, a ping of
+    the off-host dead man's switch after each one (on a thread of its own, one at a time: a slow
+    switch never holds a page; pings due meanwhile become one)."""
 
-    def __init__(self, sock, deadline):
-        self.sock, self.deadline = sock, deadline
+    def __init__(self, path, url=None):
+        self.path, self.url = path, url
+        self.started = time.time()
+        self.written_at = self.pinged_at = 0.0
+        self.pings = collections.Counter({"ok": 0, "failed": 0})
+        self._due = threading.Event()
+        if url:
+            threading.Thread(target=self._pinger, name="heartbeat-ping", daemon=True).start()
 
-    def readable(self):
-        return True
+    def write(self, line):
+        """line (bytes) as the heartbeat file's content: appended to a new file (append_line, fsynced),
+        which then replaces the last one; the previous heartbeat holds its block until then."""
+        new = self.path + ".new"
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(new)
+            append_line(new, line)
+            os.replace(new, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(new)
+            raise
 
-    def readinto(self, buf):
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("request not received in time")
-        self.sock.settimeout(left)
-        return self.sock.recv_into(buf)
+    def written(self, at):
+        self.written_at = at
+        self._due.set()
+
+    def _pinger(self):
+        while True:
+            self._due.wait()
+            self._due.clear()
+            try:
+                with urllib.request.urlopen(self.url, timeout=PING_TIMEOUT) as answer:
+                    answer.read(1 << 16)
+                self.pinged_at, result = time.time(), "ok"
+            except (OSError, ValueError) as e:  # urllib's HTTPError and URLError are OSErrors
+                result = "failed"
+                sys.stderr.write(f"could not ping the dead man's switch: {e}\n")  # not the URL: it is the secret
+            self.pings[result] += 1
+
+    def metrics(self):
+        lines = ["# HELP blockstack_receiver_watchdog_last_seconds Unix time of the last heartbeat (watchdog notification) "
+                 "written to the heartbeat file (0: none since the start).",
+                 "# TYPE blockstack_receiver_watchdog_last_seconds gauge",
+                 f"blockstack_receiver_watchdog_last_seconds {self.written_at}",
+                 "# HELP blockstack_receiver_heartbeat_pings_total Pings of the off-host dead man's switch, by result.",
+                 "# TYPE blockstack_receiver_heartbeat_pings_total counter"]
+        lines += [f'blockstack_receiver_heartbeat_pings_total{{result="{r}"}} {n}' for r, n in sorted(self.pings.items())]
+        lines += ["# HELP blockstack_receiver_heartbeat_ping_last_seconds Unix time of the last ping the switch answered (0: none).",
+                  "# TYPE blockstack_receiver_heartbeat_ping_last_seconds gauge",
+                  f"blockstack_receiver_heartbeat_ping_last_seconds {self.pinged_at}",
+                  "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
+                  "# TYPE process_start_time_seconds gauge",
+                  f"process_start_time_seconds {self.started}"]
+        return lines
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(blockstack_http.Handler):
     server_version = "blockstack-page-receiver/2"
-
-    def setup(self):
-        super().setup()
-        self.rfile.close()
-        deadline = time.monotonic() + self.server.request_timeout
-        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
+    body_methods = ("POST",)  # a POST is whole once _read has its body
+    reply_seconds = REPLY_TIMEOUT
 
     def do_GET(self):
         path = urllib.parse.urlsplit(self.path).path
@@ -221,20 +278,24 @@ class Handler(BaseHTTPRequestHandler):
         if len(body) < length:
             return 400, b"body shorter than Content-Length\n"
         with self.server.lock:  # one notification decoded and written at a time
-            if path == WATCHDOG_PATH:
-                self.server.watchdog_at = time.time()
-                return 200, b"ok\n"
             try:
                 record = {"received_at": time.time(), "path": path, "notification": decode(body)}
                 line = json.dumps(record, sort_keys=True, allow_nan=False) + "\n"
             except (NotWebhook, RecursionError) as e:
                 return 400, f"not a webhook notification: {e}\n".encode()
+            heartbeat = path == WATCHDOG_PATH
+            out_path = self.server.heartbeat.path if heartbeat else self.server.out_path
             try:
-                append_line(self.server.out_path, line.encode(), self.server.max_bytes, self.server.backups)
+                if heartbeat:
+                    self.server.heartbeat.write(line.encode())
+                else:
+                    append_line(out_path, line.encode(), self.server.max_bytes, self.server.backups)
             except OSError as e:
                 self.server.write_errors += 1
-                self.log_error("could not write %s: %s", self.server.out_path, e)
+                self.log_error("could not write %s: %s", out_path, e)
                 return 503, f"could not write the notification: {e}\n".encode()
+            if heartbeat:
+                self.server.heartbeat.written(record["received_at"])
         return 200, b"ok\n"
 
     def _read(self, length, keep=True):
@@ -247,6 +308,8 @@ class Handler(BaseHTTPRequestHandler):
             length -= len(chunk)
             if keep:
                 body += chunk
+        if length == 0:
+            self.arrived()
         return body
 
     def _reply(self, code, body, content_type="text/plain"):
@@ -261,23 +324,24 @@ class Handler(BaseHTTPRequestHandler):
         sys.stderr.write("%s %s\n" % (self.address_string(), fmt % args))
 
 
-class Server(ThreadingHTTPServer):
-    request_queue_size = 1024  # listen backlog: a burst of connections waits here instead of being reset
+class Server(blockstack_http.Server):
+    daemon_threads = False  # server_close waits for the requests in flight (a page being written)
 
     def __init__(self, address, out_path, paths=WEBHOOK_PATHS, workers=WORKERS, request_timeout=REQUEST_TIMEOUT,
-                 token=None, connections=CONNECTIONS, max_bytes=MAX_BYTES, backups=BACKUPS, statfs=()):
+                 token=None, connections=CONNECTIONS, max_bytes=MAX_BYTES, backups=BACKUPS, statfs=(), heartbeat_url=None):
         """token: the bearer token every POST must carry (None: no check, for in-process tests).
-        statfs: directories whose filesystem's free space /metrics reports (the pages file's is one)."""
-        super().__init__(address, Handler)
+        statfs: directories whose filesystem's free space /metrics reports (the pages file's is one).
+        heartbeat_url: the off-host dead man's switch pinged after each heartbeat written (Heartbeat)."""
+        super().__init__(address, Handler, max_connections=connections, request_seconds=request_timeout)
         self.out_path, self.paths, self.request_timeout = out_path, frozenset(paths), request_timeout
         self.token = token.encode() if token else None
         self.max_bytes, self.backups = max_bytes, backups
         self.statfs = list(dict.fromkeys([os.path.dirname(os.path.abspath(out_path)), *statfs]))
         self.lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(workers)
-        self.connections = threading.BoundedSemaphore(connections)
         self.answers = collections.Counter()  # (path, code) -> requests
-        self.write_errors, self.watchdog_at = 0, 0.0
+        self.write_errors = 0
+        self.heartbeat = Heartbeat(os.path.join(os.path.dirname(os.path.abspath(out_path)), HEARTBEAT_FILE), heartbeat_url)
 
     def authorized(self, header):
         if self.token is None:
@@ -294,16 +358,13 @@ class Server(ThreadingHTTPServer):
         """The receiver's own metrics, Prometheus text format: what it answered, whether it can
         write, how full its filesystems are, when the watchdog last arrived."""
         with self.lock:
-            answers, errors, watchdog = sorted(self.answers.items()), self.write_errors, self.watchdog_at
+            answers, errors, heartbeat = sorted(self.answers.items()), self.write_errors, self.heartbeat.metrics()
         lines = ["# HELP blockstack_receiver_requests_total POST requests answered, by path and HTTP status.",
                  "# TYPE blockstack_receiver_requests_total counter"]
         lines += [f'blockstack_receiver_requests_total{{path="{p}",code="{c}"}} {n}' for (p, c), n in answers]
         lines += ["# HELP blockstack_receiver_write_errors_total Notifications that could not be written to the pages file (answered 503).",
                   "# TYPE blockstack_receiver_write_errors_total counter",
-                  f"blockstack_receiver_write_errors_total {errors}",
-                  "# HELP blockstack_receiver_watchdog_last_seconds Unix time of the last watchdog notification (0: none yet).",
-                  "# TYPE blockstack_receiver_watchdog_last_seconds gauge",
-                  f"blockstack_receiver_watchdog_last_seconds {watchdog}"]
+                  f"blockstack_receiver_write_errors_total {errors}", *heartbeat]
         for name, help_text in (("avail", "Bytes free to unprivileged users"), ("size", "Size")):
             lines += [f"# HELP blockstack_receiver_filesystem_{name}_bytes {help_text} of the filesystem holding path.",
                       f"# TYPE blockstack_receiver_filesystem_{name}_bytes gauge"]
@@ -315,20 +376,6 @@ class Server(ThreadingHTTPServer):
                 value = st.f_bavail * st.f_frsize if name == "avail" else st.f_blocks * st.f_frsize
                 lines.append(f'blockstack_receiver_filesystem_{name}_bytes{{path="{_escape(path)}"}} {value}')
         return "\n".join(lines) + "\n"
-
-    def process_request(self, request, client_address):
-        self.connections.acquire()  # a free thread, or wait (the connection stays in the backlog meanwhile)
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.connections.release()
-            raise
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.connections.release()
 
 
 def _escape(value):
@@ -373,7 +420,16 @@ def main(argv=None):
                    help="a directory whose filesystem's free space /metrics reports, repeatable (the file's is always reported)")
     p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT,
                    help="seconds for a whole request to arrive (default %(default)s)")
+    p.add_argument("--heartbeat-url-file",
+                   help="file holding the URL of an off-host dead man's switch (healthchecks.io, Uptime Kuma push, "
+                        "dead_mans_switch.py), fetched after each heartbeat written")
     args = p.parse_args(argv)
+    heartbeat_url = None
+    if args.heartbeat_url_file:
+        with open(args.heartbeat_url_file) as f:
+            heartbeat_url = f.read().strip()
+        if urllib.parse.urlsplit(heartbeat_url).scheme not in ("http", "https"):
+            raise SystemExit(f"{args.heartbeat_url_file}: not an http(s) URL")
     os.makedirs(os.path.dirname(os.path.abspath(args.file)), exist_ok=True)
     with open(args.token_file) as f:
         token = f.read().strip()
@@ -382,7 +438,7 @@ def main(argv=None):
     threading.stack_size(256 << 10)  # a thread per connection: 1024 idle ones stay small
     server = serve(args.listen, args.file, paths=args.paths or WEBHOOK_PATHS, workers=args.workers,
                    request_timeout=args.request_timeout, token=token, connections=args.connections,
-                   max_bytes=args.max_bytes, backups=args.backups, statfs=args.statfs)
+                   max_bytes=args.max_bytes, backups=args.backups, statfs=args.statfs, heartbeat_url=heartbeat_url)
     sys.stderr.write(f"listening on {args.listen}, writing {args.file}\n")
     # SIGTERM (supervisord, systemd) ends serve_forever and server_close waits for the requests in
     # flight; killed by SIGTERM's default action instead, a write of several pages could be cut.

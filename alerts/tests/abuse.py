@@ -13,6 +13,7 @@ kit (`make venv`); starts each receiver on a free 127.0.0.1 port and stops it af
 import argparse
 import collections
 import contextlib
+import errno
 import http.client
 import json
 import os
@@ -29,6 +30,20 @@ from blockstack_deploy import procs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = page_receiver.__file__
+
+
+def fill(directory, limit):
+    """Fill the filesystem of directory with the file `filler` (4 KiB at a time, `limit` bytes at
+    the most: a test's small tmpfs); its path. Fails the test if the limit came first."""
+    filler = os.path.join(directory, "filler")
+    with open(filler, "wb", buffering=0) as f:
+        for _ in range(limit // 4096 + 1):
+            try:
+                f.write(b"\0" * 4096)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+                return filler
+    raise AssertionError(f"{directory}: a filesystem of at most {limit} bytes took more")
 
 
 def notification(size=None, alertname="BlockStackMergeCollapse", status="firing"):
@@ -66,6 +81,41 @@ def receiver(out_file, *args, script=SCRIPT, log_path=None):
             argv.append(f"--token-file={token.name}")
         with procs.running(argv, health_url=f"http://127.0.0.1:{port}/healthz", log_path=log_path) as proc:
             yield port, proc
+
+
+SWITCH = os.path.join(os.path.dirname(SCRIPT), "dead_mans_switch.py")
+
+
+@contextlib.contextmanager
+def dead_mans_switch(directory, timeout):
+    """alerts/receiver/dead_mans_switch.py (the stand-in for an off-host switch) on a free port,
+    paging after `timeout` seconds without a ping; its token, events and log in `directory`.
+    Yields (the ping URL, a file holding it for --heartbeat-url-file, port, events file)."""
+    directory = os.path.abspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    port, token = procs.free_port(), os.urandom(16).hex()
+    paths = {name: os.path.join(directory, name) for name in ("token", "url", "events.jsonl", "switch.log")}
+    url = f"http://127.0.0.1:{port}/ping/{token}"
+    for name, text in (("token", token), ("url", url)):
+        with open(paths[name], "w") as f:
+            f.write(text + "\n")
+    argv = [sys.executable, SWITCH, f"--listen=127.0.0.1:{port}", f"--token-file={paths['token']}",
+            f"--timeout={timeout}", f"--file={paths['events.jsonl']}"]
+    with procs.running(argv, health_url=f"http://127.0.0.1:{port}/healthz", log_path=paths["switch.log"]):
+        yield url, paths["url"], port, paths["events.jsonl"]
+
+
+def switch_status(port):
+    return json.loads(procs.http_get(f"http://127.0.0.1:{port}/status"))
+
+
+def switch_events(events_file):
+    """The switch's pages ("down") and resolves ("up"), oldest first."""
+    try:
+        with open(events_file) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
 
 
 def post(port, body, path="/page", method="POST", headers=None, timeout=60):

@@ -178,7 +178,11 @@ def test_amtool_check_config(servers):
     (["severity=warning", "alertname=BlockStackNomergesBeneathStack", "host=db1"], "ticket"),
     (["severity=info", "alertname=BlockStackMaxSectorsLow", "host=db1"], "ticket"),
     (["severity=info", "alertname=BlockStackWatchdog", "host=db1"], "deadmansswitch"),
-    (["severity=critical", "alertname=BlockStackNotificationsFailing", "host=db1", "integration=webhook"], "page"),
+    (["severity=critical", "alertname=BlockStackNotificationsFailing", "host=db1", "integration=webhook"], "pagerself,page"),
+    (["severity=critical", "alertname=BlockStackHeartbeatStale", "host=db1"], "pagerself,page"),
+    (["severity=warning", "alertname=BlockStackPrometheusTSDBFailing", "host=db1"], "pagerself,ticket"),
+    (["severity=warning", "alertname=BlockStackPrometheusErrorSendingAlerts", "host=db1"], "pagerself,ticket"),
+    (["severity=critical", "alertname=BlockStackEvidenceExporterDown", "host=db1", "job=ebpf"], "page"),
 ])
 @servers_matrix
 def test_routing(labels, receiver, servers):
@@ -190,7 +194,9 @@ def test_every_critical_alert_pages_and_the_rest_do_not():
     config = yaml.safe_load(AM_CONFIG.read_text())
     page_route = next(r for r in config["route"]["routes"] if r["receiver"] == "page")
     watchdog_route = config["route"]["routes"][0]
-    assert watchdog_route["receiver"] == "deadmansswitch" and watchdog_route["repeat_interval"] == "1m"
+    assert watchdog_route["receiver"] == "deadmansswitch" and watchdog_route["group_interval"] == "1m"
+    # a heartbeat every minute, not every other (alerts/alertmanager.yml)
+    assert int(watchdog_route["repeat_interval"].rstrip("s")) < 60
     assert page_route["matchers"] == ['severity="critical"']
     assert config["route"]["group_by"] == ["host", "stack"]
     # a page's group is what an operator acts on; the stack around the device may change under it
@@ -202,7 +208,24 @@ def test_every_critical_alert_pages_and_the_rest_do_not():
         "BlockStackHostDown",
         # the pager itself: a page lost, an alert that cannot fire, the pager's disk or servers
         "BlockStackNotificationsFailing", "BlockStackRuleEvaluationFailing", "BlockStackPagerDown",
-        "BlockStackPagerDiskFilling", "BlockStackReceiverWriteFailing"}
+        "BlockStackPagerDiskFilling", "BlockStackReceiverWriteFailing", "BlockStackHeartbeatStale",
+        "BlockStackPrometheusBadConfig", "BlockStackAlertmanagerBadConfig", "BlockStackPrometheusNotConnectedToAlertmanagers",
+        # the collapse evidence gone: no collapse can page
+        "BlockStackEvidenceExporterDown"}
+
+
+def test_the_pagers_own_alerts_go_to_the_second_notifier_too():
+    """Every alert of group blockstack-pager but the watchdog and Grafana's matches the `pagerself`
+    route (a notifier that needs neither the page receiver nor its disk), which continues to the
+    page or ticket route; no other alert does."""
+    config = yaml.safe_load(AM_CONFIG.read_text())
+    route = next(r for r in config["route"]["routes"] if r["receiver"] == "pagerself")
+    assert route["continue"] is True
+    matcher = re.fullmatch(r'alertname=~"(.+)"', route["matchers"][0]).group(1)
+    groups = {rule["alert"]: group["name"] for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
+              for rule in group["rules"] if "alert" in rule}
+    own = {a for a, g in groups.items() if g == "blockstack-pager"} - {"BlockStackWatchdog", "BlockStackGrafanaDown"}
+    assert {a for a in groups if re.fullmatch(matcher, a)} == own
 
 
 def test_collapse_page_identity_has_no_settings():

@@ -93,7 +93,7 @@ def facts(dashboard):
             if isinstance(node.get("steps"), list):
                 steps[path] = [s["value"] for s in node["steps"] if s["value"] is not None]
             if isinstance(node.get("expr"), str):
-                expr = node["expr"].replace("[$__rate_interval]", "")
+                expr = re.sub(r"\[\$__(rate_)?interval:?\]", "", node["expr"])  # Grafana's windows
                 tokens |= set(re.findall(r'job=~?"[^"]*"|\[[^\]]+\]', expr))
             stack.extend((f"{path}/{key}", v) for key, v in node.items())
         elif isinstance(node, list):

@@ -4,7 +4,6 @@ the real receiver process on a free 127.0.0.1 port and stops it after (also on f
 checks that the pages file's earlier bytes are exactly as they were and every line is whole JSON.
 """
 import contextlib
-import errno
 import json
 import os
 import pathlib
@@ -12,11 +11,13 @@ import re
 import subprocess
 import threading
 import time
+import urllib.error
 
 import abuse  # alerts/tests/abuse.py: the clients of the abuse benchmark
 import page_receiver  # for its limits only: every test talks to the process
 import pytest
 
+from blockstack_deploy import procs
 from blockstack_lab import loop
 
 pytestmark = [pytest.mark.root]
@@ -71,16 +72,7 @@ def test_a_full_disk_answers_503_and_leaves_no_partial_line(tmp_path):
         pytest.fail("not root: this test mounts a 64 KiB tmpfs (sudo make test)")
     with loop.mounted("tmpfs", "size=64k", fstype="tmpfs", directory=tmp_path) as mnt, \
             receiver_with_a_page(mnt, log_dir=tmp_path) as (port, proc, out, earlier):
-        filler = pathlib.Path(mnt) / "filler"
-        with open(filler, "wb", buffering=0) as f:  # fill the disk: at most 64 KiB, 4 KiB at a time
-            for _ in range(16 + 1):
-                try:
-                    f.write(b"\0" * 4096)
-                except OSError as e:
-                    assert e.errno == errno.ENOSPC
-                    break
-            else:
-                pytest.fail("a 64 KiB tmpfs took more than 64 KiB")
+        filler = pathlib.Path(abuse.fill(mnt, 64 << 10))
         # 16 KiB: the first ~3 KiB fit in the pages file's last 4 KiB page, the rest does not.
         assert abuse.post(port, abuse.notification(size=16 << 10))[0] == 503
         assert out.read_bytes() == earlier
@@ -229,20 +221,60 @@ def metric(port, name):
             if line.startswith(name)}
 
 
-def test_the_watchdog_is_counted_not_written_and_metrics_tell_what_was_answered(tmp_path):
+def test_metrics_tell_what_was_answered(tmp_path):
     with receiver_with_a_page(tmp_path, f"--statfs={tmp_path}") as (port, proc, out, earlier):
-        before = time.time()
-        assert abuse.post(port, abuse.notification(alertname="BlockStackWatchdog"), path="/watchdog")[0] == 200
-        assert out.read_bytes() == earlier, "the watchdog wrote a line"
         assert abuse.post(port, b"x")[0] == 400
-        assert metric(port, "blockstack_receiver_watchdog_last_seconds")["blockstack_receiver_watchdog_last_seconds"] >= before
         assert metric(port, "blockstack_receiver_requests_total") == {
             'blockstack_receiver_requests_total{path="/page",code="200"}': 1,
-            'blockstack_receiver_requests_total{path="/page",code="400"}': 1,
-            'blockstack_receiver_requests_total{path="/watchdog",code="200"}': 1}
+            'blockstack_receiver_requests_total{path="/page",code="400"}': 1}
         avail = metric(port, "blockstack_receiver_filesystem_avail_bytes")
         assert avail[f'blockstack_receiver_filesystem_avail_bytes{{path="{tmp_path}"}}'] > 0
         assert metric(port, "blockstack_receiver_write_errors_total") == {"blockstack_receiver_write_errors_total": 0}
+        assert metric(port, "process_start_time_seconds")["process_start_time_seconds"] <= time.time()
+
+
+def test_the_watchdog_is_a_durable_heartbeat_that_pings_the_switch_only_once_written(tmp_path):
+    """/watchdog is written as a page is (fsynced, to a new heartbeat.jsonl beside the pages file,
+    not in it); only then do its time in /metrics and a ping of the dead man's switch follow. On a
+    full disk: 503, a write error, no ping, and the stand-in switch pages after its timeout;
+    space freed, the next heartbeat resolves it."""
+    if os.geteuid() != 0:
+        pytest.fail("not root: this test mounts a 64 KiB tmpfs (sudo make test)")
+    watchdog = abuse.notification(alertname="BlockStackWatchdog")
+    with abuse.dead_mans_switch(tmp_path / "switch", timeout=3) as (url, url_file, switch_port, events), \
+            loop.mounted("tmpfs", "size=64k", fstype="tmpfs", directory=tmp_path) as mnt, \
+            receiver_with_a_page(mnt, f"--heartbeat-url-file={url_file}", log_dir=tmp_path) as (port, proc, out, earlier):
+        before = time.time()
+        assert abuse.post(port, watchdog, path="/watchdog")[0] == 200
+        assert out.read_bytes() == earlier, "the heartbeat went into the pages file"
+        heartbeat = pathlib.Path(mnt) / page_receiver.HEARTBEAT_FILE
+        assert [r["notification"] for r in records(heartbeat)] == [json.loads(watchdog)]
+        assert metric(port, "blockstack_receiver_watchdog_last_seconds")["blockstack_receiver_watchdog_last_seconds"] >= before
+        pinged = {'blockstack_receiver_heartbeat_pings_total{result="ok"}': 1.0,
+                  'blockstack_receiver_heartbeat_pings_total{result="failed"}': 0.0}
+        procs.wait_until("the ping", lambda: metric(port, "blockstack_receiver_heartbeat_pings_total") == pinged, 10, 0.1)
+        assert abuse.switch_status(switch_port)["pings"] == 1
+        with pytest.raises(urllib.error.HTTPError, match="404"):  # the token is the ping URL's secret
+            procs.http_get(url[:-1] + ("0" if url[-1] != "0" else "1"))
+        assert abuse.switch_status(switch_port)["pings"] == 1
+
+        assert abuse.post(port, watchdog, path="/watchdog")[0] == 200  # a second: the first's block is free again
+        filler = pathlib.Path(abuse.fill(mnt, 64 << 10))
+        last = metric(port, "blockstack_receiver_watchdog_last_seconds")
+        for _ in range(3):  # not once: each would free the block of the one before
+            assert abuse.post(port, watchdog, path="/watchdog")[0] == 503
+        assert metric(port, "blockstack_receiver_write_errors_total") == {"blockstack_receiver_write_errors_total": 3}
+        assert metric(port, "blockstack_receiver_watchdog_last_seconds") == last
+        down = procs.wait_until("the switch's page", lambda: abuse.switch_events(events), 10, 0.2)
+        assert [e["state"] for e in down] == ["down"] and down[0]["silent_seconds"] >= 3
+        assert abuse.switch_status(switch_port)["pings"] == 2, "pinged without a heartbeat written"
+
+        filler.unlink()
+        assert abuse.post(port, watchdog, path="/watchdog")[0] == 200
+        procs.wait_until("the switch's resolve", lambda: len(abuse.switch_events(events)) == 2, 10, 0.2)
+        assert [e["state"] for e in abuse.switch_events(events)] == ["down", "up"]
+        assert len(records(heartbeat)) == 1 and not pathlib.Path(f"{heartbeat}.new").exists()  # replaced at every write
+        assert out.read_bytes() == earlier
 
 
 def test_the_file_is_rotated_and_no_notification_is_lost(tmp_path):
@@ -260,3 +292,42 @@ def test_the_file_is_rotated_and_no_notification_is_lost(tmp_path):
             records(f)  # whole lines only
         names = [a["labels"]["alertname"] for _, a in received(str(out))]
         assert names == ["First"] + [f"N{i}" for i in range(64)]
+
+
+MALFORMED = {"a bad request line": b"POST /page HTTP/1.1 x\r\n\r\n",
+             "a control character in the path": b"POST /pa\x00ge HTTP/1.1\r\n\r\n",
+             "HTTP/0.9": b"GET /healthz\r\n\r\n",
+             "a bad header": abuse.BODY_HEAD.replace(b"Host: x", b"Host x")}
+
+
+@pytest.mark.servers
+def test_malformed_and_cut_off_requests_write_nothing_and_the_receiver_keeps_serving(tmp_path, http_abuse):
+    """Old: HTTP/0.9 got "ok", and a bad request line its 400, as a bare body without status line
+    or headers."""
+    body = abuse.notification()
+    with receiver_with_a_page(tmp_path) as (port, proc, out, earlier):
+        for what, request_bytes in MALFORMED.items():
+            assert http_abuse.raw(port, request_bytes + body).startswith(b"HTTP/1.0 400 "), what
+        whole = abuse.BODY_HEAD.replace(b"Content-Length: 1000", b"Content-Length: %d" % len(body)) + body
+        for cut in (len(whole) - 1, len(abuse.BODY_HEAD) - 2, 30):  # in the body, the headers, the request line
+            assert not http_abuse.raw(port, whole[:cut], end=True).startswith(b"HTTP/1.0 200 "), cut
+        assert out.read_bytes() == earlier
+        assert http_abuse.raw(port, whole).startswith(b"HTTP/1.0 200 ")
+        assert_appended(out, earlier, 1)
+
+
+@pytest.mark.servers
+def test_1000_held_connections_do_not_delay_a_page(tmp_path, http_abuse):
+    """Old: --connections held connections blocked the accept loop: a page waited in the backlog
+    until they were dropped (here 19.9 s: two rounds of the 10 s request timeout), and any local
+    user can hold them."""
+    with receiver_with_a_page(tmp_path, "--connections=500", "--request-timeout=30") as (port, proc, out, earlier):
+        # what any local user can send: nothing, a request line, a whole request without the token whose body never comes
+        anonymous = abuse.BODY_HEAD.replace(b"Authorization: Bearer " + abuse.TOKEN.encode() + b"\r\n", b"")
+        held = http_abuse.hold(port, 1000, heads=(b"", b"POST /page HTTP/1.1\r\n", anonymous))
+        http_abuse.wait_closed(held, 500)  # every held connection taken: 500 served, the 500 oldest closed for them
+        p50, worst = http_abuse.timed(lambda: abuse.post(port, abuse.notification(), timeout=5)[0] == 200)
+        print(f"\nreceiver, 1,000 held connections (500 served at most): page p50 {p50 * 1000:.0f} ms, max {worst * 1000:.0f} ms")
+        assert worst < 1, worst
+        assert http_abuse.closed(held) <= 510, "the held connections were not held"  # each request took the place of one
+        assert_appended(out, earlier, 10)

@@ -113,8 +113,8 @@ def test_collapse_annotation_targets_the_lineup_panels(dashboard):
     titles = {p["id"]: p["title"] for p in data_panels(dashboard)}
     assert ann[0]["filter"]["exclude"] is False
     assert {titles[i] for i in ann[0]["filter"]["ids"]} == {
-        "Average request size per layer (upper vs lower)", "Refused merges per layer", "Splits per layer",
-        "IOPS per layer", "Throughput per layer", "Merge ratio per layer"}
+        "Average request size per layer (upper vs lower)", "Refused merges per layer, peak per interval",
+        "Splits per layer, peak per interval", "IOPS per layer", "Throughput per layer", "Merge ratio per layer"}
     assert 'ALERTS{alertname=~"' in ann[0]["expr"] and "BlockStackMergeCollapse" in ann[0]["expr"]
 
 
@@ -285,27 +285,155 @@ def test_settings_take_their_findings_colours(dashboard):
     assert {"info", "warning", "critical", None} <= set(seen)  # each colour was put to the test
 
 
+def promtool_eval(tmp_path, name, expr, series, expected):
+    """Evaluate expr at 1m with promtool on input series {series: values}, expecting samples {labels: value}."""
+    import subprocess
+    case = {"name": name, "interval": "5s", "input_series": [{"series": k, "values": v} for k, v in series.items()],
+            "promql_expr_test": [{"expr": expr, "eval_time": "1m",
+                                  "exp_samples": [{"labels": k, "value": v} for k, v in expected.items()]}]}
+    path = tmp_path / "case.test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "5s", "tests": [case]}))
+    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_the_nomerges_column_adds_10_beneath_a_stack(dashboard, tmp_path):
     """The stack table's nomerges query, evaluated by promtool on the NVMe incident's stack
     (nvme1n1 beneath dm-0 and dm-1, both beneath dm-3): nomerges, plus 10 where the device sits
     beneath another one (the mapping's colours above rely on it; an error would leave the column
     empty)."""
-    import subprocess
     stack = _panel(dashboard, "The stack at a glance: layers from top to physical disk")
     expr = next(t["expr"] for t in stack["targets"] if t["refId"] == "B")
     expr = expr.replace("$host", "h").replace("$device", ".+")
     nomerges = {"dm-3": 0, "dm-0": 0, "dm-1": 0, "nvme1n1": 2, "sdb": 1}
     beneath = [("dm-3", "dm-0", 1), ("dm-3", "dm-1", 1), ("dm-3", "nvme1n1", 2), ("dm-0", "nvme1n1", 1),
                ("dm-1", "nvme1n1", 1)]
-    series = [{"series": f'blockstack_queue_nomerges{{job="blockstack",host="h",device="{d}"}}', "values": f"{v}x20"}
-              for d, v in nomerges.items()]
-    series += [{"series": f'blockstack_device_beneath_info{{job="blockstack",host="h",device="{d}",lower="{low}",'
-                          f'depth="{depth}"}}', "values": "1x20"} for d, low, depth in beneath]
+    series = {f'blockstack_queue_nomerges{{job="blockstack",host="h",device="{d}"}}': f"{v}x20"
+              for d, v in nomerges.items()}
+    series.update({f'blockstack_device_beneath_info{{job="blockstack",host="h",device="{d}",lower="{low}",'
+                   f'depth="{depth}"}}': "1x20" for d, low, depth in beneath})
     expected = {"dm-3": 0, "dm-0": 10, "dm-1": 10, "nvme1n1": 12, "sdb": 1}
-    case = {"name": "nomerges column", "interval": "5s", "input_series": series, "promql_expr_test": [
-        {"expr": expr, "eval_time": "1m",
-         "exp_samples": [{"labels": f'{{host="h",device="{d}"}}', "value": v} for d, v in expected.items()]}]}
-    path = tmp_path / "nomerges.test.yml"
-    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "5s", "tests": [case]}))
-    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    promtool_eval(tmp_path, "nomerges column", expr, series,
+                  {f'{{host="h",device="{d}"}}': v for d, v in expected.items()})
+
+
+# --- truthful at every range (issue 31) -------------------------------------------------------------
+
+# A recording rule's series computed from counters over the rules' 20 s window (level:metric:operation
+# with a node_disk_ or ebpf_ metric): one window in every step of a long range, unless summarised.
+WINDOWED = re.compile(r"(?:(\w+)\()?\b(\w+:(?:node_disk|ebpf)_\w+:\w+)\{[^}]*\}(\[[^\]]*\](?: offset -?\$?\w+)?)?")
+SUMMARIES = {"max_over_time", "avg_over_time", "sum_over_time"}
+
+
+def test_windowed_rules_are_summarised_over_each_interval(dashboard):
+    """Old: "Refused merges per layer" showed 7.80 req/s over 24 h for a device that refused ~303,000/s
+    the same day: the 20 s-window rules sampled at Grafana's 2-minute step. Every such series in a time
+    series panel is summarised over each interval of the graph, the one starting at each point (Grafana
+    ends a range at the last whole step: a window ending at each point never reaches the latest one); a
+    panel that keeps the peak says so in its title; a rate over another window than $__rate_interval is
+    a peak's subquery."""
+    for p in data_panels(dashboard):
+        if p["type"] != "timeseries":
+            continue
+        for t in p["targets"]:
+            expr = t["expr"]
+            for fn, name, window in WINDOWED.findall(expr):
+                assert fn in SUMMARIES and window == "[$__interval] offset -$__interval", (p["title"], name, fn, window)
+            for window in re.findall(r"\brate\([^\[]*\[([^\]]+)\]", expr):
+                assert window == "$__rate_interval" or "[$__interval:] offset -$__interval)" in expr, (p["title"], window)
+            if "max_over_time(" in expr:
+                assert "peak per interval" in p["title"], p["title"]
+
+
+def test_every_empty_panel_says_so_in_words(dashboard):
+    """Old: an empty heatmap's legend read "∞undefined req/s ... -∞undefined req/s". A heatmap's query
+    answers only where there were observations (its own "No data" then); every other panel has a noValue."""
+    for p in data_panels(dashboard):
+        if p["type"] == "heatmap":
+            for t in p["targets"]:
+                assert re.search(r'and on \(\) \(sum\(.*le="\+Inf".*\) > 0\)', t["expr"], re.S), p["title"]
+        else:
+            assert re.search(r"[A-Za-z]{2}", p["fieldConfig"]["defaults"].get("noValue", "")), p["title"]
+
+
+REDS = re.compile(r"(red|#(?:f2495c|e02f44|c4162a|ff7383|e24d42|bf1b00))$", re.I)
+
+
+def test_red_is_for_alarms_only(dashboard):
+    """Old: the classic palette drew the fifth series red beside the red collapse bands. No series of a
+    time series panel takes a palette with red or a red colour; a firing critical alert's row is red."""
+    for p in data_panels(dashboard):
+        if p["type"] != "timeseries":
+            continue
+        colour = p["fieldConfig"]["defaults"].get("color", {"mode": "palette-classic", "fixedColor": ""})
+        assert colour["mode"] in ("shades", "fixed") and not REDS.search(colour["fixedColor"]), (p["title"], colour)
+        for o in p["fieldConfig"]["overrides"]:
+            for prop in o["properties"]:
+                if prop["id"] == "color":
+                    assert not REDS.search(prop["value"].get("fixedColor", "")), (p["title"], o)
+    alerts = _panel(dashboard, "Firing alerts")
+    severity = _field(alerts, "severity")
+    assert _mapped_colour(severity, "critical") == "red" and _mapped_colour(severity, "warning") != "red"
+    assert severity["custom.cellOptions"]["applyToRow"] is True
+    # the longest alert name of alerts/ fits, at 8 px a character
+    names = set()
+    for path in os.listdir(os.path.join(REPO, "alerts")):
+        if path.endswith(".rules.yml"):
+            with open(os.path.join(REPO, "alerts", path)) as f:
+                names.update(r["alert"] for g in yaml.safe_load(f)["groups"] for r in g["rules"] if "alert" in r)
+    assert _field(alerts, "alertname")["custom.minWidth"] >= 8 * max(map(len, names)), max(names, key=len)
+
+
+def test_every_axis_has_a_unit(dashboard):
+    """Old: "Average request size" had no unit. Every time series and stat has one, every heatmap a unit
+    on its y axis and on its cells (the tables of settings carry their unit in the column's name)."""
+    for p in data_panels(dashboard):
+        if p["type"] in ("timeseries", "stat"):
+            assert p["fieldConfig"]["defaults"].get("unit") not in (None, "", "none", "short"), p["title"]
+        if p["type"] == "heatmap":
+            assert p["options"]["yAxis"].get("unit") and p["options"]["cellValues"].get("unit"), p["title"]
+
+
+def test_every_series_has_a_legend_row(dashboard):
+    """Old: the IOPS, Throughput and Merge ratio legends, beneath 8-wide panels, showed about 2.5 of
+    their 6 series (a legend beneath a graph gets at most a third of its height). Every time series
+    legend is a table at the right of a panel half the width at least and 9 rows high (the browser test
+    checks that no row is out of sight)."""
+    for p in data_panels(dashboard):
+        if p["type"] == "timeseries":
+            legend = p["options"]["legend"]
+            assert legend["showLegend"] and legend["displayMode"] == "table" and legend["placement"] == "right", p["title"]
+            assert "max" in legend["calcs"], p["title"]
+            assert p["gridPos"]["w"] >= 12 and p["gridPos"]["h"] >= 9, (p["title"], p["gridPos"])
+
+
+def test_the_ext4_incident_options_come_first(dashboard, tmp_path):
+    """Old: the options table needed scrolling to find dioread_nolock. Its query ranks the incident's
+    options, dioread_* highest, and the rest 1 (promtool), and the table sorts by that rank, highest first."""
+    options = _panel(dashboard, "ext4 effective mount options")
+    (target,) = options["targets"]
+    expr = target["expr"].replace("$host", "h").replace("$device", ".+")
+    present = {"rw": "", "dioread_nolock": "", "nodelalloc": "", "data": "ordered", "commit": "5", "barrier": "",
+               "errors": "remount-ro"}
+    series = {f'blockstack_ext4_option_info{{job="blockstack",host="h",device="loop1",mountpoint="/srv",'
+              f'option="{o}",value="{v}"}}': "1x20" for o, v in present.items()}
+    rank = {"dioread_nolock": 4, "nodelalloc": 3, "data": 2, "commit": 2}
+    promtool_eval(tmp_path, "ext4 options ranked", expr, series, {  # an empty label is no label
+        f'{{host="h",device="loop1",mountpoint="/srv",option="{o}"{f",value={v!r}" if v else ""}}}'.replace("'", '"'):
+            rank.get(o, 1) for o, v in present.items()})
+    (sort,) = [t for t in options["transformations"] if t["id"] == "sortBy"]
+    assert sort["options"]["sort"] == [{"field": "ext4 incident", "desc": True}]
+
+
+def test_the_provisioned_copy_queries_the_provisioned_datasource(dashboard, tmp_path):
+    """Old: the provisioned dashboard's $datasource held the literal ${DS_PROMETHEUS}, so its panels
+    queried whichever datasource was the default. Provisioning writes a copy with the import input
+    resolved to the provisioned datasource's uid, as an import does."""
+    from blockstack_deploy import grafana
+    (ds,) = load("datasources/blockstack.yml")["datasources"]
+    dest = grafana.provisioned_dashboards(str(tmp_path), [(ds["type"], ds["uid"])])
+    with open(os.path.join(dest, os.path.basename(blockstack_dashboard.OUTPUT))) as f:
+        text = f.read()
+    assert "${DS_" not in text
+    (variable,) = [v for v in json.loads(text)["templating"]["list"] if v["name"] == "datasource"]
+    assert variable["current"]["value"] == ds["uid"]

@@ -14,11 +14,17 @@ to a PNG. Two labs:
     sudo .venv/bin/python dashboards/tools/screenshot.py                   # docs/dashboard.png (~3 minutes)
     make dashboard-screenshot                                         # the same
     make dashboard-screenshot-vm                                      # --vm 6.1: docs/dashboard-vm.png (~6-10 minutes)
+    sudo .venv/bin/python dashboards/tools/screenshot.py --ranges     # docs/dashboard-15m.png, docs/dashboard-24h.png
+
+--ranges: after the loop lab's collapses (the split collapse, then lab.refusing()'s merging refused,
+both over), the top of the dashboard down to the lineup at the last 15 minutes and at the last 24
+hours: each collapse at the same peak in both (the lineup's peak panels; test_grafana.py checks it).
 """
 import argparse
 import contextlib
 import os
 import tempfile
+import time
 
 import blockstack_dashboard
 from blockstack_deploy.files import secret
@@ -55,31 +61,61 @@ def vm_lab(work, kernel):
             "var-stack": "vg0-snap", "var-device": [lab.snap, "nvme0n1"]}, VM_LAST_ROW
 
 
+RANGES = {"15m": "now-15m", "24h": "now-24h"}
+
+
+def shoot(b, params, last_row, output):
+    """Open the dashboard with params, every panel loaded, and write its top down to last_row."""
+    b.open_dashboard(blockstack_dashboard.CONFIG["uid"], {"orgId": 1, "to": "now", "refresh": "", **params})
+    b.page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
+    states = b.load_every_panel()
+    bad = {t: s for t, s in states.items() if s["error"]}
+    if bad:
+        raise SystemExit(f"panels in error: {bad}")
+    b.page.mouse.wheel(0, -100000)
+    b.page.wait_for_timeout(2000)
+    box = b.panel(last_row).bounding_box()
+    if box["y"] + box["height"] + 8 > HEIGHT:  # Grafana draws only what is in view: the viewport down to it
+        b.page.set_viewport_size({"width": WIDTH, "height": int(box["y"] + box["height"] + 8)})
+        b.page.wait_for_timeout(5000)
+        box = b.panel(last_row).bounding_box()
+    b.page.screenshot(path=output, clip={"x": 0, "y": 0, "width": WIDTH, "height": box["y"] + box["height"] + 8})
+    print(f">> wrote {os.path.relpath(output)}")
+
+
+def ranges(work):
+    """docs/dashboard-RANGE.png for each of RANGES after the loop lab's collapses."""
+    with dashboard_lab.collapse(work) as lab:
+        with lab.refusing():
+            time.sleep(dashboard_lab.SETTLE)  # the rules' windows full of refused merges
+        time.sleep(dashboard_lab.SETTLE)  # and empty again: both collapses are over
+        with Browser(lab.stack.url("grafana"), lab.grafana_password, viewport=(WIDTH, HEIGHT)) as b:
+            b.login()
+            b.page.evaluate("localStorage.setItem('grafana.navigation.docked', 'false')")  # no side menu
+            for name, start in RANGES.items():
+                shoot(b, {"from": start, "var-host": lab.stack.host, "var-stack": lab.upper,
+                          "var-device": [lab.upper, lab.lower]}, LAST_ROW,
+                      os.path.join(REPO, "docs", f"dashboard-{name}.png"))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vm", metavar="KERNEL", help="the VM lab's NVMe incident on Debian's KERNEL (5.10, 6.1, 6.12 or sid)")
+    ap.add_argument("--ranges", action="store_true", help="after the loop lab's collapses: docs/dashboard-15m.png "
+                    "and docs/dashboard-24h.png")
     ap.add_argument("--output")
     args = ap.parse_args(argv)
+    if args.ranges:
+        with tempfile.TemporaryDirectory(prefix="blockstack-screenshot-") as work:
+            ranges(work)
+        return
     output = args.output or (VM_OUTPUT if args.vm else DEFAULT_OUTPUT)
     with tempfile.TemporaryDirectory(prefix="blockstack-screenshot-") as work, \
             (vm_lab(work, args.vm) if args.vm else loop_lab(work)) as (url, password, params, last_row), \
             Browser(url, password, viewport=(WIDTH, HEIGHT)) as b:
         b.login()
         b.page.evaluate("localStorage.setItem('grafana.navigation.docked', 'false')")  # no side menu
-        b.open_dashboard(blockstack_dashboard.CONFIG["uid"], {"orgId": 1, "to": "now", "refresh": "", **params})
-        states = b.load_every_panel()
-        bad = {t: s for t, s in states.items() if s["error"]}
-        if bad:
-            raise SystemExit(f"panels in error: {bad}")
-        b.page.mouse.wheel(0, -100000)
-        b.page.wait_for_timeout(2000)
-        box = b.panel(last_row).bounding_box()
-        if box["y"] + box["height"] + 8 > HEIGHT:  # Grafana draws only what is in view: the viewport down to it
-            b.page.set_viewport_size({"width": WIDTH, "height": int(box["y"] + box["height"] + 8)})
-            b.page.wait_for_timeout(5000)
-            box = b.panel(last_row).bounding_box()
-        b.page.screenshot(path=output, clip={"x": 0, "y": 0, "width": WIDTH, "height": box["y"] + box["height"] + 8})
-    print(f">> wrote {os.path.relpath(output)}")
+        shoot(b, params, last_row, output)
 
 
 if __name__ == "__main__":

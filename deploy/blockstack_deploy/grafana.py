@@ -13,6 +13,7 @@ Where Grafana comes from, in this order:
 Nothing is ever downloaded.
 """
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -162,18 +163,21 @@ def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0
     for kind in ("plugins", "alerting", "datasources", "dashboards"):  # Grafana logs an error when one is missing
         os.makedirs(os.path.join(prov, kind), exist_ok=True)
     changed = False
+    datasources = []
     for kind in ("datasources", "dashboards"):
-        for name in os.listdir(os.path.join(PROVISIONING, kind)):
+        for name in sorted(os.listdir(os.path.join(PROVISIONING, kind))):
             with open(os.path.join(PROVISIONING, kind, name)) as f:
                 config = yaml.safe_load(f)
             for ds in config.get("datasources", []):
+                datasources.append((ds["type"], ds["uid"]))
                 ds["url"] = datasource_url
                 if scrape_interval:
                     ds["jsonData"]["timeInterval"] = scrape_interval
                 if datasource_auth:
                     _add_auth(ds, *datasource_auth)
             for provider in config.get("providers", []):
-                provider["options"]["path"] = DASHBOARDS
+                provider["options"]["path"] = provisioned_dashboards(os.path.join(workdir, "grafana-dashboards"),
+                                                                     datasources)
             # private: the datasource may hold a password
             changed |= write_yaml(os.path.join(prov, kind, name), config, f"blockstack_deploy/grafana.py from "
                                   f"deploy/grafana/provisioning/{kind}/{name}", private=True)
@@ -181,11 +185,30 @@ def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0
     return write_if_changed(path, ini(port, data_dir, prov, password_file, listen, tls, secret_key_file), private=True) or changed
 
 
+def provisioned_dashboards(dest, datasources):
+    """dashboards/*.json copied into dest with their datasource inputs (__inputs, e.g. ${DS_PROMETHEUS})
+    resolved to the provisioned datasource of that type [(type, uid)], as an import resolves them: file
+    provisioning resolves none, and a dashboard whose $datasource is left on ${DS_PROMETHEUS} queries
+    whichever datasource is the default. Returns dest (the provider's path)."""
+    os.makedirs(dest, exist_ok=True)
+    uids = dict(datasources)
+    for name in sorted(os.listdir(DASHBOARDS)):
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(DASHBOARDS, name)) as f:
+            text = f.read()
+        for i in json.loads(text).get("__inputs", []):
+            if i.get("type") == "datasource" and i.get("pluginId") in uids:
+                text = text.replace("${%s}" % i["name"], uids[i["pluginId"]])
+        write_if_changed(os.path.join(dest, name), text)
+    return dest
+
+
 def _add_auth(ds, user, password_file, ca_file):
     """Basic auth on a datasource (secureJsonData: Grafana stores it encrypted) and, for https, the
-    CA that signed the datasource's certificate."""
-    with open(password_file) as f:
-        ds["secureJsonData"] = {"basicAuthPassword": f.read().strip()}
+    CA that signed the datasource's certificate. The password is a reference Grafana expands when
+    it provisions ($__file{}), not a copy: the provisioning file holds no secret."""
+    ds["secureJsonData"] = {"basicAuthPassword": f"$__file{{{password_file}}}"}
     ds.update(basicAuth=True, basicAuthUser=user)
     if ca_file:
         ds.setdefault("jsonData", {})["tlsAuthWithCACert"] = True

@@ -9,31 +9,37 @@ and this front answers on the exporter's usual 127.0.0.1 port with `GET /metrics
         fd 3 (LISTEN_FDS=1, LISTEN_PID = this pid, which exec keeps): ebpf_exporter takes it with
         --web.listen-address=fd://0, node_exporter with --web.systemd-socket. Nothing of Python
         stays running; the exporter keeps its own user and capabilities.
-    metrics_front.py serve --route ADDR:PORT=PATH ...
-        one listener per route, a thread per connection (10 s timeout); GET /metrics?... and GET /
-        are forwarded to the socket, anything else is answered 404 here.
+    metrics_front.py serve --route ADDR:PORT=PATH ... [--connections N] [--request-timeout S]
+        one listener per route; GET /metrics?... and GET / are forwarded to the socket (with
+        Accept, Accept-Encoding and User-Agent only), anything else is answered 404 here.
 
-Standard library only (it runs as a script under its own user).
+The connections are httpd/blockstack_http.py's (its docstring says what they get): the request
+line and headers must arrive whole within --request-timeout seconds (10); 400 for a malformed
+request line, target or header, no HTTP/0.9; at most --connections per route (1,024), the one
+sending its request the longest closed for a new one, so held connections never stop the accept
+loop; a listen backlog of 4,096. Nothing is forwarded for a request that did not arrive whole or
+whose client already closed. The exporter's answer (30 s at most) is passed on; 502 if it cannot
+be had, one log line.
+
+Standard library only (blockstack_http is too; it runs as a script under its own user).
 """
 import argparse
 import http.client
-import http.server
 import os
 import socket
 import sys
 import threading
 
+import blockstack_http
+
 FD = 3  # systemd's SD_LISTEN_FDS_START
 PATHS = ("/metrics", "/")
+REQUEST_SECONDS = 10.0  # for the request line and headers; Prometheus sends them in one go
+EXPORTER_SECONDS = 30.0  # for the exporter's answer (a scrape of node_exporter takes well under 1 s)
 
 
 def exec_with_socket(path, argv):
-    if os.path.exists(path):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    os.chmod(path, 0o666)  # who may connect is the directory's business (0750, the front's group)
-    sock.listen(64)
+    sock = blockstack_http.unix_listener(path, 64)  # in a directory only the front's group enters
     if sock.fileno() != FD:
         os.dup2(sock.fileno(), FD)
     os.set_inheritable(FD, True)  # a socket is close-on-exec, and dup2 onto itself changes nothing
@@ -52,25 +58,26 @@ class UnixConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-class Front(http.server.BaseHTTPRequestHandler):
+class Front(blockstack_http.Handler):
     server_version = "blockstack-metrics-front"
     sys_version = ""
-    timeout = 10
 
     def do_GET(self):
         if self.path.split("?", 1)[0] not in PATHS:
             return self.answer(404, b"only /metrics\n", "text/plain; charset=utf-8")
-        conn = UnixConnection(self.server.socket_path, timeout=30)
+        if self.client_gone():  # an aborted request: nobody to scrape the exporter for
+            return
+        conn = UnixConnection(self.server.socket_path, timeout=EXPORTER_SECONDS)
         try:
             headers = {k: v for k, v in self.headers.items() if k.lower() in ("accept", "accept-encoding", "user-agent")}
             conn.request("GET", self.path, headers=headers)
             r = conn.getresponse()
             body = r.read()
-            self.answer(r.status, body, r.getheader("Content-Type", "text/plain"), r.getheader("Content-Encoding"))
-        except OSError as e:
-            self.answer(502, f"exporter unreachable: {e}\n".encode(), "text/plain; charset=utf-8")
+        except (OSError, http.client.HTTPException) as e:
+            return self.answer(502, f"exporter unreachable: {e}\n".encode(), "text/plain; charset=utf-8")
         finally:
             conn.close()
+        self.answer(r.status, body, r.getheader("Content-Type", "text/plain"), r.getheader("Content-Encoding"))
 
     def do_other(self):
         self.answer(404, b"only GET /metrics\n", "text/plain; charset=utf-8")
@@ -92,11 +99,10 @@ class Front(http.server.BaseHTTPRequestHandler):
             super().log_request(code, size)
 
 
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address, socket_path):
-        super().__init__(address, Front)
+class Server(blockstack_http.Server):
+    def __init__(self, address, socket_path, max_connections=blockstack_http.MAX_CONNECTIONS,
+                 request_seconds=REQUEST_SECONDS):
+        super().__init__(address, Front, max_connections, request_seconds)
         self.socket_path = socket_path
 
 
@@ -112,12 +118,22 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=["serve"])
     p.add_argument("--route", action="append", required=True, metavar="ADDR:PORT=SOCKET")
+    p.add_argument("--connections", type=int, default=blockstack_http.MAX_CONNECTIONS,
+                   help="connections served at once per route (default %(default)s)")
+    p.add_argument("--request-timeout", type=float, default=REQUEST_SECONDS,
+                   help="seconds for a request line and headers to arrive (default %(default)s)")
     args = p.parse_args(argv)
+    threading.stack_size(256 << 10)  # a thread per connection: 1,024 held ones stay small
     servers = []
     for route in args.route:
         listen, _, path = route.partition("=")
         addr, _, port = listen.rpartition(":")
-        servers.append(Server((addr, int(port)), path))
+        if not (addr and path and port.isdigit()):
+            p.error(f"--route {route}: not ADDR:PORT=SOCKET")
+        try:
+            servers.append(Server((addr.strip("[]"), int(port)), path, args.connections, args.request_timeout))
+        except ValueError as e:  # --connections or --request-timeout not positive
+            p.error(str(e))
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
     for t in threads:
         t.start()

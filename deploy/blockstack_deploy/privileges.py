@@ -1,19 +1,27 @@
 """Least privilege under supervisord (`make up`, `make up-agent`, `make up-central` as root): each
 server runs under a system user of its own with only the capabilities it needs, started through
 setpriv(1) (util-linux) because supervisord's `user=` can switch the user but not keep a
-capability. systemd.py gives the units the same identities (User=, AmbientCapabilities=).
+capability. systemd.py gives the units the same identities (User=, AmbientCapabilities=). No
+program runs as uid 0: a process without capabilities but uid 0 still writes root's files.
 
     program            user                    capabilities (effective = permitted = bounding)
     node_exporter      blockstack-node         none
-    blockstack-exporter blockstack-exporter    CAP_SYS_ADMIN (device-mapper ioctls of `dmsetup
-                       (+ group disk)          status`), CAP_DAC_READ_SEARCH (sysfs/debugfs paths
-                                               root alone may search); ambient, so dmsetup has them
-    ebpf_exporter      root                    CAP_BPF, CAP_PERFMON (load and attach tracepoint
-                                               programs), CAP_DAC_READ_SEARCH (tracefs event ids); it
-                                               drops them all once attached (--capabilities.keep=none;
-                                               CAP_BPF kept before 5.19: stack.ebpf_keep_capabilities).
-                                               No CAP_SYS_RESOURCE from 5.11 on: BPF memory is charged
-                                               to the cgroup, not the memlock limit (before: kept)
+    blockstack-exporter blockstack-exporter    none; group disk reads the ext4 superblocks. Every
+                       (+ group disk)          other path it reads is world-readable: /sys/block,
+                                               /proc/fs/ext4/*/options, /proc/fs/jbd2/*/info
+    dm helper          blockstack-dm           CAP_SYS_ADMIN (every DM ioctl); only where the kernel
+                                               has device-mapper (device_mapper()), else not started.
+                                               It clears its ambient set and raises it only in the
+                                               dmsetup it runs (dm_helper.py); /dev/mapper/control
+                                               gets its group (0660); its socket directory only the
+                                               exporter's group enters
+    ebpf_exporter      blockstack-ebpf         CAP_BPF, CAP_PERFMON (load BPF programs and attach them
+                                               to tp_btf/raw_tp tracepoints: no tracefs, no
+                                               CAP_DAC_READ_SEARCH); it drops them all once attached
+                                               (--capabilities.keep=none; CAP_BPF kept before 5.19:
+                                               stack.ebpf_keep_capabilities). Before 5.11 BPF memory
+                                               counts against RLIMIT_MEMLOCK, which libbpf raises:
+                                               CAP_SYS_RESOURCE there (kept until attached)
     Prometheus, watchers, blockstack-prometheus      none
     Thanos sidecars
     Alertmanager       blockstack-alertmanager  none
@@ -24,14 +32,18 @@ capability. systemd.py gives the units the same identities (User=, AmbientCapabi
     Thanos Query       blockstack-thanos        none
     Grafana            blockstack-grafana       none
 
-Each server owns only what it writes (its --storage path, the receiver's pages directory,
-Grafana's data); the servers share the group `blockstack`, which may read the state directory's
-secrets (0640) and rendered configuration. Not root: everything runs as the invoking user, as before.
+No ambient capability on any listener (the helper's is cleared at its start; ebpf_exporter's go
+with the rest when it drops them). Each server owns only what it writes (its --storage path, the
+receiver's pages directory, Grafana's data), created under umask 027 (UMASK: files 0640,
+directories 0750, the logs too); the servers share the group `blockstack`, which may read the
+state directory's secrets (0640) and rendered configuration. Not root: everything runs as the
+invoking user, as before.
 """
 import grp
 import os
 import pwd
 import re
+import stat
 import subprocess
 
 GROUP = "blockstack"
@@ -45,9 +57,10 @@ def _before(major, minor):
 # (user, extra groups, capabilities) by kind of program (its name before the first "-")
 IDENTITIES = {
     "node": ("blockstack-node", (), ()),
-    "blockstack": ("blockstack-exporter", ("disk",), ("sys_admin", "dac_read_search")),
+    "blockstack": ("blockstack-exporter", ("disk",), ()),
+    "dm": ("blockstack-dm", (), ("sys_admin",)),  # dm_helper.py
     # before 5.11 BPF maps count against RLIMIT_MEMLOCK, which libbpf raises: CAP_SYS_RESOURCE
-    "ebpf": ("root", (), ("bpf", "perfmon", "dac_read_search", *(("sys_resource",) if _before(5, 11) else ()))),
+    "ebpf": ("blockstack-ebpf", (), ("bpf", "perfmon", *(("sys_resource",) if _before(5, 11) else ()))),
     "prometheus": ("blockstack-prometheus", (GROUP,), ()),
     "watcher": ("blockstack-prometheus", (GROUP,), ()),
     "sidecar": ("blockstack-prometheus", (GROUP,), ()),  # reads its Prometheus's TSDB
@@ -58,12 +71,26 @@ IDENTITIES = {
     "query": ("blockstack-thanos", (GROUP,), ()),
     "grafana": ("blockstack-grafana", (GROUP,), ()),
 }
+# Who may enter a program's socket directory (Role.sockets): the front, but the dm helper's the exporter.
+SOCKET_CLIENTS = {"dm": "blockstack-exporter"}
+UMASK = 0o027  # every program's (supervisord's umask=, systemd's UMask=): nothing it writes is world-readable
+DM_CONTROL = "/dev/mapper/control"
 # Flags naming the directory a server writes.
 WRITES = ("--storage.tsdb.path=", "--storage.path=", "--tsdb.path=")
 
 
 def enabled():
     return os.geteuid() == 0
+
+
+def device_mapper():
+    """Whether this kernel has device-mapper (its control node and its major): else no dm helper
+    runs and nothing holds CAP_SYS_ADMIN. A dm module loaded later takes another `make up`."""
+    try:
+        with open("/proc/devices") as f:
+            return os.path.exists(DM_CONTROL) and "device-mapper" in f.read().split()
+    except OSError:
+        return False
 
 
 def identity(program):
@@ -77,12 +104,10 @@ def wrap(program, argv):
     user, groups, caps = identity(program)
     caps_list = ",".join(f"+{c}" for c in caps)
     prefix = ["setpriv", "--no-new-privs", "--inh-caps=-all" + ("," + caps_list if caps else ""),
-              "--bounding-set=-all" + ("," + caps_list if caps else "")]
-    if user != "root":
-        prefix += [f"--reuid={user}", f"--regid={user}",
-                   "--groups=" + ",".join(groups) if groups else "--clear-groups"]
-        if caps:
-            prefix.append(f"--ambient-caps={caps_list}")
+              "--bounding-set=-all" + ("," + caps_list if caps else ""),
+              f"--reuid={user}", f"--regid={user}", "--groups=" + ",".join(groups) if groups else "--clear-groups"]
+    if caps:  # ambient: a program without file capabilities keeps them across exec only so
+        prefix.append(f"--ambient-caps={caps_list}")
     return prefix + ["--", *argv]
 
 
@@ -110,30 +135,54 @@ def chown(path, user, group=None, recursive=False):
         os.lchown(p, uid, gid)
 
 
+def private(path):
+    """Nothing under path readable, writable or searchable by others: what older installs (before
+    UMASK) left world-readable."""
+    if not os.path.isdir(path):
+        return
+    for p in [path] + [os.path.join(top, n) for top, dirs, files in os.walk(path) for n in dirs + files]:
+        mode = os.lstat(p).st_mode
+        if mode & 0o007 and not stat.S_ISLNK(mode) and not stat.S_ISSOCK(mode):
+            os.chmod(p, stat.S_IMODE(mode) & ~0o007)
+
+
 def apply(role):
     """For a role (roles.py) about to start as root: the users made; every program's written
     directory owned by its user (its --storage path, role.owned: the receiver's pages directory,
-    Grafana's data); the state directory's secrets (and the fleet's, wherever they are) and
-    configuration readable by the group, not by others."""
+    Grafana's data) and closed to others, as the logs; the socket directories entered by their
+    clients' group alone; the control node of device-mapper opened by the dm helper's group; the
+    state directory's secrets (and the fleet's, wherever they are) and configuration readable by
+    the group, not by others."""
     if not enabled():
         return
     ensure_users()
     state = role.state
-    for name, (argv, _, _) in role.commands().items():
+    commands = role.commands()
+    for name, (argv, _, _) in commands.items():
         user = identity(name)[0]
         for arg in argv:
             for flag in WRITES:
-                if arg.startswith(flag) and user != "root" and name.split("-")[0] != "sidecar":
+                if arg.startswith(flag) and name.split("-")[0] != "sidecar":
                     os.makedirs(arg[len(flag):], exist_ok=True)
                     chown(arg[len(flag):], user, recursive=True)
+                    private(arg[len(flag):])
     for name, path in role.owned:
         os.makedirs(path, exist_ok=True)
         chown(path, identity(name)[0], recursive=True)
+        private(path)
+    private(os.path.join(state, "logs"))
     for name, path in role.sockets:
         os.makedirs(path, exist_ok=True)
-        chown(path, identity(name)[0], group=FRONT, recursive=True)
+        chown(path, identity(name)[0], group=SOCKET_CLIENTS.get(name.split("-")[0], FRONT), recursive=True)
         os.chmod(path, 0o750)
+    if "dm" in commands and os.path.exists(DM_CONTROL):
+        # root's 0600 otherwise; opening it gives nothing without CAP_SYS_ADMIN (dm-ioctl.c ctl_ioctl)
+        os.chown(DM_CONTROL, 0, grp.getgrnam(identity("dm")[0]).gr_gid)
+        os.chmod(DM_CONTROL, 0o660)
     gid = grp.getgrnam(GROUP).gr_gid
+    if os.path.isdir(role.data):  # the servers' data directories: the group passes, others do not
+        os.chown(role.data, 0, gid)
+        os.chmod(role.data, 0o750)
     secrets = getattr(role, "secrets", None)
     for top in [os.path.join(state, "secrets"), os.path.join(state, "config")] + ([secrets.dir] if secrets else []):
         if not os.path.isdir(top):

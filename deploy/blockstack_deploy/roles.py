@@ -41,7 +41,7 @@ import yaml
 from blockstack_exporter.collectors.ebpf import parse_status
 from blockstack_rules import knobs
 
-from . import alert_gate, fleet_auth, grafana, pki
+from . import alert_gate, fleet_auth, grafana, pki, privileges
 from .files import secret, write_if_changed, write_yaml
 from .stack import BUILD, COMPONENTS, CORS_ORIGIN, RETENTION, RETENTION_SIZE, Stack, program, servers_name, which
 
@@ -77,6 +77,14 @@ def probe(url, auth=None, ca=None, timeout=2):
         return False
 
 
+
+def self_pages_dir(state):
+    """The second notifier's directory, off the state's disk: /run (tmpfs) as root, one directory
+    per state directory; inside the state without root."""
+    if os.geteuid() != 0:
+        return os.path.join(state, "run", "self-pages")
+    return os.path.join("/run", "blockstack-merges", state.strip("/").replace("/", "-"))
+
 class Role:
     """One way to run the stack on a host, on a state directory (configuration in STATE/config,
     data in STATE/data). Every role has:
@@ -93,7 +101,7 @@ class Role:
     reloads = ()
     ca = None
     owned = ()  # (program, directory) it writes besides its --storage path (privileges.apply)
-    sockets = ()  # (program, directory) of its metrics socket: only the front may enter (privileges.apply)
+    sockets = ()  # (program, directory) of its socket: only the front (the dm helper's: the exporter) may enter
 
     def __init__(self, state, ports=None, listen="127.0.0.1", grafana_server=None):
         """grafana_server: (binary, home) of the Grafana that runs with the role (grafana.find())."""
@@ -108,6 +116,9 @@ class Role:
         off switch and ebpf_exporter no web config (basic auth)."""
         stack.metrics_socket_dir = os.path.join(self.state, "run")
         self.sockets = [(c, os.path.dirname(stack.metrics_socket(c))) for c in ("node", "ebpf") if c in stack.components]
+        if "blockstack" in stack.components and privileges.device_mapper():  # else nothing holds CAP_SYS_ADMIN
+            stack.dm_helper_socket = os.path.join(self.state, "run", "dm", "helper.sock")
+            self.sockets.append(("dm", os.path.dirname(stack.dm_helper_socket)))
 
     def _make_socket_dirs(self):
         for _, directory in self.sockets:
@@ -133,7 +144,7 @@ class Standalone(Role):
 
     name = "standalone"
     PORTS = {"prometheus": 9090, "alertmanager": 9093, "node": 9100, "blockstack": 9363,
-             "ebpf": 9435, "receiver": 9466, "grafana": 3000}
+             "ebpf": 9435, "receiver": 9466, "receiver-self": 9467, "grafana": 3000}
     reloads = ("prometheus",)  # no --web.enable-lifecycle: any local user could POST /-/quit
 
     def __init__(self, state, ports=None, listen="127.0.0.1", auth=False, tls=None, grafana_server=None,
@@ -151,8 +162,12 @@ class Standalone(Role):
                            data_dir=self.data)
         self.stack.receiver_token_file = os.path.join(self.state, "secrets", "receiver-token")
         self.stack.pages_file = os.path.join(self.state, "pages", "pages.jsonl")
-        self.owned = [("receiver", os.path.dirname(self.stack.pages_file)), ("grafana", os.path.join(self.state, "grafana"))]
-        # Prometheus and Alertmanager take the admin password in every mode (plain HTTP on loopback
+        run = self_pages_dir(self.state)
+        self.stack.self_pages_file = os.path.join(run, "pages.jsonl")
+        self.stack.heartbeat_url_file = os.path.join(self.state, "secrets", "heartbeat-url")  # when the operator made it
+        self.owned = [("receiver", os.path.dirname(self.stack.pages_file)), ("receiver-self", run),
+                      ("grafana", os.path.join(self.state, "grafana"))]
+        # Prometheus takes the admin password, Alertmanager its own (self.silencer), in every mode (plain HTTP on loopback
         # by default); the exporters with a /debug/pprof/ answer /metrics only (metrics_front.py)
         self.stack.loopback_web_config = os.path.join(self.config, "loopback-web.yml")
         self.stack.loopback_client = self.admin.client_http(tls=False)
@@ -165,6 +180,12 @@ class Standalone(Role):
             self.stack.web_config_file = os.path.join(self.config, "web-config.yml")
             if listen not in ("0.0.0.0", "::"):  # one address: the stack's own clients go there too
                 self.stack.web_address = listen
+        # Alertmanager's own user and password: a reader of Prometheus (Grafana's datasource) cannot silence a page
+        self.silencer = pki.Secrets(os.path.join(self.state, "secrets"), user="alertmanager")
+        client = self.silencer.client_http(tls=bool(self.web))
+        if self.web:
+            client["tls_config"]["ca_file"] = self.ca
+        self.stack.alertmanager_auth = (os.path.join(self.config, "alertmanager-web.yml"), client)
 
     def render(self):
         self._make_socket_dirs()
@@ -173,6 +194,7 @@ class Standalone(Role):
         else:
             os.makedirs(self.config, exist_ok=True)
             self.admin.web_config(self.stack.loopback_web_config, cert_name=None)
+        self.silencer.web_config(self.stack.alertmanager_auth[0], cert_name=self.cert_name if self.web else None)
         if self.grafana:  # Prometheus scrapes Grafana's /metrics too (BlockStackGrafanaDown)
             self.stack.also_scrape["grafana"] = (f"{self.stack.address('grafana')}:{self.ports['grafana']}",
                                                  "https" if self.web else "http")
@@ -215,8 +237,9 @@ class Standalone(Role):
         p = self.ports
         lines = [f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}, servers: {servers_name()}",
                  f"  Prometheus     {scheme}://{host}:{p['prometheus']}/   (alerts: /alerts; admin, password in {self.admin.password_file})",
-                 f"  Alertmanager   {scheme}://{host}:{p['alertmanager']}/   (admin, password in {self.admin.password_file})",
-                 f"  pages file     {self.stack.pages_file}"]
+                 f"  Alertmanager   {scheme}://{host}:{p['alertmanager']}/   (alertmanager, password in {self.silencer.password_file})",
+                 f"  pages file     {self.stack.pages_file}",
+                 f"  pager's own    {self.stack.self_pages_file}   (the second notifier: the pager's own failures)"]
         for name, label in (("node", "node_exporter"), ("blockstack", "blockstack-exporter"), ("ebpf", "ebpf_exporter")):
             if name != "ebpf" or self.stack.runs_ebpf:
                 lines.append(f"  {label:<14} http://127.0.0.1:{p[name]}/metrics")
@@ -228,7 +251,8 @@ class Standalone(Role):
         else:
             lines.append(GRAFANA_HINT)
         if self.web:
-            lines.append(f"  TLS + basic auth: admin / password in {self.web.password_file}, CA {self.ca}")
+            lines.append(f"  TLS + basic auth: admin / password in {self.web.password_file} (alertmanager / "
+                         f"{self.silencer.password_file} on Alertmanager), CA {self.ca}")
         return lines
 
 

@@ -26,8 +26,13 @@ EBPF_CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
 # node_exporter's default --collector.diskstats.device-exclude drops loop devices and
 # partitions; the stack must see every layer, so only RAM disks, floppies and CD-ROMs go.
 DISKSTATS_EXCLUDE = r"^(ram|fd|sr)\d+$"
-COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "alertmanager", "prometheus")
+# receiver-self: the second notifier, a page receiver of the pager's own alerts that shares
+# neither the page receiver's process nor its disk (alerts/alertmanager.yml `pagerself`)
+COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "receiver-self", "alertmanager", "prometheus")
+# The local webhooks of alerts/alertmanager.yml by port: the component each goes to.
+LOCAL_WEBHOOKS = {9466: "receiver", 9467: "receiver-self"}
 RETENTION = "15d"
+RESEND_DELAY = "15s"  # Prometheus -> Alertmanager, see the prometheus command
 # The TSDB deletes its oldest blocks past this size, before the disk it shares with the pages file
 # fills (BlockStackPagerDiskFilling warns before either happens).
 RETENTION_SIZE = "8GB"
@@ -53,6 +58,7 @@ PROGRAMS = {
     "blockstack": ((os.path.join(VENV_BIN, "blockstack-exporter"),), "venv"),
     "ebpf": ((EBPF_EXPORTER,), "ebpf-build"),
     "receiver": ((os.path.join(VENV_BIN, "python"),), "venv"),
+    "receiver-self": ((os.path.join(VENV_BIN, "python"),), "venv"),
     "gate": ((os.path.join(VENV_BIN, "python"),), "venv"),  # alert_gate.py, metrics_front.py
 }
 
@@ -184,13 +190,23 @@ class Stack:
         # any origin's CORS preflight with `*`, so without a password a web page could silence
         # pages; both serve Go's /debug/pprof/, which no flag turns off.
         self.loopback_web_config = self.loopback_client = None
+        # (web config file, client block) of Alertmanager when it has credentials of its own
+        # (roles.Standalone: whoever reads Prometheus cannot silence a page); else the ones above.
+        self.alertmanager_auth = None
         # With a directory: node_exporter and ebpf_exporter serve HTTP on Unix sockets in
         # DIR/node and DIR/ebpf, and metrics_front.py (program "front") answers their ports with
         # /metrics only (their /debug/pprof/ has no off switch, ebpf_exporter no web config).
         self.metrics_socket_dir = None
+        # With a path: blockstack-exporter asks the dm helper there (dm_helper.py, program "dm",
+        # the only holder of CAP_SYS_ADMIN) instead of running dmsetup (roles: where the kernel has dm).
+        self.dm_helper_socket = None
         # The bearer token Alertmanager's webhooks send the receiver (generated 0600 by render).
         self.receiver_token_file = os.path.join(self.workdir, "receiver-token")
         self.pages_file = os.path.join(self.workdir, "pages.jsonl")  # the receiver's (roles: STATE/pages/)
+        # receiver-self's: not on the pages' filesystem (roles: under /run)
+        self.self_pages_file = os.path.join(self.workdir, "self-pages", "pages.jsonl")
+        # The off-host dead man's switch's URL (a secret), passed to the receiver when the file exists.
+        self.heartbeat_url_file = None
         # More of the stack's own servers to scrape: {job: (address:port, scheme)} (roles.Standalone: Grafana).
         self.also_scrape = {}
 
@@ -232,6 +248,8 @@ class Stack:
 
     def client(self, component):
         """The basic_auth (+ scheme/tls_config) block Prometheus sends to one of the stack's servers."""
+        if component == "alertmanager" and self.alertmanager_auth:
+            return self.alertmanager_auth[1]
         if self.web_client and component in self.AUTH_COMPONENTS:
             return self.web_client
         return (self.loopback_client if component in ("alertmanager", "prometheus") else None) or {}
@@ -241,7 +259,7 @@ class Stack:
 
     def prometheus_config(self):
         jobs = {"node": "node", "blockstack": "blockstack", "ebpf": "ebpf", "receiver": "receiver",
-                "alertmanager": "alertmanager", "prometheus": "prometheus"}
+                "receiver-self": "receiver-self", "alertmanager": "alertmanager", "prometheus": "prometheus"}
         scrape_configs = []
         for component, job in jobs.items():
             if component in self.components and (component != "ebpf" or self.runs_ebpf):
@@ -267,23 +285,33 @@ class Stack:
         return config
 
     def alertmanager_config(self):
-        """alerts/alertmanager.yml with its local webhook receivers pointed at our receiver's port,
-        each sending the receiver's bearer token."""
+        """alerts/alertmanager.yml with its local webhook receivers pointed at our receivers' ports
+        (LOCAL_WEBHOOKS), each sending the receiver's bearer token. A local webhook whose receiver
+        the stack does not run (receiver-self in the lab and the central role) is left out: its
+        alerts reach the page receiver through their page or ticket route already (`continue`),
+        and a second copy there would be a second notification of one alert."""
         with open(os.path.join(REPO, "alerts", "alertmanager.yml")) as f:
             config = yaml.safe_load(f)
         for receiver in config.get("receivers", []):
+            hooks = []
             for hook in receiver.get("webhook_configs", []):
                 parts = urllib.parse.urlsplit(hook["url"])
                 if parts.hostname in ("127.0.0.1", "localhost"):
-                    hook["url"] = urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{self.ports['receiver']}"))
+                    component = LOCAL_WEBHOOKS.get(parts.port, "receiver")
+                    if component not in self.components:
+                        continue
+                    hook["url"] = urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{self.ports[component]}"))
                     hook.setdefault("http_config", {})["authorization"] = {
                         "type": "Bearer", "credentials_file": self.receiver_token_file}
+                hooks.append(hook)
+            if "webhook_configs" in receiver:
+                receiver["webhook_configs"] = hooks
         return config
 
     def render(self):
         os.makedirs(self.workdir, exist_ok=True)
         files = {"prometheus.yml": self.prometheus_config()}
-        if "receiver" in self.components:
+        if {"receiver", "receiver-self"} & set(self.components):
             secret(self.receiver_token_file)
         if "alertmanager" in self.components:
             files["alertmanager.yml"] = self.alertmanager_config()
@@ -326,8 +354,12 @@ class Stack:
                 self.ebpf_configs  # the probe writes the status file
             status = [f"--collector.ebpf.status-file={self.ebpf_status_file}"] \
                 if self.ebpf_status_file and os.path.exists(self.ebpf_status_file) else []
-            cmds["blockstack"] = ([program("blockstack"), f"--web.listen-address=127.0.0.1:{p['blockstack']}", *status],
-                                  {}, self.url("blockstack", "/metrics"))
+            helper = [f"--collector.dm.helper={self.dm_helper_socket}"] if self.dm_helper_socket else []
+            cmds["blockstack"] = ([program("blockstack"), f"--web.listen-address=127.0.0.1:{p['blockstack']}", *status,
+                                   *helper], {}, self.url("blockstack", "/metrics"))
+            if helper:  # its health shows in the exporter's dm collector (blockstack_scrape_collector_success)
+                cmds["dm"] = ([program("gate"), "-I", "-m", "blockstack_exporter.dm_helper", f"--socket={self.dm_helper_socket}"],
+                              {}, self.url("blockstack", "/metrics"))
         if self.runs_ebpf:
             # --capabilities.keep: every capability dropped once the programs are attached (but
             # CAP_BPF before 5.19, ebpf_keep_capabilities)
@@ -345,17 +377,30 @@ class Stack:
         if "receiver" in self.components:
             cmds["receiver"] = ([program("receiver"), os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
                                  f"--listen=127.0.0.1:{p['receiver']}", f"--file={self.pages_file}",
-                                 f"--token-file={self.receiver_token_file}", f"--statfs={self.data_dir}"],
+                                 f"--token-file={self.receiver_token_file}", f"--statfs={self.data_dir}",
+                                 *([f"--heartbeat-url-file={self.heartbeat_url_file}"]
+                                   if self.heartbeat_url_file and os.path.exists(self.heartbeat_url_file) else [])],
                                 {}, self.url("receiver", "/healthz"))
+        if "receiver-self" in self.components:  # small: a few notifications a day, on /run
+            cmds["receiver-self"] = ([program("receiver-self"), os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
+                                      f"--listen=127.0.0.1:{p['receiver-self']}", f"--file={self.self_pages_file}",
+                                      f"--token-file={self.receiver_token_file}", "--path=/page",
+                                      f"--max-bytes={4 << 20}", "--backups=1"],
+                                     {}, self.url("receiver-self", "/healthz"))
         if "alertmanager" in self.components:
             cmds["alertmanager"] = ([program("alertmanager", self.servers), f"--config.file={w}/alertmanager.yml",
                                      f"--storage.path={self.data_dir}/alertmanager",
-                                     f"--web.listen-address={self.web_listen}:{p['alertmanager']}", "--cluster.listen-address=", *web],
+                                     f"--web.listen-address={self.web_listen}:{p['alertmanager']}", "--cluster.listen-address=",
+                                     *([f"--web.config.file={self.alertmanager_auth[0]}"] if self.alertmanager_auth else web)],
                                     {}, self.url("alertmanager", "/-/ready"))
         if "prometheus" in self.components:
             cmds["prometheus"] = ([program("prometheus", self.servers), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",
                                    f"--storage.tsdb.retention.time={RETENTION}", f"--storage.tsdb.retention.size={RETENTION_SIZE}",
-                                   f"--web.listen-address={self.web_listen}:{p['prometheus']}", f"--web.cors.origin={CORS_ORIGIN}", *web],
+                                   f"--web.listen-address={self.web_listen}:{p['prometheus']}", f"--web.cors.origin={CORS_ORIGIN}",
+                                   # Alertmanager keeps an alert 4 resend delays after its last send (the
+                                   # default 1m: a dead Prometheus's watchdog lived on 4 min before the
+                                   # dead man's switch could miss it); 15 s: 1 min, for one POST per 15 s
+                                   f"--rules.alert.resend-delay={RESEND_DELAY}", *web],
                                   # no --web.enable-lifecycle: any local user could POST /-/quit; reload is SIGHUP
                                   {}, self.url("prometheus", "/-/ready"))
         if "grafana" in self.components:  # optional: started only when listed (it needs Prometheus)

@@ -41,7 +41,7 @@ class Supervisor:
             "; rendered by blockstack_deploy/supervisor.py: edit the source, not this file",
             "[unix_http_server]", f"file={self.sock}", "chmod=0700", "",
             "[supervisord]", f"logfile={logs}/supervisord.log", f"pidfile={s}/supervisord.pid",
-            f"childlogdir={logs}", "logfile_maxbytes=10MB", "logfile_backups=3", "",
+            f"childlogdir={logs}", "logfile_maxbytes=10MB", "logfile_backups=3", f"umask={privileges.UMASK:03o}", "",
             "[rpcinterface:supervisor]", "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface", "",
             "[supervisorctl]", f"serverurl=unix://{self.sock}", "",
         ]
@@ -50,7 +50,7 @@ class Supervisor:
             command = " ".join(shlex.quote(a) for a in privileges.wrap(name, argv)).replace("%", "%%")
             lines += [f"[program:{name}]", f"command={command}", f"directory={s}",
                       "autostart=true", "autorestart=true", "startsecs=1", "startretries=100",
-                      "stopasgroup=true", "killasgroup=true", "stopwaitsecs=20",
+                      "stopasgroup=true", "killasgroup=true", "stopwaitsecs=20", f"umask={privileges.UMASK:03o}",
                       f"stdout_logfile={logs}/{name}.log", "redirect_stderr=true",
                       "stdout_logfile_maxbytes=10MB", "stdout_logfile_backups=3"]
             if env:
@@ -84,7 +84,9 @@ class Supervisor:
         running = self.pid() is not None
         conf_changed, restart = self.render()
         if self.pid() is None:
-            subprocess.run([os.path.join(VENV_BIN, "supervisord"), "-c", self.conf], check=True, timeout=60)
+            # its own log is opened before its umask= applies
+            subprocess.run([os.path.join(VENV_BIN, "supervisord"), "-c", self.conf], check=True, timeout=60,
+                           umask=privileges.UMASK)
             self._wait_sock()
         elif conf_changed:
             self.ctl("reread")

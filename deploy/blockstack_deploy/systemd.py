@@ -1,13 +1,14 @@
 """systemd units rendered from the commands a role gives supervisord (`make install-systemd`):
-the same argv, one unit per program, with the hardening of its kind.
+the same argv, one unit per program, with the identity `make up` gives it (privileges.IDENTITIES:
+User=, SupplementaryGroups=, CapabilityBoundingSet= and AmbientCapabilities= from the same table,
+UMask= from privileges.UMASK) and the sandboxing of its kind.
 
-The exporters keep their own identities: node_exporter a dynamic user without capabilities,
-blockstack-exporter root limited to reading devices and device-mapper status, ebpf_exporter a
-dynamic user with what loading and attaching tracepoint programs needs. The servers (Prometheus,
+node_exporter and blockstack-exporter hold no capability; the dm helper (only where the kernel has
+device-mapper) CAP_SYS_ADMIN for the DM ioctls, on no network; ebpf_exporter what loading and
+attaching tracepoint programs needs, dropped once attached. The servers (Prometheus,
 Alertmanager, the page receiver, Thanos, Grafana) run each as its own system user without
-capabilities (privileges.IDENTITIES, the same users `make up` gives them), in the group
-`blockstack` that reads the state directory's configuration and secrets; each owns only what it
-writes.
+capabilities, in the group `blockstack` that reads the state directory's configuration and
+secrets; each owns only what it writes.
 """
 import os
 import re
@@ -19,7 +20,8 @@ from .files import write_if_changed
 
 UNIT_DIR = "/etc/systemd/system"
 # Unit names of the exporters (blockstack-NAME.service for the rest).
-UNIT_NAMES = {"node": "node-exporter", "blockstack": "exporter", "ebpf": "ebpf-exporter", "receiver": "page-receiver"}
+UNIT_NAMES = {"node": "node-exporter", "blockstack": "exporter", "ebpf": "ebpf-exporter", "receiver": "page-receiver",
+              "dm": "dm-helper"}
 
 UNIT = string.Template("""\
 # rendered by blockstack_deploy/systemd.py from the ${role} role's command: edit the source, not this file
@@ -40,37 +42,47 @@ RestartSec=2
 WantedBy=multi-user.target
 """)
 
-# Per kind of program (its name before the first "-": prometheus-A is a prometheus).
+# Who each program is (privileges.IDENTITIES, as under `make up`).
+IDENTITY = string.Template("""\
+User=${user}
+Group=${user}
+SupplementaryGroups=${groups}
+CapabilityBoundingSet=${caps}
+AmbientCapabilities=${caps}
+UMask=${umask}""")
+# The sandboxing per kind of program (its name before the first "-": prometheus-A is a prometheus).
 HARDENING = {
     "node": """\
-DynamicUser=yes
-CapabilityBoundingSet=
 ProtectHome=yes
 RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX""",
-    # sysfs/procfs, ext4 superblocks (group disk) and device-mapper status (the DM ioctls need
-    # CAP_SYS_ADMIN); it can write nothing but its own sockets.
+    # sysfs/procfs and ext4 superblocks (group disk); device-mapper through the dm helper's socket;
+    # it can write nothing.
     "blockstack": """\
-User=root
-SupplementaryGroups=disk
-CapabilityBoundingSet=CAP_SYS_ADMIN CAP_DAC_READ_SEARCH
-AmbientCapabilities=CAP_SYS_ADMIN CAP_DAC_READ_SEARCH
 ProtectHome=read-only
 ProtectKernelTunables=yes
 ProtectKernelModules=yes
 ProtectControlGroups=yes
 DevicePolicy=closed
 DeviceAllow=block-* r
-DeviceAllow=/dev/mapper/control rw
 RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
 RestrictNamespaces=yes
 LockPersonality=yes
 SystemCallArchitectures=native""",
-    # CAP_BPF, CAP_PERFMON since 5.8; CAP_SYS_RESOURCE for the memlock limit before 5.11;
-    # CAP_DAC_READ_SEARCH for tracefs event ids.
+    # the DM ioctls on /dev/mapper/control, a Unix socket in its own directory, no network at all
+    "dm": """\
+ReadWritePaths=${state}/run/dm
+ProtectHome=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectControlGroups=yes
+PrivateNetwork=yes
+DevicePolicy=closed
+DeviceAllow=/dev/mapper/control rw
+RestrictAddressFamilies=AF_UNIX
+RestrictNamespaces=yes
+LockPersonality=yes
+SystemCallArchitectures=native""",
     "ebpf": """\
-DynamicUser=yes
-CapabilityBoundingSet=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE CAP_DAC_READ_SEARCH
-AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_SYS_RESOURCE CAP_DAC_READ_SEARCH
 ProtectHome=read-only
 ProtectKernelModules=yes
 ProtectControlGroups=yes
@@ -94,13 +106,9 @@ RemoveOnStop=yes
 [Install]
 WantedBy=sockets.target
 """)
-SERVER = string.Template("""\
-User=${user}
-Group=${user}
-SupplementaryGroups=${group}
-CapabilityBoundingSet=
+SERVER = """\
 ReadWritePaths=${state}
-ProtectHome=read-only""")
+ProtectHome=read-only"""
 
 
 def escape(arg):
@@ -130,8 +138,13 @@ def units(role):
             requires = f"Requires={socket_unit}\nAfter={socket_unit}\n"
         else:
             requires = ""
-        hardening = HARDENING.get(kind) or SERVER.substitute(state=role.state, user=privileges.identity(name)[0],
-                                                            group=privileges.GROUP)
+        user, groups, caps = privileges.identity(name)
+        hardening = IDENTITY.substitute(user=user, groups=" ".join(groups), caps=" ".join(f"CAP_{c.upper()}" for c in caps),
+                                        umask=f"{privileges.UMASK:04o}") + "\n" + \
+            string.Template(HARDENING.get(kind, SERVER)).substitute(state=role.state)
+        run = os.path.dirname(getattr(getattr(role, "stack", None), "self_pages_file", ""))
+        if name == "receiver-self" and run.startswith("/run/"):  # read-only under ProtectSystem: systemd makes it
+            hardening += f"\nRuntimeDirectory={run[len('/run/'):]}\nRuntimeDirectoryPreserve=yes"
         out[unit_name(name)] = UNIT.substitute(
             role=role.name, name=UNIT_NAMES.get(name, name), requires=requires, after="local-fs.target" if kind in HARDENING else "network-online.target",
             environment="".join(f"Environment={escape(f'{k}={v}')}\n" for k, v in env.items()),

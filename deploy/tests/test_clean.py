@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+from blockstack_deploy import roles
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
@@ -22,5 +24,7 @@ def test_clean_keeps_data_pages_and_secrets_unless_forced(tmp_path):
     assert "FORCE=1" in out
     assert sorted(os.listdir(state)) == ["data", "grafana", "pages", "secrets"]
     assert (state / "pages" / "pages.jsonl").read_text() == "x"
+    run = roles.self_pages_dir(str(state))  # the second notifier's (/run as root): it goes too
+    os.makedirs(run, exist_ok=True)
     clean(state, "--force")
-    assert not state.exists()
+    assert not state.exists() and not os.path.exists(run)

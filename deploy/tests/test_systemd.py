@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from blockstack_deploy import fleet_auth, grafana, roles, systemd
+from blockstack_deploy import fleet_auth, grafana, privileges, roles, systemd
 
 pytestmark = [pytest.mark.built]  # the units' ExecStart: ebpf_exporter and Thanos must exist
 
@@ -98,3 +98,22 @@ def test_verify_catches_what_the_hand_written_units_had(tmp_path):
     assert "Ignoring unknown escape sequences" in verify(tmp_path, {"blockstack-a.service": node.replace(r"\\d", r"\d")})
     missing = re.sub(r"ExecStart=\S+", "ExecStart=/nonexistent/node_exporter", node)
     assert "is not executable" in verify(tmp_path, {"blockstack-b.service": missing})
+
+
+def test_device_mapper_only_the_helper_holds_a_capability(tmp_path, monkeypatch):
+    """Where the kernel has device-mapper the dm helper's unit is the only one with CAP_SYS_ADMIN (on
+    no network); blockstack-exporter asks it over its socket and holds no capability; no unit runs
+    as root; every unit writes under umask 027 (privileges.py)."""
+    monkeypatch.setattr(privileges, "device_mapper", lambda: True)  # this host's kernel has none
+    role = roles.Standalone(tmp_path / "state", ebpf_configs="block_io")
+    units = role_units(role)
+    helper, exporter = units["blockstack-dm-helper.service"], units["blockstack-exporter.service"]
+    assert "AmbientCapabilities=CAP_SYS_ADMIN\n" in helper and "PrivateNetwork=yes" in helper
+    assert "RestrictAddressFamilies=AF_UNIX\n" in helper and "DeviceAllow=/dev/mapper/control rw" in helper
+    assert f"--collector.dm.helper={tmp_path}/state/run/dm/helper.sock" in exporter
+    assert "CapabilityBoundingSet=\n" in exporter and "/dev/mapper/control" not in exporter
+    with_caps = {name for name, text in units.items() if re.search(r"^AmbientCapabilities=.+$", text, re.M)}
+    assert with_caps == {"blockstack-dm-helper.service", "blockstack-ebpf-exporter.service"}, with_caps
+    services = {name: text for name, text in units.items() if name.endswith(".service")}
+    assert [n for n, text in services.items() if "User=root" in text or "User=" not in text or "UMask=0027" not in text] == []
+    assert verify(tmp_path, units) == ""

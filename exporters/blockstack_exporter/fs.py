@@ -92,7 +92,7 @@ class AttributeReader:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         except (ValueError, OSError):
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        # Leave room for the server's connections (at most 1,024, server.MAX_CONNECTIONS) and the
+        # Leave room for the server's connections (at most 1,024, blockstack_http.MAX_CONNECTIONS) and the
         # other collectors' reads. Past the capacity (~66,000 attributes with 10,000 devices) reads
         # cost an open and a close each: scrape time then grows faster than the device count.
         self.capacity = max(0, soft - RESERVED_FDS)

@@ -22,7 +22,7 @@ def build_collectors(args):
     collectors = []
     for name in args.collectors:
         if name == "dm":
-            collectors.append(DmCollector(dmsetup=args.dmsetup, timeout=args.dmsetup_timeout))
+            collectors.append(DmCollector(dmsetup=args.dmsetup, timeout=args.dmsetup_timeout, helper=args.dm_helper))
         elif name == "findings":
             collectors.append(FindingsCollector(knobs.load(args.knobs, checks.KNOBS)))
         elif name == "ebpf":
@@ -107,6 +107,9 @@ def parse_args(argv):
                    help="dmsetup binary (default %(default)s)")
     p.add_argument("--collector.dm.timeout", dest="dmsetup_timeout", type=float, default=5.0,
                    help="seconds before a dmsetup call is abandoned (default %(default)s)")
+    p.add_argument("--collector.dm.helper", dest="dm_helper", default=None, metavar="SOCKET",
+                   help="ask the dm helper on this Unix socket (python -m blockstack_exporter.dm_helper) for the "
+                        "device-mapper tables and status instead of running dmsetup (default: run dmsetup)")
     p.add_argument("--collector.ebpf.status-file", dest="ebpf_status_file", default=None, metavar="PATH",
                    help="ebpf-configs/select-configs.sh's status file: which sets of BPF programs load on this "
                         "kernel, and why the others do not (default: none, nothing published)")

@@ -10,21 +10,21 @@
 - The deadline of a collection is Prometheus's X-Prometheus-Scrape-Timeout-Seconds minus a
   margin (--web.scrape-timeout-offset, as blackbox_exporter's --timeout-offset), or
   --web.default-scrape-timeout without the header; the collectors share it (scrape.py).
-- A request counts only when it arrived whole: a connection closed in the middle of its headers
-  (or never finishing them within REQUEST_READ_SECONDS) triggers no collection. At most
-  MAX_CONNECTIONS connections are served at once; at that number, the connection that has been
-  sending its request the longest is closed to make room (Prometheus sends a request in one
-  go; a client that trickles it is the one to go), and past it a new one is closed at once.
+- The connections are httpd/blockstack_http.py's (its docstring says what they get): a request
+  counts only when it arrived whole, within 5 s; a connection closed in the middle of its request
+  line or headers, or whose client closed before the collection would start, triggers no
+  collection. 400 for a malformed request line, target or header, no HTTP/0.9. At most 1,024
+  connections at once; at that number, the connection that has been sending its request the
+  longest is closed to make room for a new one (Prometheus sends a request in one go; a client
+  that trickles it is the one to go); a request that arrived whole is never closed for another.
 """
 import gzip
 import logging
-import select
-import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+import blockstack_http
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from . import __version__
@@ -32,8 +32,6 @@ from . import __version__
 log = logging.getLogger("blockstack_exporter")
 
 GZIP_LEVEL = 6  # zlib's and Go's default (node_exporter); the library's 9 takes 4x as long for 2 % fewer bytes
-REQUEST_READ_SECONDS = 5.0  # the whole request line and headers must arrive within this
-MAX_CONNECTIONS = 1024  # a waiting connection is a thread with little memory of its own
 MAX_TIMEOUT_HEADER = 300.0  # a larger X-Prometheus-Scrape-Timeout-Seconds is taken as this
 LANDING = (b"<html><head><title>blockstack-exporter</title></head><body><h1>blockstack-exporter</h1>"
            b"<p><a href=\"/metrics\">Metrics</a></p></body></html>\n")
@@ -151,46 +149,11 @@ class Exporter:
             return flight.bodies[content_type], content_type
 
 
-class _LastLineReader:
-    """A request's input that remembers the last line read (see Handler._headers_complete)."""
-
-    def __init__(self, raw):
-        self.raw, self.last = raw, None
-
-    def readline(self, *args):
-        self.last = self.raw.readline(*args)
-        return self.last
-
-    def __getattr__(self, name):
-        return getattr(self.raw, name)
-
-
-class Handler(BaseHTTPRequestHandler):
+class Handler(blockstack_http.Handler):
     server_version = f"blockstack-exporter/{__version__}"
-    protocol_version = "HTTP/1.0"  # one request per connection
-    timeout = 30  # seconds a socket read or write may wait: a client that stops reading its answer
-
-    def setup(self):
-        super().setup()
-        self.rfile = _LastLineReader(self.rfile)
-        self.server.watch(self.connection)
 
     def log_message(self, format, *args):  # no access log (prometheus_client's server has none)
         pass
-
-    def parse_request(self):
-        if not super().parse_request():
-            return False
-        self.server.unwatch(self.connection)
-        if self.request_version == "HTTP/0.9" or not self._headers_complete():
-            self.close_connection = True
-            return False
-        return True
-
-    def _headers_complete(self):
-        """http.client.parse_headers stops at an empty line or at end of input alike: a request
-        cut off in its headers must not count: the last line read must be the empty one."""
-        return self.rfile.last in (b"\r\n", b"\n")
 
     def __getattr__(self, name):
         if name.startswith("do_"):  # any other method: 405
@@ -218,7 +181,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._reply(404, b"Not Found\n", "text/plain; charset=utf-8")
         exporter = self.server.exporter
         deadline = exporter.deadline_for(self.headers.get("X-Prometheus-Scrape-Timeout-Seconds"))
-        if self._client_gone():
+        if self.client_gone():  # an aborted request: no collection
             return
         flight, families = exporter.families(deadline)
         if flight is None:
@@ -232,87 +195,12 @@ class Handler(BaseHTTPRequestHandler):
             headers.append(("Content-Encoding", "gzip"))
         self._reply(200, body, content_type, headers)
 
-    def _client_gone(self):
-        """True when the client already closed its side (an aborted request): no collection."""
-        try:
-            # poll, not select: select() takes no descriptor above 1023, and the exporter keeps
-            # thousands of sysfs attributes open, so sockets get numbers beyond it (the handler
-            # failed and the connection closed without an answer).
-            poller = select.poll()
-            poller.register(self.connection, select.POLLIN)
-            return bool(poller.poll(0)) and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            return True
 
-
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 1024
-
-    def __init__(self, address, exporter):
-        host = address[0]
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+class Server(blockstack_http.Server):
+    def __init__(self, address, exporter, max_connections=blockstack_http.MAX_CONNECTIONS,
+                 request_seconds=blockstack_http.REQUEST_SECONDS):
         self.exporter = exporter
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._reading = {}  # connection -> monotonic time by which its request must have arrived
-        self._reading_lock = threading.Lock()
-        self.refused = 0
-        super().__init__(address, Handler)
-        threading.Thread(target=self._reaper, name="request-reaper", daemon=True).start()
-
-    def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
-            self._evict_slowest()
-            self.refused += 1
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.unwatch(request)
-            self._slots.release()
-
-    def watch(self, connection):
-        with self._reading_lock:
-            self._reading[connection] = time.monotonic() + REQUEST_READ_SECONDS
-
-    def unwatch(self, connection):
-        with self._reading_lock:
-            self._reading.pop(connection, None)
-
-    def _evict_slowest(self):
-        with self._reading_lock:
-            if not self._reading:
-                return
-            oldest = min(self._reading, key=self._reading.get)
-            del self._reading[oldest]
-        try:
-            oldest.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def _reaper(self):
-        """Shut down connections whose request has not arrived in time (slowloris): the handler's
-        read then ends, the request is incomplete, and no collection runs."""
-        while True:
-            time.sleep(0.25)
-            now = time.monotonic()
-            with self._reading_lock:
-                late = [c for c, t in self._reading.items() if t < now]
-                for c in late:
-                    del self._reading[c]
-            for c in late:
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        super().__init__(address, Handler, max_connections, request_seconds)
 
 
 def serve(registry, host, port, scrape_timeout, timeout_offset):

@@ -1,6 +1,7 @@
 """Issue 14: bad values cost one sample, hung devices and commands cost their own metrics only,
 and the HTTP side serves only scrapes, one collection for many requests. Each test failed on
 the exporter before the hardening (noted per test)."""
+import contextlib
 import errno
 import logging
 import os
@@ -328,3 +329,49 @@ def test_scrapes_are_answered_when_sockets_get_descriptors_above_1023(host_tree)
         httpd.server_close()
         for fd in held:
             os.close(fd)
+
+
+@contextlib.contextmanager
+def exporter_in_process(tree, **options):
+    """The exporter's HTTP server over a fixture tree in this process (options: blockstack_http.Server's);
+    yields (server, port), stopped after."""
+    httpd = server.Server(("127.0.0.1", 0), server.Exporter(registry_for(tree)), **options)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield httpd, httpd.server_address[1]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+MALFORMED = {"a bad request line": b"GET /metrics HTTP/1.1 x\r\n\r\n",
+             "a control character in the query": b"GET /metrics?x=\x1b[2J HTTP/1.1\r\n\r\n",
+             "HTTP/0.9": b"GET /metrics\r\n\r\n",
+             "a bad header": b"GET /metrics HTTP/1.1\r\nHost x\r\n\r\n"}
+
+
+@pytest.mark.parametrize("request_bytes", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_request_gets_400_and_no_collection(host_tree, http_abuse, request_bytes):
+    """Old: a bad request line got its 400 as a bare body (no status line, no headers), HTTP/0.9 a
+    closed connection; a control character in the query and a header line without a colon were
+    answered 200 and ran a collection."""
+    with exporter_in_process(host_tree) as (httpd, port):
+        assert http_abuse.raw(port, request_bytes).startswith(b"HTTP/1.0 400 ")
+        assert httpd.exporter.collections == 0
+        assert http(f"http://127.0.0.1:{port}/metrics")[0] == 200
+        assert httpd.exporter.collections == 1
+
+
+def test_1000_held_connections_do_not_delay_a_scrape(host_tree, http_abuse):
+    """Old: at MAX_CONNECTIONS the newest connection was closed at once, the real scrape too
+    (here 500 at most, 1,000 held: every scrape failed)."""
+    with exporter_in_process(host_tree, max_connections=500, request_seconds=30) as (httpd, port):
+        held = http_abuse.hold(port, 1000, heads=(b"", HALF_SENT, SLOW))
+        http_abuse.wait_closed(held, 500)  # every held connection taken: 500 served, the 500 oldest closed for them
+        p50, worst = http_abuse.timed(lambda: http(f"http://127.0.0.1:{port}/metrics", timeout=5)[0] == 200)
+        print(f"\nexporter, 1,000 held connections (500 served at most): scrape p50 {p50 * 1000:.0f} ms, max {worst * 1000:.0f} ms")
+        assert worst < 1, worst
+        assert httpd.exporter.collections == 10
+        assert http_abuse.closed(held) <= 510 and httpd.refused == 0  # each scrape took the place of one

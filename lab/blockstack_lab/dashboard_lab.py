@@ -55,7 +55,9 @@ def missing_requirements():
 def collapse(workdir, phases=PHASES, log=print, servers=None):
     """Yields a namespace, during the collapse: stack (the lab Stack: .url("grafana") ...), prometheus
     (its API client), grafana_password, upper and lower (kernel names), mountpoint, start, paged
-    (Unix seconds) and phases {name: (start, end)} (collapsed: (start, None)). servers: which Prometheus and
+    (Unix seconds), phases {name: (start, end)} (collapsed: (start, None) until end() ends it, before the
+    context's exit if the caller wants to look at it afterwards), and refusing(), a context: the
+    merging-refused collapse. servers: which Prometheus and
     Alertmanager (blockstack_deploy.stack.SERVERS; default $BLOCKSTACK_SERVERS, else Debian's)."""
     why = missing_requirements()
     if why:
@@ -85,14 +87,40 @@ def collapse(workdir, phases=PHASES, log=print, servers=None):
                  f"--directory={upper_mnt}", "--group_reporting"], runtime=phases["fsync"], name="fsync")
         times["fsync"] = (t, time.time())
         log(f">> lab: collapsed phase (nomerges=2, max_sectors_kb=4 on {lower}) until the page")
-        es.enter_context(loop.sysfs_setting(lower_dev, "queue/nomerges", "2"))
-        es.enter_context(loop.sysfs_setting(lower_dev, "queue/max_sectors_kb", "4"))
+        collapsed = es.enter_context(contextlib.ExitStack())  # closed by end() or on exit
+        collapsed.enter_context(loop.sysfs_setting(lower_dev, "queue/nomerges", "2"))
+        collapsed.enter_context(loop.sysfs_setting(lower_dev, "queue/max_sectors_kb", "4"))
         t = time.time()
-        es.enter_context(fio.background(read, runtime=HOLD, name="collapsed"))
+        collapsed.enter_context(fio.background(read, runtime=HOLD, name="collapsed"))
         times["collapsed"] = (t, None)
+
+        def end():
+            """Ends the collapse now (the reads stopped, the settings restored); the stack runs on."""
+            if times["collapsed"][1] is None:
+                collapsed.close()
+                times["collapsed"] = (t, time.time())
+                log(f">> lab: collapse ended after {times['collapsed'][1] - t:.0f} s")
+
+        @contextlib.contextmanager
+        def refusing():
+            """A second collapse, merging refused, after end(): nomerges=2 on lower (max_sectors_kb as it
+            was) under the batched reads of lower itself, whose plugged 4 KiB bios are each contiguous
+            with the request before them (the first collapse refuses none: at max_sectors_kb=4 no merge
+            would fit). Its phase is "refused" in phases."""
+            end()
+            log(f">> lab: refused-merges phase (nomerges=2 on {lower}, reads of {lower})")
+            r = time.time()
+            try:
+                with loop.sysfs_setting(lower_dev, "queue/nomerges", "2"), \
+                        fio.background(fio.SEQ_BATCHED_READ + [f"--filename={lower_dev}", "--readonly"],
+                                       runtime=HOLD, name="refused"):
+                    yield
+            finally:
+                times["refused"] = (r, time.time())
         procs.wait_until(f"the collapse page for {lower}", lambda: prometheus.query(PAGE % lower), 120, 2)
         paged = time.time()
         log(f">> lab: paged {paged - t:.0f} s after the flip")
         time.sleep(SETTLE)
         yield types.SimpleNamespace(stack=stack, prometheus=prometheus, grafana_password=secret(stack.grafana_password_file),
-                                    upper=upper, lower=lower, mountpoint=upper_mnt, start=start, paged=paged, phases=times)
+                                    upper=upper, lower=lower, mountpoint=upper_mnt, start=start, paged=paged, phases=times,
+                                    end=end, refusing=refusing)

@@ -201,6 +201,35 @@ class Browser:
             " ...Array.from(r.querySelectorAll('td')).slice(1).map(td => td.textContent)])")
         return {r[0].strip(): r[1:] for r in rows if r[0]}
 
+    def legend_hidden(self, title):
+        """The series names of a time series panel's legend rows a reader cannot see: outside the box of
+        a scrolling ancestor (the legend's own scroll area, clipped by the panel)."""
+        return self.panel(title).evaluate(r"""panel => {
+          const clips = [];
+          for (let e = panel.querySelector('table'); e && e !== panel.parentElement; e = e.parentElement) {
+            const s = getComputedStyle(e);
+            if (/(auto|scroll|hidden)/.test(s.overflowY) || e === panel) clips.push(e.getBoundingClientRect());
+          }
+          return Array.from(panel.querySelectorAll('table tbody tr')).filter(r => {
+            const b = r.getBoundingClientRect();
+            return clips.some(c => b.top < c.top - 1 || b.bottom > c.bottom + 1);
+          }).map(r => r.querySelector('button') ? r.querySelector('button').title : r.textContent);
+        }""")
+
+    def truncated(self, title, prefix="BlockStack"):
+        """The texts starting with `prefix` (alert names) that a table panel cuts short: a cell, or
+        an element in it, narrower than its text."""
+        return self.panel(title).evaluate(r"""(panel, prefix) => {
+          const cut = [];
+          for (const cell of panel.querySelectorAll('[role="gridcell"], [role="cell"]')) {
+            const text = cell.textContent.trim();
+            if (!text.startsWith(prefix)) continue;
+            const els = [cell, ...cell.querySelectorAll('*')];
+            if (els.some(e => e.scrollWidth > e.clientWidth + 1)) cut.push(text);
+          }
+          return cut;
+        }""", prefix)
+
     def annotations(self, title):
         return self.panel(title).locator(ANNOTATION).count()
 

@@ -55,10 +55,12 @@ class StackView:
             ports = json.load(f)
         view = cls(f"http://127.0.0.1:{ports['prometheus']}", os.path.join(state, "pages", "pages.jsonl"),
                    alertmanager_url=f"http://127.0.0.1:{ports['alertmanager']}")
-        password = os.path.join(state, "secrets", "admin-password")  # Prometheus's and Alertmanager's basic auth (make up)
-        if os.path.exists(password):
-            with open(password) as f:
-                view.alertmanager.auth = view.prometheus.auth = ("admin", f.read().strip())
+        # the basic auth of make up: Prometheus's (user admin) and Alertmanager's (user alertmanager)
+        for client, user in ((view.prometheus, "admin"), (view.alertmanager, "alertmanager")):
+            password = os.path.join(state, "secrets", f"{user}-password")
+            if os.path.exists(password):
+                with open(password) as f:
+                    client.auth = (user, f.read().strip())
         return view
 
     @classmethod

@@ -202,7 +202,7 @@ def test_thanos_query_returns_each_hosts_lineup_once(fleet):
 def test_dashboard_unchanged_against_thanos_query(fleet, reads):
     """The dashboard's queries, with h1's upper as the stack (the device variable: the upper and its
     lower, or one device in the repeated panels), over the last 2 minutes at the 5 s scrape
-    interval ($__rate_interval 20 s, Grafana's 4 x scrape), as Grafana sends them to Thanos Query.
+    interval ($__rate_interval 20 s, Grafana's 4 x scrape; $__interval the 5 s step), as Grafana sends them to Thanos Query.
     That Grafana itself renders them is dashboards/tests/test_grafana.py's."""
     import blockstack_dashboard
     with open(blockstack_dashboard.OUTPUT) as fh:
@@ -223,7 +223,7 @@ def test_dashboard_unchanged_against_thanos_query(fleet, reads):
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             device = h1.upper if panel.get("repeat") == "device" else f"({h1.upper}|{h1.lower})"
-            text = target["expr"].replace("$__rate_interval", "20s").replace("$host", "h1") \
+            text = target["expr"].replace("$__rate_interval", "20s").replace("$__interval", "5s").replace("$host", "h1") \
                 .replace("$stack", h1.upper).replace("$device", device)
             result = thanos.query_range(text, end - 120, end, 5)
             ran += 1

@@ -18,6 +18,10 @@ dmsetup prints device numbers as MAJ:MIN (the kernel's format_dev_t); they are m
 names through /sys/dev/block, dm names to dm-N through /sys/block/dm-N/dm/name. `lvs` is never run:
 it takes LVM's locks and scans every PV, and a scrape must not.
 
+With --collector.dm.helper SOCKET the exporter holds no capability: it asks the helper
+(dm_helper.py, the only holder of CAP_SYS_ADMIN, which the DM ioctls need) for one of the two
+listings by name ("table" or "status"), and the helper runs dmsetup with exactly these arguments.
+
 Formats, from the kernel:
 - snapshot / snapshot-merge table (Documentation/admin-guide/device-mapper/snapshot.rst):
       <origin> <COW device> <P|PO|N> <chunksize sectors> [<#feature args> [<arg>]*]
@@ -44,6 +48,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import time
 
@@ -60,6 +65,9 @@ SNAPSHOT_STATES = ("valid", "invalid", "overflow", "merge_failed", "merging")
 THIN_POOL_STATES = ("rw", "ro", "out_of_data_space", "fail", "error")
 TABLE_ARGS = ("table",)
 STATUS_ARGS = ("status", "--noflush")
+# The whole interface of the privileged helper (dm_helper.py): a request names one of these.
+REQUESTS = {"table": TABLE_ARGS, "status": STATUS_ARGS}
+REASONS = ("command", "timeout", "too_large", "deadline")  # the DmsetupError reasons a helper may answer
 MISSING = object()  # the status call failed: already reported once
 KILL_GRACE = 1.0  # seconds to reap a killed dmsetup before abandoning it (stuck in an ioctl)
 MAX_OUTPUT_BYTES = 8 << 20  # dmsetup's output for ~50k targets; beyond, it is not dmsetup talking
@@ -263,8 +271,10 @@ def _stderr(data):
 class DmCollector:
     name = "dm"
 
-    def __init__(self, dmsetup="dmsetup", timeout=5.0):
-        self.dmsetup, self.timeout = dmsetup, timeout
+    def __init__(self, dmsetup="dmsetup", timeout=5.0, helper=None, preexec_fn=None):
+        """helper: the Unix socket of dm_helper.py, asked instead of running dmsetup here.
+        preexec_fn: run in the dmsetup child before exec (dm_helper.py: its capability)."""
+        self.dmsetup, self.timeout, self.helper, self.preexec_fn = dmsetup, timeout, helper, preexec_fn
         self._abandoned = []  # dmsetup processes that did not die when killed (stuck in an ioctl)
         self._reuse = Reuse()
         self._crypt_flags = {}  # dm-N -> the performance flags of its crypt targets (crypt_flags)
@@ -281,11 +291,14 @@ class DmCollector:
         command = f"`dmsetup {' '.join(args)}`"
         if timeout <= 0:
             raise DmsetupError(f"{command} not run: the collector's deadline has passed", "deadline")
+        if self.helper:
+            return self._ask(args, timeout, command)
         argv = [self.dmsetup, *args]
         env = dict(os.environ, LC_ALL="C")
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True, env=env)
+                                    stderr=subprocess.PIPE, start_new_session=True, env=env,
+                                    preexec_fn=self.preexec_fn)
         except OSError as e:
             raise DmsetupError(f"cannot run {self.dmsetup}: {e.strerror or e}") from None
         try:
@@ -299,6 +312,36 @@ class DmCollector:
         if proc.wait() != 0:
             raise DmsetupError(f"{command} exited with {proc.returncode}: {_stderr(err)}")
         return out.decode("utf-8", "replace")
+
+    def _ask(self, args, timeout, command):
+        """The helper's answer to the request naming args: "ok\n" and dmsetup's output, or
+        "error REASON\n" and its message (dm_helper.py). Helper down, refused or mute: DmsetupError."""
+        word = next(w for w, a in REQUESTS.items() if a == tuple(args))
+        deadline = time.monotonic() + timeout
+        reply = bytearray()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout)
+                s.connect(self.helper)
+                s.sendall(word.encode() + b"\n")
+                while chunk := s.recv(1 << 16):
+                    reply += chunk
+                    if len(reply) > MAX_OUTPUT_BYTES + MAX_STDERR_BYTES:
+                        raise DmsetupError(f"{command}: the helper wrote more than {MAX_OUTPUT_BYTES} bytes",
+                                           "too_large")
+                    s.settimeout(max(deadline - time.monotonic(), 0.001))
+        except TimeoutError:
+            raise DmsetupError(f"{command}: no answer from the dm helper {self.helper} in {timeout:.2g}s",
+                               "timeout") from None
+        except OSError as e:
+            raise DmsetupError(f"{command}: dm helper {self.helper}: {e.strerror or e}") from None
+        head, _, body = bytes(reply).partition(b"\n")
+        if head == b"ok":
+            return body.decode("utf-8", "replace")
+        if not head.startswith(b"error "):
+            raise DmsetupError(f"{command}: unexpected answer from the dm helper ({len(reply)} bytes)")
+        reason = head.removeprefix(b"error ").decode("ascii", "replace")
+        raise DmsetupError(_stderr(body) or f"{command} failed in the dm helper", reason if reason in REASONS else "command")
 
     @staticmethod
     def _read(proc, deadline):
