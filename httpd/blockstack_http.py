@@ -1,6 +1,6 @@
-"""The connection layer of the project's three HTTP servers (blockstack-exporter's /metrics, the
-metrics front of node_exporter and ebpf_exporter, the page receiver): http.server, with what a
-server reachable by every local user needs. Standard library only.
+"""The connection layer of the project's HTTP servers (blockstack-exporter's /metrics, the metrics
+front of node_exporter and ebpf_exporter, the page receiver, the fleet's alert gate): http.server,
+with what a server reachable by every local user needs. Standard library only.
 
 Each connection carries one request (HTTP/1.0: the answer ends the connection). What a connection
 gets:
@@ -8,6 +8,9 @@ gets:
   the server's request_seconds, counted from when its thread starts reading: each read waits only
   for what is left of that time (a client trickling a byte a second gains nothing). Past it the
   connection is closed without an answer (one line through the handler's log_message).
+- A server with an ssl.SSLContext in `tls` (the alert gate) serves TLS: the socket is wrapped in the
+  connection's own thread and the handshake is its first read, so it too must be done within
+  request_seconds; the wrapped socket is the one counted, evicted, handled and shut down.
 - A request that did not arrive whole (cut off in its request line or headers: the client closed,
   or was closed) reaches no handler method: nothing is collected, forwarded or written for it.
 - 400, and the connection closed, for a request line that is not `METHOD TARGET HTTP/1.x` (so no
@@ -161,7 +164,8 @@ class Handler(BaseHTTPRequestHandler):
             # poll, not select: select() takes no descriptor above 1023
             poller = select.poll()
             poller.register(self.connection, select.POLLIN)
-            return bool(poller.poll(0)) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            # the plain socket's recv, also under TLS (an SSLSocket refuses MSG_PEEK): b"" is the TCP end
+            return bool(poller.poll(0)) and socket.socket.recv(self.connection, 1, socket.MSG_PEEK) == b""
         except OSError:
             return True
 
@@ -171,6 +175,7 @@ class Server(ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = socket.SOMAXCONN
+    tls = None  # an ssl.SSLContext (server side) to serve TLS with
 
     def __init__(self, address, handler, max_connections=MAX_CONNECTIONS, request_seconds=REQUEST_SECONDS):
         if max_connections < 1 or not request_seconds > 0:
@@ -197,6 +202,44 @@ class Server(ThreadingHTTPServer):
             return
         super().process_request(request, client_address)
 
+    def process_request_thread(self, request, client_address):
+        # socketserver.ThreadingMixIn's, the socket first wrapped for TLS (here, in the connection's
+        # own thread): from then on the handler, arrived(), an eviction and shutdown_request() all
+        # have the wrapped socket.
+        try:
+            request = self._wrap(request)
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+
+    def _wrap(self, request):
+        """request, or with tls its SSLSocket in its place (no I/O here: the handshake happens in
+        the handler's first read, under the request's deadline)."""
+        if self.tls is None:
+            return request
+        wrapped = self.tls.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        with self._lock:
+            if request in self._open:
+                self._open.discard(request)
+                self._open.add(wrapped)
+                if request in self._reading:
+                    self._reading[wrapped] = self._reading.pop(request)
+                return wrapped
+        # evicted between the wrap and the lock (its shutdown missed the moved descriptor)
+        self._shut(wrapped)
+        return wrapped
+
+    @staticmethod
+    def _shut(connection):
+        try:
+            # socket.socket's own shutdown, also for an SSLSocket (whose shutdown() would drop its
+            # TLS state under the connection's thread): its thread's read ends, the request is cut off
+            socket.socket.shutdown(connection, socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def _evict_oldest(self):
         """Close the connection sending its request the longest (the lock held); False if none."""
         if not self._reading:
@@ -205,10 +248,7 @@ class Server(ThreadingHTTPServer):
         del self._reading[oldest]
         self._open.discard(oldest)
         self.evicted += 1
-        try:
-            oldest.shutdown(socket.SHUT_RDWR)  # its thread's read ends: the request is cut off
-        except OSError:
-            pass
+        self._shut(oldest)
         return True
 
     def arrived(self, connection):

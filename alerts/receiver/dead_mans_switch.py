@@ -4,9 +4,12 @@
 The page receiver pings it after every heartbeat it wrote (--heartbeat-url-file), about once a
 minute, as it would healthchecks.io or an Uptime Kuma push monitor. Run it on **another host**
 (the host it watches can fail whole); it is also the stand-in for such a service in
-alerts/tests/test_pager.py. Standard library only.
+alerts/tests/test_pager.py. Standard library only, with page_receiver.py beside it and
+httpd/blockstack_http.py importable (PYTHONPATH=httpd, or the project's venv): the connections are
+blockstack_http's (its docstring says what they get: one request per connection, whole within 5 s,
+400 for a malformed one, held connections never stop the accept loop).
 
-    python3 dead_mans_switch.py --listen 0.0.0.0:9468 --token-file /etc/blockstack/switch-token \\
+    PYTHONPATH=httpd python3 dead_mans_switch.py --listen 0.0.0.0:9468 --token-file /etc/blockstack/switch-token \\
         --timeout 300 --file /var/lib/blockstack-switch/events.jsonl --command 'mail -s "$SWITCH_SUMMARY" ops@example.com </dev/null'
 
     # on the watched host: the URL, with the token, in the receiver's --heartbeat-url-file
@@ -17,7 +20,8 @@ as healthchecks.io's check UUID). No ping for --timeout seconds (counted from it
 a pager never heard from is down) and it pages once: one JSON line appended to --file
 ({"at", "state": "down", "silent_seconds", "last_ping"}) with the page receiver's durable write,
 and --command run with SWITCH_STATE, SWITCH_SUMMARY in its environment; the first ping after that
-is the resolve (state "up"). GET /status answers the state as JSON, GET /healthz "ok".
+is the resolve (state "up"). A POST's body is read and ignored (413 past MAX_BODY, 400 for a bad
+Content-Length; one cut off is no ping). GET /status answers the state as JSON, GET /healthz "ok".
 """
 import argparse
 import hmac
@@ -28,11 +32,12 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import blockstack_http
 from page_receiver import append_line  # beside this script: the same whole-line, fsynced append as pages
 
 COMMAND_TIMEOUT = 60
+MAX_BODY = 64 << 10  # a ping's body is ignored (healthchecks.io takes a log excerpt of up to 100 kB)
 
 
 class Switch:
@@ -81,9 +86,9 @@ class Switch:
                 sys.stderr.write(f"--command failed: {e}\n")
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(blockstack_http.Handler):
     server_version = "blockstack-dead-mans-switch/1"
-    timeout = 10  # seconds a connection may take to send its request: a held one costs a thread that long
+    body_methods = ("POST",)  # whole once its body is read
 
     def do_GET(self):
         path = self.path.split("?")[0]
@@ -98,7 +103,21 @@ class Handler(BaseHTTPRequestHandler):
             return self._reply(200, b"ok\n")
         self._reply(404, b"not found\n")
 
-    do_POST = do_HEAD = do_GET  # healthchecks.io takes any of them; a ping's body is ignored
+    do_HEAD = do_GET  # healthchecks.io takes any of them
+
+    def do_POST(self):
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self.arrived()
+            return self._reply(400, b"bad Content-Length\n")
+        if not 0 <= length <= MAX_BODY:
+            self.arrived()
+            return self._reply(413, b"body too large\n")
+        if len(self.rfile.read(length)) < length:
+            return  # cut off: no ping
+        self.arrived()
+        self.do_GET()
 
     def _reply(self, code, body, content_type="text/plain"):
         self.send_response(code)
@@ -114,8 +133,7 @@ class Handler(BaseHTTPRequestHandler):
 
 def serve(listen, switch, token):
     host, _, port = listen.rpartition(":")
-    server = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), Handler)
-    server.daemon_threads = True
+    server = blockstack_http.Server((host.strip("[]") or "127.0.0.1", int(port)), Handler)
     server.switch, server.token = switch, token.encode()
     return server
 

@@ -4,6 +4,7 @@ listens on 127.0.0.1 only, behind the admin password.
 
     alert_gate.py --listen ADDR:PORT --alertmanager http://127.0.0.1:PORT
                   --credentials push-credentials.json --admin-password-file FILE [--tls-cert F --tls-key F]
+                  [--connections N] [--request-timeout SECONDS]
 
 A request is let through only when it is `POST /api/v2/alerts` (what Prometheus sends), with
 `Content-Type: application/json`, basic auth of a host named in the credentials file (user = the
@@ -11,19 +12,26 @@ host, password = its push secret; the file holds sha256 of each secret: they are
 secrets, so a slow hash would buy nothing), and every alert in it labelled `host` = that host (a
 host cannot raise, or resolve early, another host's alerts). The gate forwards it to its
 Alertmanager with the admin password and relays the answer. Anything else: 401 without a valid
-credential, 403 with one (silences, reads, other hosts' alerts), 415/413/400 for a bad body.
-Alertmanager's own web config cannot restrict a user to one path, hence this program.
+credential, 403 with one (silences, reads, other hosts' alerts), 415 for a Content-Type other than
+application/json, 411 without Content-Length, 413 past MAX_BODY, 400 for a body that is not a JSON
+list of alerts or is shorter than its Content-Length. Alertmanager's own web config cannot restrict
+a user to one path, hence this program.
 
 `GET /-/healthy` answers 200 without credentials (the gate's own health, nothing forwarded). The
-credentials file is re-read when it changes: adding or revoking a host needs no restart. One thread
-per connection with a 10 s socket timeout, so held connections do not delay a push. Standard
-library only (it runs as a script under its own user).
+credentials file is re-read when it changes: adding or revoking a host needs no restart.
+
+The connections are httpd/blockstack_http.py's (its docstring says what they get): HTTP/1.0, one
+request per connection (Prometheus's pushes need no more), which must arrive whole, body and TLS
+handshake included, within --request-timeout seconds, or it is closed unanswered; 400 for a
+malformed request line or header, no HTTP/0.9; nothing is forwarded for a request cut off. At most
+--connections at once (a thread each); at that number the one sending its request the longest is
+closed for a new one, so connections held open do not delay a push. Standard library only
+(blockstack_http is too; it runs as a script under its own user).
 """
 import argparse
 import base64
 import hashlib
 import hmac
-import http.server
 import json
 import os
 import ssl
@@ -31,6 +39,8 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+
+import blockstack_http
 
 PUSH_PATH = "/api/v2/alerts"
 MAX_BODY = 8 << 20  # Prometheus sends at most 64 alerts per request; 8 MiB is far above that
@@ -71,11 +81,10 @@ class Credentials:
             return self.hashes
 
 
-class Gate(http.server.BaseHTTPRequestHandler):
+class Gate(blockstack_http.Handler):
     server_version = "blockstack-alert-gate"
     sys_version = ""
-    protocol_version = "HTTP/1.1"
-    timeout = 10  # per connection: a client that sends nothing holds only its own thread
+    body_methods = ("POST",)  # a POST is whole once its body is read (arrived())
 
     def do_GET(self):
         if self.path == "/-/healthy":
@@ -85,18 +94,27 @@ class Gate(http.server.BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = do_GET
 
     def do_POST(self):
-        host = self.refuse() if self.path != PUSH_PATH else self.authenticated()
+        if self.path != PUSH_PATH:
+            return self.refuse()
+        host = self.server.credentials.host(self.headers.get("Authorization"))
         if host is None:
-            return
+            self.drain()
+            return self.unauthorized()
         if self.headers.get_content_type() != "application/json":
+            self.drain()
             return self.answer(415, "application/json only\n")
         try:
             length = int(self.headers.get("Content-Length", ""))
         except ValueError:
+            self.arrived()
             return self.answer(411, "Content-Length required\n")
         if not 0 <= length <= MAX_BODY:
+            self.drain()
             return self.answer(413, "too large\n")
-        body = self.rfile.read(length)
+        body = self.rfile.read(length)  # within the request's time, or TimeoutError: closed unanswered
+        self.arrived()
+        if len(body) < length:  # cut off: nothing is forwarded
+            return self.answer(400, "body shorter than Content-Length\n")
         try:
             alerts = json.loads(body)
             foreign = {str(a.get("labels", {}).get("host")) for a in alerts} - {host}
@@ -110,8 +128,11 @@ class Gate(http.server.BaseHTTPRequestHandler):
     def authenticated(self):
         host = self.server.credentials.host(self.headers.get("Authorization"))
         if host is None:
-            self.answer(401, "unauthorized\n", {"WWW-Authenticate": 'Basic realm="blockstack alert gate"'})
+            self.unauthorized()
         return host
+
+    def unauthorized(self):
+        self.answer(401, "unauthorized\n", {"WWW-Authenticate": 'Basic realm="blockstack alert gate"'})
 
     def refuse(self):
         """Anything but a push: 401 without a valid host credential, 403 with one."""
@@ -120,11 +141,16 @@ class Gate(http.server.BaseHTTPRequestHandler):
             self.answer(403, f"only POST {PUSH_PATH}\n")
 
     def drain(self):
+        """Read and drop a body refused (up to MAX_BODY), so that the client reads our answer, not a reset."""
         try:
             length = min(int(self.headers.get("Content-Length", "0")), MAX_BODY)
         except ValueError:
             length = 0
-        self.rfile.read(max(length, 0))
+        try:
+            self.rfile.read(max(length, 0))
+        except OSError:  # late or reset: the answer is tried all the same
+            pass
+        self.arrived()
 
     def forward(self, body):
         req = urllib.request.Request(self.server.upstream + PUSH_PATH, data=body, method="POST",
@@ -153,32 +179,19 @@ class Gate(http.server.BaseHTTPRequestHandler):
             super().log_request(code, size)
 
 
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address, upstream, credentials, admin_password_file, tls=None):
-        super().__init__(address, Gate)
+class Server(blockstack_http.Server):
+    def __init__(self, address, upstream, credentials, admin_password_file, tls=None,
+                 max_connections=blockstack_http.MAX_CONNECTIONS, request_seconds=blockstack_http.REQUEST_SECONDS):
+        """tls: (certificate file, key file); the handshake is done in the connection's own thread,
+        within request_seconds (blockstack_http.Server.tls)."""
+        if tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(*tls)
+            self.tls = context
+        super().__init__(address, Gate, max_connections=max_connections, request_seconds=request_seconds)
         self.upstream, self.credentials = upstream.rstrip("/"), Credentials(credentials)
         self.admin_password_file = admin_password_file
-        self.tls = None
-        if tls:
-            self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            self.tls.minimum_version = ssl.TLSVersion.TLSv1_2
-            self.tls.load_cert_chain(*tls)
-
-    def finish_request(self, request, client_address):
-        """In the connection's own thread: the TLS handshake too, so a silent client holds only it."""
-        request.settimeout(Gate.timeout)
-        if self.tls:
-            try:
-                request = self.tls.wrap_socket(request, server_side=True)
-            except (OSError, ssl.SSLError):
-                return
-        try:
-            super().finish_request(request, client_address)
-        finally:
-            if self.tls:
-                request.close()
 
     def admin_authorization(self):
         with open(self.admin_password_file) as f:
@@ -193,10 +206,15 @@ def main(argv=None):
     p.add_argument("--admin-password-file", required=True, help="Alertmanager's admin password (user admin)")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
+    p.add_argument("--connections", type=int, default=blockstack_http.MAX_CONNECTIONS,
+                   help="connections held at once (default %(default)s)")
+    p.add_argument("--request-timeout", type=float, default=blockstack_http.REQUEST_SECONDS,
+                   help="seconds for a whole request, TLS handshake included, to arrive (default %(default)s)")
     args = p.parse_args(argv)
     addr, _, port = args.listen.rpartition(":")
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    server = Server((addr.strip("[]"), int(port)), args.alertmanager, args.credentials, args.admin_password_file, tls)
+    server = Server((addr.strip("[]"), int(port)), args.alertmanager, args.credentials, args.admin_password_file, tls,
+                    args.connections, args.request_timeout)
     server.serve_forever()
 
 

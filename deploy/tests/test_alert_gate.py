@@ -2,6 +2,7 @@
 ports: a host's push secret pushes its own alerts and opens nothing else; the admin password is
 what Alertmanager takes. The same over TLS, across namespaces, with the fleet's agents pushing for
 real: deploy/tests/fleet/test_fleet.py."""
+import base64
 import json
 import socket
 import time
@@ -109,3 +110,29 @@ def test_held_connections_do_not_delay_a_push(gate):
             s.close()
     print(f"\npush with 100 held connections: {took:.2f} s")
     assert took < 2
+
+
+def test_a_malformed_or_http_0_9_request_gets_400_and_forwards_nothing(gate, http_abuse):
+    """The gate's connections are blockstack_http's: a request line without a version (HTTP/0.9,
+    which http.server answered with a bare body) or a malformed header is a 400 with headers, and a
+    push cut off in its headers or body reaches no one (a body cut off is a 400)."""
+    port = int(gate["gate"].rsplit(":", 1)[1])
+    h1 = "Basic " + base64.b64encode(":".join(gate["h1"]).encode()).decode()
+    push = json.dumps(alert("h1", "GateMalformed")).encode()
+    head = f"POST /api/v2/alerts HTTP/1.1\r\nAuthorization: {h1}\r\nContent-Type: application/json\r\n".encode()
+    malformed = {
+        "HTTP/0.9": b"GET /-/healthy\r\n\r\n",
+        "a control character in the target": b"GET /-/healthy?\x01 HTTP/1.1\r\n\r\n",
+        "a header without a colon": head + b"Content-Length %d\r\n\r\n" % len(push) + push,
+        "a folded header": head + b"Content-Length: %d\r\n x\r\n\r\n" % len(push) + push,
+    }
+    answers = {name: http_abuse.raw(port, data)[:200] for name, data in malformed.items()}
+    assert {name: a.split(b"\r\n")[0] for name, a in answers.items()} == dict.fromkeys(malformed, b"HTTP/1.0 400 Bad request line") | {
+        "a header without a colon": b"HTTP/1.0 400 Bad header line", "a folded header": b"HTTP/1.0 400 Bad header line"}
+    assert all(b"\r\nContent-Length: " in a for a in answers.values()), answers
+    cut = head + b"Content-Length: %d\r\n\r\n" % len(push) + push[:-1]
+    assert http_abuse.raw(port, cut, end=True).startswith(b"HTTP/1.0 400 ")  # body shorter than Content-Length
+    assert http_abuse.raw(port, head, end=True) == b""
+    seen = json.loads(request(gate["am"] + "/api/v2/alerts", gate["admin"])[1])
+    assert [a for a in seen if a["labels"]["alertname"] == "GateMalformed"] == []
+    assert request(gate["gate"] + "/api/v2/alerts", gate["h1"], body=alert("h1", "GateMalformed"))[0] == 200

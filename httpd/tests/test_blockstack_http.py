@@ -202,3 +202,51 @@ def test_bad_limits_are_refused():
     for options in ({"max_connections": 0}, {"request_seconds": 0}, {"request_seconds": float("nan")}):
         with pytest.raises(ValueError, match="must be positive"):
             blockstack_http.Server(("127.0.0.1", 0), Handler, **options)
+
+
+@pytest.fixture(scope="module")
+def tls_context(tmp_path_factory):
+    """A server-side ssl.SSLContext with a self-signed certificate for 127.0.0.1, and its file."""
+    import ssl
+    import subprocess
+
+    directory = tmp_path_factory.mktemp("tls")
+    crt, key = directory / "server.crt", directory / "server.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(crt, key)
+    return context, str(crt)
+
+
+def tls_get(port, crt, path):
+    import ssl
+
+    client = ssl.create_default_context(cafile=crt)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            client.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+        s.sendall(b"GET %s HTTP/1.0\r\n\r\n" % path)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_tls_the_handshake_in_the_connections_thread_within_its_time_and_the_cap(http_abuse, tls_context, monkeypatch):
+    """With tls: a request over TLS is answered; a connection that never handshakes is closed at the
+    request deadline, and at the cap it is the one evicted (the wrapped socket is the one tracked)."""
+    context, crt = tls_context
+    monkeypatch.setattr(blockstack_http.Server, "tls", context)
+    with serving(max_connections=2, request_seconds=1) as (server, port):
+        assert tls_get(port, crt, b"/a").startswith(b"HTTP/1.0 200 ")
+        assert server.calls == ["/a"]
+        assert http_abuse.raw(port, b"GET /plain HTTP/1.0\r\n\r\n") == b""  # not TLS: closed, one log line
+        silent = http_abuse.hold(port, 2, heads=(b"", b"\x16\x03\x01"))  # nothing; a ClientHello cut off
+        wait_for(lambda: len(server._reading) == 2)
+        assert tls_get(port, crt, b"/b").startswith(b"HTTP/1.0 200 ")
+        assert server.evicted == 1 and server.calls == ["/a", "/b"]
+        start = time.monotonic()
+        http_abuse.wait_closed(silent, 2, seconds=5)
+        assert time.monotonic() - start < 2
+        wait_for(lambda: not server._open and not server._reading)
