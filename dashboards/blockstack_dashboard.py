@@ -165,6 +165,8 @@ def ts(title, description, targets, unit, w=12, h=9, no_value="No data in this t
         p = p.min(kw["min"])
     if "max" in kw:
         p = p.max(kw["max"])
+    if "interval" in kw:  # the minimum $__interval (a peak_quantile's step)
+        p = p.interval(kw["interval"])
     if "log" in kw:
         p = p.scale_distribution(cb.ScaleDistributionConfig().type(cm.ScaleDistribution.LOG).log(kw["log"]))
     if "thresholds" in kw:
@@ -491,11 +493,14 @@ def ebpf_rate(k, metric, extra="", window="$__rate_interval"):
             f' * on (host, devno) group_left (device) host_devno:blockstack_device:info{{{SEL}}}')
 
 
-def peak_quantile(q, buckets, name, config=BLOCK_IO):
-    """in_range(q, buckets) at its highest within each interval of the graph: a subquery at the
-    evaluation interval of the rates in `buckets` (over the rules' window), so that a p99 of a slow
-    minute keeps its height over 24 h (a rate over the whole interval would dilute it)."""
-    return f"max_over_time({in_range(q, buckets, name, config)}[$__interval:] offset -$__interval)"
+def peak_quantile(q, buckets, name, window, config=BLOCK_IO):
+    """in_range(q, buckets) at its highest within each interval of the graph, so that a p99 of a slow
+    minute keeps its height over 24 h (a rate over the whole interval would dilute it): a subquery
+    of the rates in `buckets` over `window`, stepped by `window` (back to back, every request in one
+    of them). The step is explicit: a subquery's default is the server's evaluation interval (Thanos
+    Query: 1m), sparser than an interval of the graph. Its panel's minimum interval is `window`
+    (ts(interval=)), so every interval holds a step."""
+    return f"max_over_time({in_range(q, buckets, name, config)}[$__interval:{window}] offset -$__interval)"
 
 
 def distribution_panels(k):
@@ -524,7 +529,8 @@ def distribution_panels(k):
         buckets("ebpf_exporter_block_rq_latency_seconds", ', stage="service"'), "s")
     def quantile(q, stage):
         rate = ebpf_rate(k, "ebpf_exporter_block_rq_latency_seconds_bucket", f', stage="{stage}"', k["rate_window"])
-        return per_layer(peak_quantile(q, f"sum by (host, device, le) ({rate})", "block_rq_latency_seconds"))
+        return per_layer(peak_quantile(q, f"sum by (host, device, le) ({rate})", "block_rq_latency_seconds",
+                                       k["rate_window"]))
     pcts = ts(
         "Latency p50 / p99 per layer, peak per interval",
         "Per layer with requests (reads and writes together): p50 and p99 of service time (issue to complete) and p99 "
@@ -537,7 +543,7 @@ def distribution_panels(k):
         [q(quantile(0.5, "service"), legend="p50 service L{{depth}} {{name}}", ref="A"),
          q(quantile(0.99, "service"), legend="p99 service L{{depth}} {{name}}", ref="B"),
          q(quantile(0.99, "queue"), legend="p99 queue L{{depth}} {{name}}", ref="C")],
-        "s", w=24, h=10, log=10)
+        "s", w=24, h=10, log=10, interval=k["rate_window"])
     # a layer's colour, p50 dotted and the queue's p99 dashed
     pcts = (layer_colours(pcts).override_by_regexp("^p50 .*", [prop("custom.lineStyle", {"fill": "dot", "dash": [0, 10]})])
             .override_by_regexp("^p99 queue .*", [prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})]))
@@ -681,10 +687,11 @@ def ext4_panels(k):
         f"{k['jbd2_rate_window']} windows, as the rules, each point the highest within its interval of the graph. "
         "Healthy: average well under 1 ms (0.27 ms in the ext4 incident with dioread_lock). Sick: average ~154 ms (the "
         "incident with dioread_nolock and a 128 MiB journal); p99 of hundreds of ms to seconds.",
-        [q(peak_quantile(0.99, f"sum by (host, device, le) ({jbd2_rate})", "jbd2_credit_wait_seconds", JBD2),
+        [q(peak_quantile(0.99, f"sum by (host, device, le) ({jbd2_rate})", "jbd2_credit_wait_seconds",
+                         k["jbd2_rate_window"], JBD2),
            legend="p99 {{device}}", ref="A"),
          q(peak("host_device:ebpf_jbd2_credit_wait_seconds:avg"), legend="average {{device}}", ref="B")],
-        "s", log=10)
+        "s", log=10, interval=k["jbd2_rate_window"])
     tx = ts(
         "jbd2 transactions per second",
         "Journal transactions committed per second, and how many of them were requested (fsync and friends) rather "

@@ -223,9 +223,11 @@ def test_dashboard_unchanged_against_thanos_query(fleet, reads):
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             device = h1.upper if panel.get("repeat") == "device" else f"({h1.upper}|{h1.lower})"
-            text = target["expr"].replace("$__rate_interval", "20s").replace("$__interval", "5s").replace("$host", "h1") \
+            # Grafana's step and $__interval: the scrape interval, or the panel's minimum interval
+            interval = panel.get("interval", "5s")
+            text = target["expr"].replace("$__rate_interval", "20s").replace("$__interval", interval).replace("$host", "h1") \
                 .replace("$stack", h1.upper).replace("$device", device)
-            result = thanos.query_range(text, end - 120, end, 5)
+            result = thanos.query_range(text, end - 120, end, int(interval[:-1]) * {"s": 1, "m": 60}[interval[-1]])
             ran += 1
             keys = [tuple(sorted(s["metric"].items())) for s in result]
             assert len(keys) == len(set(keys)), f"{panel['title']}: duplicate series through Thanos: {text}"
