@@ -7,7 +7,7 @@ import contextlib
 import os
 import re
 import subprocess
-import time
+import sys
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -40,8 +40,16 @@ FLUSH_MARGIN = 0.1
 
 def settle():
     """Waits until every histogram observation of I/O that has finished is in the exported maps
-    (block_io flushes each CPU's pending counts every FLUSH_PERIOD)."""
-    time.sleep(FLUSH_PERIOD + FLUSH_MARGIN)
+    (block_io flushes each CPU's pending counts every FLUSH_PERIOD), with every CPU kept running
+    meanwhile: this machine's hypervisor delivers an idle vCPU's pinned timer only once the vCPU
+    runs again (2026-11-26: a cpu-clock perf event on an idle CPU 1 gave 0 samples in 4 s, and 2
+    a second as soon as a process ran there), so an idle CPU's last reads would wait for its next
+    task, not for the flush."""
+    spin = f"import time\nend = time.monotonic() + {FLUSH_PERIOD + FLUSH_MARGIN}\nwhile time.monotonic() < end: pass"
+    spinners = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", spin])
+                for cpu in sorted(os.sched_getaffinity(0))]
+    for spinner in spinners:
+        spinner.wait(timeout=30)
 
 
 def config_names():
