@@ -78,6 +78,16 @@ ebpf-objects: ebpf-headers
 ## ebpf-build: the BPF programs and ebpf_exporter to load them
 ebpf-build: $(EBPF_EXPORTER) ebpf-objects
 
+## deb: the Debian packages into .build/deb: blockstack-merges and blockstack-merges-exporters (VERSION=, DEB_REVISION= to override)
+# The version is kept in one place, the VERSION file; `make deb VERSION=0.0.9` builds another one
+# (an upgrade test's previous build). packaging/build-deb.sh stages each tree and runs dpkg-deb.
+VERSION      := $(shell cat VERSION)
+DEB_REVISION := 1
+.PHONY: deb
+deb: ebpf-build
+	@echo ">> building the Debian packages $(VERSION)-$(DEB_REVISION)"
+	@packaging/build-deb.sh $(BUILD)/deb $(VERSION) $(DEB_REVISION)
+
 ## grafana: the Grafana server (GRAFANA_HOME, grafana on PATH, or ../shared/grafana's tarball unpacked once into .build/)
 .PHONY: grafana
 grafana: venv
@@ -93,7 +103,7 @@ test-unit: deps venv ebpf-objects
 	@echo ">> running unit tests"
 	@$(PYTEST) -n 2 --dist loadfile -m "$(UNIT)"
 
-## linters: cloudflare/pint (rules) and grafana/dashboard-linter (dashboard) from the Go module proxy into .build/bin (cached)
+## linters: cloudflare/pint (rules), grafana/dashboard-linter (dashboard) and go-jsonnet (the mixin) from the Go module proxy into .build/bin (cached)
 # dashboard-linter: its releases (v0.3.0) need a grafana/apps/dashboard pseudo-version the proxy
 # refuses, so the last commit before them that builds (2024-12-24); the checksum database does not
 # list that pseudo-version, so its checksums are pinned here (--sum) and Go verifies against them.
@@ -102,8 +112,12 @@ DASHBOARD_LINTER_VERSION := v0.0.0-20241224134444-1765d94aec4a
 DASHBOARD_LINTER_SUM     := h1:wpyAYX8+Rqu0LIEE7zXBR/qjBH4t0yXvqlRGa1wD5rg=,h1:aeONzEz1tWGxQvxYm5DFxxaJ90JINhRT50TrZ0oXuJM=
 PINT                     := $(BUILD)/bin/pint
 DASHBOARD_LINTER         := $(BUILD)/bin/dashboard-linter
+JSONNET_VERSION          := v0.22.0
+JSONNET                  := $(BUILD)/bin/jsonnet
+JSONNETFMT               := $(BUILD)/bin/jsonnetfmt
+JSONNET_LINT             := $(BUILD)/bin/jsonnet-lint
 .PHONY: linters lint
-linters: $(PINT) $(DASHBOARD_LINTER)
+linters: $(PINT) $(DASHBOARD_LINTER) $(JSONNET)
 $(PINT): scripts/build-go.sh
 	@echo ">> building pint $(PINT_VERSION)"
 	@scripts/build-go.sh $(BUILD) github.com/cloudflare/pint@$(PINT_VERSION) --version - pint=cmd/pint
@@ -114,7 +128,27 @@ $(DASHBOARD_LINTER): scripts/build-go.sh
 		--sum $(DASHBOARD_LINTER_SUM) dashboard-linter=.
 	@touch $@
 
-## lint: the rules through pint and the dashboard through dashboard-linter (exceptions: alerts/pint.hcl, dashboards/.lint)
+## jsonnet: google/go-jsonnet's jsonnet, jsonnetfmt and jsonnet-lint into .build/bin (cached; the mixin's tools)
+# `jsonnet --version` prints "... (Go implementation) v0.22.0", not "version 0.22.0": --version -,
+# build-go.sh checks the module version with `go version -m`.
+.PHONY: jsonnet mixin
+jsonnet: $(JSONNET)
+$(JSONNET): scripts/build-go.sh
+	@echo ">> building go-jsonnet $(JSONNET_VERSION)"
+	@scripts/build-go.sh $(BUILD) github.com/google/go-jsonnet@$(JSONNET_VERSION) --version - \
+		jsonnet=cmd/jsonnet jsonnetfmt=cmd/jsonnetfmt jsonnet-lint=cmd/jsonnet-lint
+	@touch $@
+
+## mixin: the monitoring mixin (mixin/) formatted, linted and evaluated by go-jsonnet into .build/mixin/ (rules files, PrometheusRule, dashboard)
+MIXIN_SOURCES := $(wildcard mixin/*.libsonnet mixin/*.jsonnet)
+mixin: $(JSONNET)
+	@echo ">> checking and evaluating mixin/"
+	@$(JSONNETFMT) --test $(MIXIN_SOURCES)
+	@for f in $(MIXIN_SOURCES); do $(JSONNET_LINT) -J mixin $$f || exit 1; done
+	@mkdir -p $(BUILD)/mixin
+	@$(JSONNET) -S -m $(BUILD)/mixin mixin/render.jsonnet
+
+## lint: the rules through pint, the dashboard through dashboard-linter, the mixin through jsonnetfmt and jsonnet-lint (exceptions: alerts/pint.hcl, dashboards/.lint)
 lint: venv linters
 	@$(PYTEST) -m linters
 
@@ -197,12 +231,13 @@ install-systemd: deps venv ebpf-build
 	@BLOCKSTACK_SERVERS=$(SERVERS) $(VPY) deploy/stackctl.py install-systemd \
 		--state $(if $(filter $(CURDIR)/.state,$(STATE_DIR)),/var/lib/blockstack-merges,$(STATE_DIR)) $(UP_ARGS)
 
-## generate: render alerts/*.rules.yml and dashboards/block-stack-merges.json with the knobs of alerts/config.yml
+## generate: render alerts/*.rules.yml, dashboards/block-stack-merges.json and the mixin (mixin/) with the knobs of alerts/config.yml
 .PHONY: generate
 generate: venv
 	@echo ">> generating rules and dashboards"
 	@$(VPY) -m blockstack_rules.knobs
 	@$(VPY) dashboards/blockstack_dashboard.py
+	@$(VPY) mixin/generate.py
 
 ## dashboard-screenshot: the dashboard in Grafana + chromium during a lab collapse, to docs/dashboard.png (root, ~3 minutes)
 .PHONY: dashboard-screenshot
@@ -307,9 +342,16 @@ soak: deps venv ebpf-build
 ## --- the VM lab (lab/README.md "VM lab"): Debian's 5.10, 6.1, 6.12 and sid's newest under QEMU/TCG with emulated NVMe ----------
 .PHONY: vm-deps vm-lab test-vm
 
-## vm-deps: QEMU, busybox, LVM2 and Debian's kernels: 6.1 and 6.12 from apt, bullseye's 5.10 and sid's newest through the lab's own apt configuration (virtme-ng comes with make venv)
-vm-deps:
+## vm-deps: QEMU, busybox, LVM2 and Debian's kernels: 6.1 and 6.12 from apt, bullseye's 5.10 and sid's newest through the lab's own apt configuration (virtme-ng comes with make venv); the Debian host's image (make debian-image)
+vm-deps: venv
 	@scripts/install-vm.sh
+	@$(VPY) -m blockstack_lab.debian_host image repo
+
+## debian-image: the VM lab's Debian 12 host (lab/blockstack_lab/debian_host.py): its image by mmdebstrap and its local apt repo, cached in .build/debian (root; ~30 s to 2 min the first time, a second after)
+.PHONY: debian-image
+debian-image: venv
+	@scripts/install-vm.sh
+	@$(VPY) -m blockstack_lab.debian_host image repo
 
 ## vm-lab: the NVMe incident on a real LVM snapshot over emulated NVMe, on each kernel of VM_KERNELS (root, 6-11 min per kernel)
 VM_KERNELS ?= 5.10 6.1 6.12 sid

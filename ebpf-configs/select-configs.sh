@@ -10,6 +10,10 @@
 # STATUS_FILE, if given, gets one line per set, tab-separated: the set, the config chosen ("-" if
 # none) and why each variant before it did not load ("NAME: error; ..."): blockstack-exporter's
 # --ebpf.status-file turns it into blockstack_ebpf_set_loaded and _variant_failed_info.
+# SELECT_CONFIGS_AS, if set, is a command prefix (blank-separated words) the checks run under: the
+# identity ebpf_exporter will have (deploy/blockstack_deploy/stack.py passes setpriv with its user
+# and capabilities), so that a config is chosen only if that identity can load and attach it (a
+# Debian kernel's perf_event_paranoid=3 refuses a CPU-wide perf event without CAP_SYS_ADMIN).
 # BTF_PATH, if set, is passed as --btf.path (an external BTF file for a kernel without
 # /sys/kernel/btf/vmlinux); the stack passes the same to ebpf_exporter.
 # Exit status 0 even when a set does not load: the caller decides (make up starts the rest).
@@ -35,12 +39,14 @@ config_dir=$2
 status_file=${3:-}
 btf_args=()
 [ -z "${BTF_PATH:-}" ] || btf_args=("--btf.path=$BTF_PATH")
+as=()
+[ -z "${SELECT_CONFIGS_AS:-}" ] || read -ra as <<<"$SELECT_CONFIGS_AS"
 
 # Loads and attaches every program of the config, then exits; bounded in time
 # ($SELECT_CONFIGS_TIMEOUT seconds, default 60; the VM lab's emulated CPU needs more). Prints
 # the loader's output.
 check() {
-  OTEL_TRACES_EXPORTER=none timeout "${SELECT_CONFIGS_TIMEOUT:-60}" "$exporter" --config.dir="$config_dir" \
+  OTEL_TRACES_EXPORTER=none timeout "${SELECT_CONFIGS_TIMEOUT:-60}" "${as[@]}" "$exporter" --config.dir="$config_dir" \
     --config.names="$1" "${btf_args[@]}" --config.check --config.strict 2>&1
 }
 

@@ -11,6 +11,8 @@ packages=(
   e2fsprogs util-linux fdisk kmod iproute2                      # mkfs.ext4, losetup, sfdisk; ip netns, ss
   systemd                                                       # systemd-analyze verify of the rendered units
   chromium fonts-liberation                                     # the dashboard's browser test and screenshot (playwright drives it)
+  dpkg-dev lintian                                              # make deb: dpkg-shlibdeps, and its test's lintian
+  python3-prometheus-client python3-yaml python3-bcrypt         # the Debian package's Python libraries (its test runs on them)
 )
 missing=()
 for p in "${packages[@]}"; do

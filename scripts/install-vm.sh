@@ -4,13 +4,15 @@
 # guest's initramfs from it), LVM2 (the guest runs the host's binaries over a read-only view of its
 # root) and the four Debian kernels the lab boots: 6.1 (linux-image-amd64) and 6.12 (the newest
 # linux-image-6.12.*+deb12-amd64) installed from the host's apt sources, 5.10 (Debian 11) and sid's newest
-# unpacked by scripts/fetch-kernel.sh from a private apt configuration. virtme-ng itself comes from PyPI
+# unpacked by scripts/fetch-kernel.sh from a private apt configuration; mmdebstrap, qemu-img and
+# dpkg-scanpackages for the Debian host (debian_host.py). virtme-ng itself comes from PyPI
 # into .venv (requirements.in, locked with hashes in requirements.txt).
 # Idempotent: a no-op when all are present.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 packages=(qemu-system-x86 busybox-static lvm2 linux-image-amd64
-          mdadm cryptsetup-bin thin-provisioning-tools)  # vm_stacks.py: md RAID, dm-crypt, LVM thin pools
+          mdadm cryptsetup-bin thin-provisioning-tools  # vm_stacks.py: md RAID, dm-crypt, LVM thin pools
+          mmdebstrap qemu-utils dpkg-dev)  # debian_host.py: the Debian 12 image, its qcow2 overlays, its local apt repo
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 missing=()
 for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done

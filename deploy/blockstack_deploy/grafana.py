@@ -36,7 +36,10 @@ HINT = (f"Grafana not found: set GRAFANA_HOME to an unpacked Grafana tarball, in
 
 
 def find(unpack_shared=True):
-    """(binary, homepath) of a Grafana server, or None when there is none (see the module doc)."""
+    """(binary, homepath) of a Grafana server, or None when there is none (see the module doc), or
+    when BLOCKSTACK_GRAFANA=none (the Debian package runs no Grafana)."""
+    if os.environ.get("BLOCKSTACK_GRAFANA") == "none":
+        return None
     home = os.environ.get("GRAFANA_HOME")
     if home:
         binary = os.path.join(home, "bin", "grafana")

@@ -18,9 +18,9 @@ import yaml
 
 from blockstack_rules import knobs
 
-from . import grafana, metrics_front, procs
+from . import grafana, metrics_front, privileges, procs
 from .files import secret, write_yaml
-from .paths import BUILD, REPO, VENV_BIN
+from .paths import BUILD, PYTHON, REPO, VENV_BIN
 EBPF_EXPORTER = os.path.join(BUILD, "bin", "ebpf_exporter")
 EBPF_CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
 # node_exporter's default --collector.diskstats.device-exclude drops loop devices and
@@ -57,9 +57,9 @@ PROGRAMS = {
     "node": (("prometheus-node-exporter", "node_exporter"), "deps"),
     "blockstack": ((os.path.join(VENV_BIN, "blockstack-exporter"),), "venv"),
     "ebpf": ((EBPF_EXPORTER,), "ebpf-build"),
-    "receiver": ((os.path.join(VENV_BIN, "python"),), "venv"),
-    "receiver-self": ((os.path.join(VENV_BIN, "python"),), "venv"),
-    "gate": ((os.path.join(VENV_BIN, "python"),), "venv"),  # alert_gate.py, metrics_front.py
+    "receiver": ((PYTHON,), "venv"),
+    "receiver-self": ((PYTHON,), "venv"),
+    "gate": ((PYTHON,), "venv"),  # alert_gate.py, metrics_front.py
 }
 
 # The Prometheus-family servers and their tools, in two tested sets (docs/deploy.md):
@@ -108,7 +108,7 @@ def ebpf_config_names(cache=None, status_file=None):
     if not cache:
         return _select_configs(status_file)
     status_file = ebpf_status_file(cache)
-    key = f"{os.uname().release} {_mtime(EBPF_CONFIG_DIR)}"
+    key = f"{os.uname().release} {_mtime(EBPF_CONFIG_DIR)} {' '.join(_probe_identity())}"
     try:
         with open(cache) as f:
             cached_key, names = f.read().split("\n")[:2]
@@ -128,9 +128,23 @@ def ebpf_status_file(cache):
     return os.path.join(os.path.dirname(cache), "ebpf-status.tsv")
 
 
+def _probe_identity():
+    """The setpriv prefix that gives select-configs.sh's checks ebpf_exporter's own user and
+    capabilities (privileges.wrap; nothing when not root): a config is chosen only if ebpf_exporter
+    can attach it as it will run. On Debian's and Ubuntu's kernels (perf_event_paranoid=3) a
+    CPU-wide perf event, block_io's flush timer, needs CAP_SYS_ADMIN, which ebpf_exporter is not
+    given: block_io_immediate is chosen there (docs/deploy.md, "Users and capabilities")."""
+    if not privileges.enabled():
+        return []
+    privileges.ensure_users()
+    return privileges.wrap("ebpf", [])
+
+
 def _select_configs(status_file=None):
+    env = dict(os.environ, SELECT_CONFIGS_AS=" ".join(_probe_identity()))
     r = subprocess.run([os.path.join(REPO, "ebpf-configs", "select-configs.sh"), EBPF_EXPORTER, EBPF_CONFIG_DIR,
-                        *([status_file] if status_file else [])], check=True, capture_output=True, text=True, timeout=600)
+                        *([status_file] if status_file else [])], check=True, capture_output=True, text=True,
+                       timeout=600, env=env)
     if r.stderr.strip():
         print(r.stderr.strip(), file=sys.stderr)
     return r.stdout.strip()

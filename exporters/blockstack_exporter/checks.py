@@ -33,15 +33,18 @@ QUEUE_DOC = "Documentation/ABI/stable/sysfs-block (queue/nomerges, queue/max_sec
 
 
 class Finding:
-    __slots__ = ("check", "device", "severity", "what", "evidence", "fix", "persist", "why")
+    """persist is a line for a person; spec says what the persistent fix is, as data the doctor
+    turns into recipes (persist.py: files, commands, checks) with what it reads of the host;
+    recipes is that list, filled by the doctor (empty in the exporter, which needs none)."""
+    __slots__ = ("check", "device", "severity", "what", "evidence", "fix", "persist", "why", "spec", "recipes")
 
-    def __init__(self, check, device, severity, what, evidence, fix, persist, why=None):
+    def __init__(self, check, device, severity, what, evidence, fix, persist, why=None, spec=()):
         self.check, self.device, self.severity = check, device, severity
         self.what, self.evidence, self.fix, self.persist = what, list(evidence), fix, persist
-        self.why = why
+        self.why, self.spec, self.recipes = why, list(spec), []
 
     def as_dict(self):
-        return {k: getattr(self, k) for k in self.__slots__}
+        return {k: getattr(self, k) for k in self.__slots__ if k != "spec"}
 
 
 class Host:
@@ -259,9 +262,19 @@ def _lv(host, name):
 
 
 def _udev(owner, attr, value):
-    return (f"a udev rule, e.g. /etc/udev/rules.d/60-blockstack.rules: ACTION==\"add|change\", "
-            f"KERNEL==\"{owner}\", ATTR{{queue/{attr}}}=\"{value}\"; and remove what set it "
-            f"(grep -r {attr} /etc/udev/rules.d /usr/lib/udev/rules.d /etc/tuned /etc/rc.local)")
+    """The persist line without the host at hand (the doctor replaces it with persist.py's recipe,
+    which matches the device by a stable identity)."""
+    return (f"a udev rule /etc/udev/rules.d/90-blockstack-{owner}-{attr}.rules: ACTION==\"add|change\", "
+            f"SUBSYSTEM==\"block\", <a stable match of {owner}>, ATTR{{queue/{attr}}}=\"{value}\"")
+
+
+def udev_spec(owner, attr, value):
+    """A queue attribute written by a udev rule on every add/change event of the device."""
+    return [{"how": "udev", "device": owner, "attr": attr, "value": str(value)}]
+
+
+def lvm_spec(settings, monitor=(), clears=True):
+    return [{"how": "lvm.conf", "settings": dict(settings), "monitor": list(monitor), "clears": clears}]
 
 
 # --- the checks ------------------------------------------------------------------------------
@@ -281,7 +294,7 @@ def nomerges_beneath_stack(host, k):
             [f"/sys/block/{owner}/queue/nomerges = {value:.0f} (0 all merges, 1 one-hit merges only, 2 none)",
              f"directly above {name}: {above}"],
             f"echo 0 > /sys/block/{owner}/queue/nomerges",
-            _udev(owner, "nomerges", "0"))
+            _udev(owner, "nomerges", "0"), spec=udev_spec(owner, "nomerges", "0"))
 
 
 def nomerges_elsewhere(host, k):
@@ -298,7 +311,7 @@ def nomerges_elsewhere(host, k):
             "reaches the driver unmerged",
             [f"/sys/block/{name}/queue/nomerges = {value:.0f}{mounted}"],
             f"echo 0 > /sys/block/{name}/queue/nomerges",
-            _udev(name, "nomerges", "0"))
+            _udev(name, "nomerges", "0"), spec=udev_spec(name, "nomerges", "0"))
 
 
 def max_sectors_low(host, k):
@@ -318,7 +331,8 @@ def max_sectors_low(host, k):
              f"/sys/block/{owner}/queue/max_hw_sectors_kb = {hw / KIB:.0f}",
              f"thresholds: below {ratio:g} x max_hw_sectors_kb and below {floor / KIB:.0f} KiB (alerts/config.yml)"],
             f"echo {target / KIB:.0f} > /sys/block/{owner}/queue/max_sectors_kb",
-            _udev(owner, "max_sectors_kb", f"{target / KIB:.0f}"))
+            _udev(owner, "max_sectors_kb", f"{target / KIB:.0f}"),
+            spec=udev_spec(owner, "max_sectors_kb", f"{target / KIB:.0f}"))
 
 
 def max_sectors_below_upper(host, k):
@@ -343,7 +357,8 @@ def max_sectors_below_upper(host, k):
                  f"(max_hw_sectors_kb {hw / KIB:.0f})",
                  f"/sys/block/{upper}/queue/max_sectors_kb = {sends / KIB:.0f}"],
                 f"echo {target / KIB:.0f} > /sys/block/{owner}/queue/max_sectors_kb",
-                _udev(owner, "max_sectors_kb", f"{target / KIB:.0f}"))
+                _udev(owner, "max_sectors_kb", f"{target / KIB:.0f}"),
+                spec=udev_spec(owner, "max_sectors_kb", f"{target / KIB:.0f}"))
 
 
 def snapshot_chunk_small(host, k):
@@ -365,7 +380,10 @@ def snapshot_chunk_small(host, k):
              f"origin: {host.label(origin)}"],
             f"a chunk size cannot change: once the snapshot's reader is done, lvremove {lv} and "
             f"lvcreate -s -c {good // KIB:.0f}k -L <COW size> -n {lv.split('/')[-1]} <VG/origin>",
-            f"give -c {good // KIB:.0f}k to lvcreate -s wherever snapshots are made (backup scripts)")
+            f"the recreated snapshot keeps its chunk size (on disk); give -c {good // KIB:.0f}k to lvcreate -s "
+            "wherever snapshots are made (backup scripts)",
+            spec=[{"how": "snapshot", "lv": lv, "chunk_kib": int(good // KIB), "cow_bytes": snap.get("size"),
+                   "origin": _lv(host, origin) if origin in host.devices else "<VG/origin>"}])
 
 
 def snapshot_invalid(host, k):
@@ -388,7 +406,8 @@ def snapshot_invalid(host, k):
             [f"dmsetup status {snap['name']}: {snap['state']}"],
             fix,
             "lvm.conf activation/snapshot_autoextend_threshold below 100 (dmeventd grows the COW), "
-            "or a COW as large as the writes the origin takes while the snapshot lives")
+            "or a COW as large as the writes the origin takes while the snapshot lives",
+            spec=lvm_spec({"snapshot_autoextend_threshold": 70, "snapshot_autoextend_percent": 20}, clears=False))
 
 
 def snapshot_cow_filling(host, k):
@@ -422,7 +441,9 @@ def snapshot_cow_filling(host, k):
             evidence,
             f"lvextend -L +<size> {lv}, or lvremove {lv} once its reader is done",
             "lvm.conf activation/snapshot_autoextend_threshold = 70 and snapshot_autoextend_percent = 20 "
-            "(dmeventd must monitor the snapshot)")
+            "(dmeventd must monitor the snapshot)",
+            spec=lvm_spec({"snapshot_autoextend_threshold": 70, "snapshot_autoextend_percent": 20}, [lv],
+                          clears=False))
 
 
 def thin_pool_full(host, k):
@@ -440,7 +461,9 @@ def thin_pool_full(host, k):
                 [f"dmsetup status {pool['name']}: {state}"],
                 f"lvextend -L +<size> {lv} (data) or lvextend --poolmetadatasize +<size> {lv} (metadata); "
                 "a failed pool needs lvconvert --repair",
-                "lvm.conf activation/thin_pool_autoextend_threshold = 70, thin_pool_autoextend_percent = 20")
+                "lvm.conf activation/thin_pool_autoextend_threshold = 70, thin_pool_autoextend_percent = 20",
+                spec=lvm_spec({"thin_pool_autoextend_threshold": 70, "thin_pool_autoextend_percent": 20}, [lv],
+                              clears=False))
             continue
         for what, used, size, grow in (("data", pool.get("data_used"), pool.get("data_size"), "-L +<size>"),
                                        ("metadata", pool.get("meta_used"), pool.get("meta_size"),
@@ -452,7 +475,9 @@ def thin_pool_full(host, k):
                 f"thin pool {what} {used / size:.0%} used (from {most:.0%}): when full, writes queue or fail",
                 [f"dmsetup status {pool['name']}: {what} {_size(used)} of {_size(size)}"],
                 f"lvextend {grow} {lv}",
-                "lvm.conf activation/thin_pool_autoextend_threshold = 70, thin_pool_autoextend_percent = 20")
+                "lvm.conf activation/thin_pool_autoextend_threshold = 70, thin_pool_autoextend_percent = 20",
+                spec=lvm_spec({"thin_pool_autoextend_threshold": 70, "thin_pool_autoextend_percent": 20}, [lv],
+                              clears=False))
 
 
 def ext4_journal_small(host, k):
@@ -468,8 +493,9 @@ def ext4_journal_small(host, k):
     for name in sorted(host.ext4):
         fs = host.ext4[name]
         journal = fs.get("journal")
-        if "dioread_nolock" not in fs["options"] or journal is None or journal >= good:
-            continue
+        if "dioread_nolock" not in fs["options"] or "nodelalloc" in fs["options"] or journal is None \
+                or journal >= good:
+            continue  # nodelalloc: ext4_should_dioread_nolock() is false without delayed allocation
         mnt = fs["mountpoint"] or "<mountpoint>"
         evidence = [f"/proc/fs/ext4/{name}/options: dioread_nolock (a default since 5.6, not in /proc/mounts)",
                     f"journal {_size(journal)} (superblock), below the {_size(good)} that fixed the incident"]
@@ -495,7 +521,10 @@ def ext4_journal_small(host, k):
             evidence,
             f"mount -o remount,dioread_lock {mnt}",
             f"dioread_lock in /etc/fstab's options for {mnt}; or grow the journal, unmounted: "
-            f"tune2fs -O ^has_journal /dev/{name} && tune2fs -J size={good >> 20:.0f} /dev/{name}")
+            f"tune2fs -O ^has_journal /dev/{name} && tune2fs -J size={good >> 20:.0f} /dev/{name}",
+            spec=[{"how": "fstab", "device": name, "mountpoint": fs["mountpoint"], "add": "dioread_lock",
+                   "drop": "dioread_nolock"},
+                  {"how": "journal", "device": name, "mountpoint": fs["mountpoint"], "size_mib": int(good >> 20)}])
 
 
 def scheduler_mismatch(host, k):
@@ -519,7 +548,7 @@ def scheduler_mismatch(host, k):
             "scheduler_mismatch", name, "info", advice,
             [f"/sys/block/{name}/queue/scheduler: [{sched}]", f"/sys/block/{name}/queue/rotational = {rot:.0f}"],
             f"echo {better} > /sys/block/{name}/queue/scheduler",
-            _udev(name, "scheduler", better))
+            _udev(name, "scheduler", better), spec=udev_spec(name, "scheduler", better))
 
 
 def crypt_workqueue(host, k):
@@ -544,7 +573,8 @@ def crypt_workqueue(host, k):
              f"beneath it: {', '.join(f'{b} (rotational 0)' for b in bottoms)}"],
             f"cryptsetup refresh --perf-no_read_workqueue --perf-no_write_workqueue {dm_name}",
             f"cryptsetup refresh --persistent --perf-no_read_workqueue --perf-no_write_workqueue {dm_name} "
-            "(LUKS2), or no-read-workqueue,no-write-workqueue in /etc/crypttab")
+            "(LUKS2), or no-read-workqueue,no-write-workqueue in /etc/crypttab",
+            spec=[{"how": "crypt", "name": dm_name}])
 
 
 def lvm_autoextend_off(host, k):
@@ -567,7 +597,8 @@ def lvm_autoextend_off(host, k):
                  ("" if setting in host.lvm_conf else " (not set: the default)")],
                 f"lvextend -L +<size> {_lv(host, name)} when needed",
                 f"lvm.conf: activation {{ {setting} = 70 }} and {setting.replace('threshold', 'percent')} = 20; "
-                "dmeventd must monitor the volume (lvchange --monitor y)")
+                "dmeventd must monitor the volume (lvchange --monitor y)",
+                spec=lvm_spec({setting: 70, setting.replace("threshold", "percent"): 20}, [_lv(host, name)]))
 
 
 class Check:

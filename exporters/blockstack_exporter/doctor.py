@@ -23,7 +23,7 @@ import re
 import sys
 import time
 
-from . import __version__, checks, knobs
+from . import __version__, checks, knobs, persist
 from .collectors import ALL, DmCollector, FindingsCollector
 from .collectors.ebpf import parse_status
 from .fs import ParseError, read_text
@@ -221,7 +221,7 @@ def collapse_findings(host, rows, k):
             q = host.queue.get(owner, {})
             evidence.append(f"/sys/block/{owner}/queue: nomerges {q.get('nomerges', 0):.0f}, max_sectors_kb "
                             f"{q.get('max_sectors', 0) / 1024:.0f}")
-            fix = _collapse_fix(owner, q, k, split_first=split and not refused)
+            fix, spec = _collapse_fix(owner, q, k, split_first=split and not refused)
             proves = "merging refused" if refused else "requests split" if split else "layered"
             what = f"{proves}: {dev} {op}s {row['sectors']:.0f}-sector requests at {row['rps']:.0f}/s"
             if not (refused or split):
@@ -230,7 +230,7 @@ def collapse_findings(host, rows, k):
             out.append(checks.Finding(
                 "merge_collapse", dev, "critical" if refused or split else "info", what, evidence, fix,
                 "see the setting's own finding; docs/runbook.md#blockstackmergecollapse",
-                checks.NVME_WRITEUP))
+                checks.NVME_WRITEUP, spec=spec))
     return out
 
 
@@ -239,12 +239,15 @@ def _collapse_fix(owner, q, k, split_first):
     layered shape), max_sectors_kb first for pieces split off."""
     fixes = []
     if q.get("nomerges"):
-        fixes.append(f"echo 0 > /sys/block/{owner}/queue/nomerges")
+        fixes.append(("nomerges", "0"))
     if q.get("max_sectors", 0) < k["max_sectors_floor_bytes"]:
         kb = min(q.get("max_hw_sectors", 0), 1280 * 1024) // 1024
-        fixes.insert(0 if split_first else len(fixes), f"echo {kb} > /sys/block/{owner}/queue/max_sectors_kb")
-    return fixes[0] if fixes else ("neither nomerges nor max_sectors_kb: look at the layer in between (snapshot "
-                                   "chunk size, dm-crypt)")
+        fixes.insert(0 if split_first else len(fixes), ("max_sectors_kb", f"{kb:.0f}"))
+    if not fixes:
+        return ("neither nomerges nor max_sectors_kb: look at the layer in between (snapshot chunk size, dm-crypt)",
+                [])
+    attr, value = fixes[0]
+    return f"echo {value} > /sys/block/{owner}/queue/{attr}", checks.udev_spec(owner, attr, value)
 
 
 def _refused(row, k):
@@ -347,7 +350,8 @@ def render_text(report, host):
             lines += [f"  {f.severity.upper()} {f.check}: {host.label(f.device)}",
                       f"    what      {f.what}"]
             lines += [f"    {'evidence' if i == 0 else '':9} {e}" for i, e in enumerate(f.evidence)]
-            lines += [f"    why       {f.why}", f"    fix now   {f.fix}", f"    persist   {f.persist}"]
+            lines += [f"    why       {f.why}", f"    fix now   {f.fix}"]
+            lines += _persist_lines(f)
         lines.append("")
     for message in report["problems"]:
         lines.append(f"problem: {message}")
@@ -358,6 +362,19 @@ def render_text(report, host):
     lines.append(f"{scope}{' shown' if report['narrowed'] else ''}: "
                  f"{total} finding{'s' if total != 1 else ''}{f' ({summary})' if summary else ''}")
     return "\n".join(lines) + "\n"
+
+
+def _persist_lines(f):
+    """The persist line: each recipe's summary, what it needs first and its pasteable command."""
+    if not f.recipes:
+        return [f"    persist   {f.persist}"]
+    out = []
+    for i, r in enumerate(f.recipes):
+        out.append(f"    {'persist' if i == 0 else '':9} {'or: ' if i else ''}{r['summary']}")
+        if r.get("needs"):
+            out.append(f"              needs {r['needs']}")
+        out.append(f"              $ {r['command']}")
+    return out
 
 
 def _busy(per_op):
@@ -406,6 +423,9 @@ def parse_args(argv):
                    help="device nodes, read for ext4 superblocks (default %(default)s)")
     p.add_argument("--path.lvmconf", dest="lvmconf", default="/etc/lvm/lvm.conf",
                    help="lvm.conf, read for the autoextend thresholds (default %(default)s)")
+    p.add_argument("--path.rootfs", dest="rootfs", default="/",
+                   help="the root holding /etc, /run and /usr: udev rules, udev's database and tuned profiles, read "
+                        "for the persist recipes and what would set a queue attribute again (default %(default)s)")
     p.add_argument("--collector.dm.dmsetup", dest="dmsetup", default="dmsetup",
                    help="dmsetup binary (default %(default)s)")
     p.add_argument("--collector.dm.timeout", dest="dmsetup_timeout", type=float, default=10.0,
@@ -464,6 +484,10 @@ def run(args, out=sys.stdout):
         extra = collapse_findings(host, report["lineup"], knob_values)
     failed = []
     findings = checks.evaluate(host, knob_values, failed=failed) + extra
+    try:
+        persist.attach(persist.Context(args.sysfs, args.rootfs), host, findings)
+    except Exception as e:  # noqa: BLE001 - a recipe's bug must not hide the findings
+        problems.append(f"persist recipes failed: {e!r}")
     problems += [f"check {check} failed: {e!r}" for check, e in failed]
     unreadable_checks = bool(failed)
     findings.sort(key=lambda f: checks.SEVERITIES.index(f.severity))

@@ -2,7 +2,8 @@
 fixtures/dm/ (test_dm.SYSFS: names and numbers) given what a doctor reads besides dmsetup: each
 device's queue/ settings and the stack edges (dm slaves/). Settings are the kernel's defaults
 for such devices except where a scenario says otherwise; the incident's nomerges=2 on nvme1n1
-is the write-up's (lvm-snapshot-nvme-merges.md), its max_hw_sectors_kb (256) is ours.
+is the write-up's (lvm-snapshot-nvme-merges.md), its max_hw_sectors_kb (256) and its namespace's
+wwid (what the persist recipe's udev rule matches on) are ours.
 """
 import os
 
@@ -13,6 +14,9 @@ QUEUE = {"nomerges": "0", "max_sectors_kb": "1280", "max_hw_sectors_kb": "32767"
          "nr_requests": "128", "rotational": "0", "logical_block_size": "512", "physical_block_size": "512",
          "max_segments": "128", "scheduler": "none"}
 HDD = {"rotational": "1", "max_hw_sectors_kb": "32767", "scheduler": "none [mq-deadline] kyber bfq"}
+
+# device attributes beside queue/ (the NVMe namespace's WWID: nvme_ns_id_attrs, ATTR{wwid} to udev)
+ATTRS = {"nvme1n1": {"wwid": "eui.0025385b71b07e2f"}}
 
 # scenario -> (queue settings by disk, {device: [devices directly beneath]})
 SCENARIOS = {
@@ -51,6 +55,9 @@ def build(base, scenario):
         path = os.path.realpath(os.path.join(sysfs, "class", "block", name))
         with open(os.path.join(path, "dev"), "w") as f:
             f.write(devno + "\n")
+        for attr, value in ATTRS.get(name, {}).items():
+            with open(os.path.join(path, attr), "w") as f:
+                f.write(value + "\n")
         if kind != "part":
             os.makedirs(os.path.join(path, "queue"))
             for attr, value in {**QUEUE, **queues.get(name, {})}.items():

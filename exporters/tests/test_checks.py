@@ -90,6 +90,8 @@ def test_ext4_journal_small_warns_on_waits():
     assert found(h, "ext4_journal_small") == set()
     fs["options"], fs["journal"] = {"dioread_nolock": ""}, 1 * GIB  # the write-up's fix
     assert found(h, "ext4_journal_small") == set()
+    fs["options"], fs["journal"] = {"dioread_nolock": "", "nodelalloc": ""}, 128 * MIB  # the write-up's other fix:
+    assert found(h, "ext4_journal_small") == set()  # ext4_should_dioread_nolock() is false without delalloc
 
 
 def test_ext4_journal_small_with_ebpf_uses_the_alerts_predicate():

@@ -28,7 +28,7 @@ NO_LVM_CONF = "/nonexistent/lvm.conf"  # LVM's defaults: autoextend off
 def doctor(tree, dm_fixtures, *flags):
     """(exit status, stdout) of the real command on a tree."""
     env = dict(os.environ, FAKE_DMSETUP_FIXTURES=dm_fixtures or "")
-    r = subprocess.run([DOCTOR, *tree_flags(tree), f"--path.lvmconf={NO_LVM_CONF}", *flags],
+    r = subprocess.run([DOCTOR, *tree_flags(tree), f"--path.lvmconf={NO_LVM_CONF}", f"--path.rootfs={tree}", *flags],
                        capture_output=True, text=True, env=env, timeout=60)
     assert not r.stderr, r.stderr
     return r.returncode, r.stdout
@@ -68,7 +68,8 @@ def test_exit_status_and_what_it_names(trees):
     assert ("snapshot_chunk_small", "dm-3", "info") in named
     f = next(f for f in report["findings"] if f["check"] == "nomerges_beneath_stack")
     assert f["fix"] == "echo 0 > /sys/block/nvme1n1/queue/nomerges"
-    assert "ATTR{queue/nomerges}=\"0\"" in f["persist"] and "lvm-snapshot-nvme-merges.md" in f["why"]
+    assert "ATTR{queue/nomerges}=\"0\"" in f["recipes"][0]["content"] and "lvm-snapshot-nvme-merges.md" in f["why"]
+    assert f["persist"].startswith("/etc/udev/rules.d/90-blockstack-nvme1n1-nomerges.rules, matched by the NVMe")
     assert any("nomerges = 2" in e for e in f["evidence"])
 
     status, report = findings(*trees["snapshot-states"])

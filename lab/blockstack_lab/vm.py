@@ -200,7 +200,115 @@ class Background:
             self.stop()
 
 
-class Guest:
+class AgentGuest:
+    """The host's side of the guest's agent (vm_agent.py), shared by the lab's guests (Guest here,
+    debian_host.DebianHost): requests, commands run and started, the console. A subclass sets
+    self.ports["agent"] (the host-forwarded port), self.token, self.dir (console.log in it) and
+    self.boot_timeout."""
+
+    @property
+    def console_log(self):
+        return os.path.join(self.dir, "console.log")
+
+    def console_tail(self, lines=40):
+        with open(self.console_log, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+
+    def _wait_for_agent(self, proc, deadline, exited):
+        """Until the agent answers (before `deadline`, a monotonic time): GuestError naming `exited`
+        (e.g. "virtme-ng") if `proc` ends first, or with the console's tail at the deadline."""
+        last = None
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise GuestError(f"{exited} exited with {proc.returncode} during the boot:\n{self.console_tail()}")
+            try:
+                return self.request("run", argv=["true"], timeout=30, connect_timeout=5)
+            except (OSError, ValueError, GuestError) as e:
+                last = e
+                time.sleep(1)
+        raise GuestError(f"the guest's agent did not answer within {self.boot_timeout} s ({last}):\n"
+                         f"{self.console_tail()}")
+
+    NAME = "vm"            # say()'s prefix
+    POWEROFF_WAIT = 30     # seconds QEMU gets to exit once asked to power off
+
+    def _ask_poweroff(self):
+        self.request("shutdown", timeout=30, connect_timeout=5)
+
+    def close(self):
+        """Power off (asked through the agent), kill what is left of QEMU's process group, remove
+        the directory (images included). Safe to call twice."""
+        self._stop_qemu()
+        if self._console:
+            self._console.close()
+            self._console = None
+        if self.dir:
+            with contextlib.suppress(OSError):
+                self.console = self.console_tail(10 ** 6)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.say(f"{self.NAME}: {self.release} powered off, {self.dir} removed")
+            self.dir = None
+
+    def _stop_qemu(self):
+        if self.proc is not None:
+            if self.proc.poll() is None and self.boot_seconds is not None:  # else no agent to ask: killed
+                with contextlib.suppress(OSError, ValueError, GuestError):
+                    self._ask_poweroff()
+                try:
+                    self.proc.wait(self.POWEROFF_WAIT)
+                except subprocess.TimeoutExpired:
+                    pass
+            _kill_group(self.proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            self.proc = None
+
+    # -- commands in the guest -------------------------------------------------------------
+
+    def request(self, op, connect_timeout=10, timeout=600, **fields):
+        """One request to the guest's agent; its answer (raises GuestError on an error answer)."""
+        with socket.create_connection(("127.0.0.1", self.ports["agent"]), timeout=connect_timeout) as s:
+            s.settimeout(timeout + 30)
+            s.sendall(json.dumps({"token": self.token, "op": op, "timeout": timeout, **fields}).encode() + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+        answer = json.loads(data)  # ValueError on an empty answer (the guest is not up yet)
+        if "error" in answer and op != "run":
+            raise GuestError(f"{op}: {answer['error']}")
+        return answer
+
+    def run(self, cmd, timeout=600, check=True):
+        """Run cmd (argv list, or a string for sh -c) in the guest as root and wait; Result. With
+        check, raises GuestError on a non-zero exit or a timeout."""
+        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        a = self.request("run", argv=argv, timeout=timeout)
+        result = Result(a.get("rc"), a.get("stdout", ""), a.get("stderr", ""))
+        if check and (result.rc != 0 or "error" in a):
+            raise GuestError(f"{cmd!r} in the guest: {a.get('error') or f'exit {result.rc}'}\n"
+                             f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        return result
+
+    def start(self, cmd):
+        """Start cmd in the background in the guest; a Background."""
+        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        return Background(self, self.request("start", argv=argv)["id"], argv)
+
+    @contextlib.contextmanager
+    def background(self, cmd):
+        """cmd running in the guest for the body (Guest.start), stopped on exit."""
+        job = self.start(cmd)
+        try:
+            yield job
+        finally:
+            with contextlib.suppress(OSError, ValueError, GuestError):
+                job.stop()
+
+
+class Guest(AgentGuest):
     """One booted guest: kernel `kernel` (one of KERNELS or a vmlinuz path) with `nvme` emulated NVMe
     devices of `nvme_size` bytes each on fresh images, `memory` and `cpus`, the exporters' ports
     forwarded. `boot_timeout` bounds the boot (the agent answering: ~1 min on a quiet machine, up
@@ -247,10 +355,6 @@ class Guest:
 
     def __exit__(self, *exc):
         self.close()
-
-    @property
-    def console_log(self):
-        return os.path.join(self.dir, "console.log")
 
     def _prepare(self):
         self.token = secrets.token_hex(16)
@@ -308,102 +412,15 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
                                      # vng runs virtme-run from PATH: the one beside it in .venv
                                      env=dict(os.environ, PATH=os.path.dirname(VNG) + ":" + os.environ["PATH"]))
         self._save()
-        deadline = start + self.boot_timeout
-        last = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise GuestError(f"virtme-ng exited with {self.proc.returncode} during the boot:\n{self.console_tail()}")
-            try:
-                self.request("run", argv=["true"], timeout=30, connect_timeout=5)
-                break
-            except (OSError, ValueError, GuestError) as e:
-                last = e
-                time.sleep(1)
-        else:
-            raise GuestError(f"the guest's agent did not answer within {self.boot_timeout} s ({last}):\n"
-                             f"{self.console_tail()}")
+        self._wait_for_agent(self.proc, start + self.boot_timeout, "virtme-ng")
         self.boot_seconds = time.monotonic() - start
         self.say(f"vm: {self.release} up in {self.boot_seconds:.1f} s; agent on 127.0.0.1:{self.ports['agent']}")
-
-    def console_tail(self, lines=40):
-        with open(self.console_log, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-
-    def close(self):
-        """Power off (the agent exits: virtme-ng's script ends), kill what is left of QEMU's
-        process group, remove the directory. Safe to call twice."""
-        self._stop_qemu()
-        if self._console:
-            self._console.close()
-            self._console = None
-        if self.dir:
-            with contextlib.suppress(OSError):
-                self.console = self.console_tail(10 ** 6)
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.say(f"vm: {self.release} powered off, {self.dir} removed")
-            self.dir = None
-
-    def _stop_qemu(self):
-        if self.proc is not None:
-            if self.proc.poll() is None and self.boot_seconds is not None:  # else no agent to ask: killed
-                with contextlib.suppress(OSError, ValueError, GuestError):
-                    self.request("shutdown", timeout=30, connect_timeout=5)
-                try:
-                    self.proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    pass
-            _kill_group(self.proc.pid)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(10)
-            self.proc = None
 
     def _save(self):
         path = os.path.join(self.dir, JOURNAL)
         _write(path, json.dumps({"pid": os.getpid(), "vng": self.proc.pid if self.proc else None}))
 
     # -- commands in the guest -------------------------------------------------------------
-
-    def request(self, op, connect_timeout=10, timeout=600, **fields):
-        """One request to the guest's agent; its answer (raises GuestError on an error answer)."""
-        with socket.create_connection(("127.0.0.1", self.ports["agent"]), timeout=connect_timeout) as s:
-            s.settimeout(timeout + 30)
-            s.sendall(json.dumps({"token": self.token, "op": op, "timeout": timeout, **fields}).encode() + b"\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(1 << 16)
-                if not chunk:
-                    break
-                data += chunk
-        answer = json.loads(data)  # ValueError on an empty answer (the guest is not up yet)
-        if "error" in answer and op != "run":
-            raise GuestError(f"{op}: {answer['error']}")
-        return answer
-
-    def run(self, cmd, timeout=600, check=True):
-        """Run cmd (argv list, or a string for sh -c) in the guest as root and wait; Result. With
-        check, raises GuestError on a non-zero exit or a timeout."""
-        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        a = self.request("run", argv=argv, timeout=timeout)
-        result = Result(a.get("rc"), a.get("stdout", ""), a.get("stderr", ""))
-        if check and (result.rc != 0 or "error" in a):
-            raise GuestError(f"{cmd!r} in the guest: {a.get('error') or f'exit {result.rc}'}\n"
-                             f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
-        return result
-
-    def start(self, cmd):
-        """Start cmd in the background in the guest; a Background."""
-        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        return Background(self, self.request("start", argv=argv)["id"], argv)
-
-    @contextlib.contextmanager
-    def background(self, cmd):
-        """cmd running in the guest for the body (Guest.start), stopped on exit."""
-        job = self.start(cmd)
-        try:
-            yield job
-        finally:
-            with contextlib.suppress(OSError, ValueError, GuestError):
-                job.stop()
 
     def write_sysfs(self, dev, attr, value):
         self.run(["sh", "-c", f"echo {value} > /sys/block/{dev}/{attr}"])
@@ -587,9 +604,10 @@ def sweep_stale(say=print, root=VM_ROOT):
             continue
         except ProcessLookupError:
             pass
-        if saved.get("vng"):
-            say(f"sweep: stopping the guest of dead process {saved['pid']} (process group {saved['vng']})")
-            _kill_group(saved["vng"])
+        group = saved.get("vng") or saved.get("qemu")  # Guest's virtme-ng, DebianHost's QEMU
+        if group:
+            say(f"sweep: stopping the guest of dead process {saved['pid']} (process group {group})")
+            _kill_group(group)
         shutil.rmtree(d, ignore_errors=True)
         swept.append(d)
     return swept
