@@ -455,19 +455,6 @@ class DebianHost(AgentGuest):
                     "-device", f"nvme,drive=nv{i},serial=nvme{i}"]
         return cmd + self.extra_qemu_opts
 
-    def _boot_retrying(self):
-        try:
-            self._boot()
-        except GuestError as e:
-            # a port picked free was taken before QEMU bound it (other tests pick ports too): once more
-            if "Could not set up host forwarding rule" not in str(e):
-                raise
-            self.say(f"debian: a forwarded port was taken meanwhile; booting again with other ports: {e}")
-            self._stop_qemu()
-            self.ports = {name: procs.free_port() for name in self.ports}
-            self._save()
-            self._boot()
-
     def _boot(self):
         self.say(f"debian: booting {self.release} (TCG, {self.nvme} NVMe, {self.memory}) from "
                  f"{os.path.basename(self.image.path)} in {self.dir}")

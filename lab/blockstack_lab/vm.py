@@ -229,6 +229,20 @@ class AgentGuest:
         raise GuestError(f"the guest's agent did not answer within {self.boot_timeout} s ({last}):\n"
                          f"{self.console_tail()}")
 
+    def _boot_retrying(self):
+        """_boot(), and once more with other ports if a port picked free was taken before QEMU
+        bound it (other tests pick ports too)."""
+        try:
+            self._boot()
+        except GuestError as e:
+            if "Could not set up host forwarding rule" not in str(e):
+                raise
+            self.say(f"{self.NAME}: a forwarded port was taken meanwhile; booting again with other ports: {e}")
+            self._stop_qemu()
+            self.ports = {name: procs.free_port() for name in self.ports}
+            self._save()
+            self._boot()
+
     NAME = "vm"            # say()'s prefix
     POWEROFF_WAIT = 30     # seconds QEMU gets to exit once asked to power off
 
@@ -337,17 +351,7 @@ class Guest(AgentGuest):
         self.dir = tempfile.mkdtemp(prefix=PREFIX, dir=self.root)
         try:
             self._prepare()
-            try:
-                self._boot()
-            except GuestError as e:
-                # a port picked free was taken before QEMU bound it (other tests pick ports too): once more
-                if "Could not set up host forwarding rule" not in str(e):
-                    raise
-                self.say(f"vm: a forwarded port was taken meanwhile; booting again with other ports: {e}")
-                self._stop_qemu()
-                self.ports = {name: procs.free_port() for name in self.ports}
-                self._save()
-                self._boot()
+            self._boot_retrying()
         except BaseException:
             self.close()
             raise
