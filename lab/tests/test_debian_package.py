@@ -11,7 +11,9 @@ udev, LVM with udev, apt), as an operator meets it (`make test-vm-long`; results
    each finding whose recipe says it clears is gone, each `verify` passes; a device setting set
    wrong by hand is put right again by a udev `change` event;
 6. the inverse: a udev rule that sets nomerges=2 again, named by the doctor;
-7. `apt-get purge` leaves no user, unit, file or process.
+7. `apt-get purge` leaves no user, unit, file or process;
+8. the exporters alone (blockstack-merges-exporters): installed, every unit active, no server, purged
+   as cleanly.
 
 Each step's seconds and outcome go to .build/test-debian-package.json (docs/persist.md's last
 column and BENCHMARKS.md are written from it).
@@ -55,7 +57,8 @@ def build(out, version):
 @pytest.fixture(scope="module")
 def debs(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("debs"))
-    return build(out, PREVIOUS), build(out, VERSION)
+    previous, current = build(out, PREVIOUS), build(out, VERSION)
+    return previous, current, os.path.join(out, f"{PACKAGE}-exporters_{VERSION}-1_amd64.deb")
 
 
 class Steps(dict):
@@ -91,7 +94,7 @@ def units(host):
     return host.run(f"cat {STATE}/units.list").stdout.split()
 
 
-def all_active(host, timeout=300):
+def all_active(host, timeout=300, servers=SERVER_PORTS):
     """Every unit of units.list active (the .socket units listening), and every port answered: the
     exporters with metrics, the servers with any HTTP status (they ask for credentials)."""
     names = units(host)
@@ -115,7 +118,7 @@ def all_active(host, timeout=300):
             print(host.run("journalctl -n 80 --no-pager -u 'blockstack-*'", check=False).stdout)
             raise
         answered[name] = len(body.splitlines())
-    for name, port in SERVER_PORTS.items():
+    for name, port in servers.items():
         code = wait(f"{name} on {port}", lambda: host.run(
             f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/", check=False).stdout.strip() not in
             ("", "000") and host.run(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/",
@@ -151,8 +154,9 @@ def doctor(host):
 
 
 def test_package_on_a_debian_host(debs):
-    previous, current = debs
+    previous, current, exporters = debs
     steps = Steps()
+    # the exporters' package conflicts with the full one and needs a subset of its dependencies
     repo = debian_host.build_repo((*debian_host.REPO_PACKAGES, previous, current))
     steps.end("local repository of Debian's packages")
     with DebianHost("6.1", nvme=1, repo=repo, say=print) as host:
@@ -259,17 +263,35 @@ def test_package_on_a_debian_host(debs):
 
         # 7. purge: no user, unit, file or process
         host.run(["apt-get", "purge", "-y", "-q", PACKAGE], timeout=900)
-        left = {
-            "users": host.run("getent passwd | cut -d: -f1 | grep '^blockstack' || true").stdout.split(),
-            "groups": host.run("getent group | cut -d: -f1 | grep '^blockstack' || true").stdout.split(),
-            "units": host.run("ls /etc/systemd/system | grep -i blockstack-merges\\|blockstack- || true; "
-                              "systemctl list-units --all --no-legend 'blockstack-*' | grep -v lab-agent || true").stdout.split(),
-            "files": host.run(f"ls -d {STATE} /etc/blockstack-merges /usr/lib/blockstack-merges /run/blockstack-merges "
-                              "2>/dev/null || true").stdout.split(),
-            "processes": host.run("ps -eo user:32,comm --no-headers | grep '^blockstack' || true").stdout.splitlines(),
-        }
-        left["units"] = [u for u in left["units"] if "lab-agent" not in u]
+        left = leftovers(host)
         steps.end("apt-get purge", left=left)
-        assert left == {"users": [], "groups": [], "units": [], "files": [], "processes": []}, left
+        assert left == NOTHING, left
+
+        # 8. the exporters alone, for a host whose own Prometheus scrapes them; purged as cleanly
+        host.apt_install(host.copy_in(exporters, "/root/"))
+        names, answered = all_active(host, servers={})
+        steps.end(f"apt-get install ./{os.path.basename(exporters)}", units=names, answered=answered)
+        assert not [u for u in names if re.search(r"prometheus|alertmanager|receiver", u)], names
+        host.run(["apt-get", "purge", "-y", "-q", f"{PACKAGE}-exporters"], timeout=900)
+        left = leftovers(host)
+        steps.end("apt-get purge of the exporters", left=left)
+        assert left == NOTHING, left
     steps.end("power-off")
-    assert re.match(r"\d", VERSION)
+
+
+NOTHING = {"users": [], "groups": [], "units": [], "files": [], "processes": []}
+
+
+def leftovers(host):
+    """What of the package is left in the guest: users, groups, units, files, processes."""
+    left = {
+        "users": host.run("getent passwd | cut -d: -f1 | grep '^blockstack' || true").stdout.split(),
+        "groups": host.run("getent group | cut -d: -f1 | grep '^blockstack' || true").stdout.split(),
+        "units": host.run("ls /etc/systemd/system | grep '^blockstack-' || true; "
+                          "systemctl list-units --all --no-legend --plain 'blockstack-*' | cut -d' ' -f1").stdout.split(),
+        "files": host.run(f"ls -d {STATE} /etc/blockstack-merges /usr/lib/blockstack-merges /run/blockstack-merges "
+                          "2>/dev/null || true").stdout.split(),
+        "processes": host.run("ps -eo user:32,comm --no-headers | grep '^blockstack' || true").stdout.splitlines(),
+    }
+    left["units"] = sorted({u for u in left["units"] if u != debian_host.AGENT_UNIT})
+    return left
