@@ -17,6 +17,7 @@ in PromQL or Go templates. Only the braced form is a placeholder here: a bare $ 
 so $labels, $value, $1 of label_replace and Grafana's $__rate_interval need no $$ escape.
 """
 import argparse
+import difflib
 import os
 import pathlib
 import string
@@ -84,20 +85,26 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 if a rule file is stale")
     args = p.parse_args(argv)
+    return write_or_check(rule_files(load()), args.check)
+
+
+def write_or_check(files, check, show=lambda path: path.relative_to(REPO)):
+    """Writes {path: text} where a file differs (`make generate`); with check, writes nothing,
+    prints each stale file's diff and returns 1 if any is stale (the tests, `--check`)."""
     stale = []
-    for path, text in rule_files(load()).items():
-        if path.exists() and path.read_text() == text:
+    for path, text in files.items():
+        old = path.read_text() if path.exists() else ""
+        if old == text:
             continue
-        if args.check:
-            stale.append(path.name)
+        if check:
+            stale.append(str(show(path)))
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
+                                                       f"{show(path)} (committed)", "generated", n=1))
         else:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            print(f">> wrote {path.relative_to(REPO)}")
+            print(f">> wrote {show(path)}")
     if stale:
         print(f"stale: {', '.join(stale)}; run `make generate`", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,10 +32,8 @@ scrapes the agents' Thanos sidecars (job="fleet-agent"), not the Prometheus that
 exporters, which is what a mixin's rules are loaded into.
 """
 import argparse
-import difflib
 import json
 import re
-import sys
 
 import yaml
 
@@ -295,22 +293,5 @@ def main(build_dashboard, argv=None):
     p = argparse.ArgumentParser(prog="mixin/generate.py", description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 if a file under mixin/ is stale")
     args = p.parse_args(argv)
-    stale = []
-    for path, text in files(build_dashboard).items():
-        name = path.relative_to(MIXIN.parent)
-        old = path.read_text() if path.exists() else ""
-        if old == text:
-            continue
-        if args.check:
-            stale.append(str(name))
-            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
-                                                       f"{name} (committed)", "generated", n=1))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            print(f">> wrote {name}")
-    if stale:
-        print(f"stale: {', '.join(stale)}; run `make generate`", file=sys.stderr)
-        return 1
-    return 0
+    return knobs.write_or_check(files(build_dashboard), args.check, show=lambda path: path.relative_to(MIXIN.parent))
 

@@ -401,9 +401,6 @@ class DebianHost(AgentGuest):
             raise
         return self
 
-    def __exit__(self, *exc):
-        self.close()
-
     @property
     def share(self):
         """The host's side of the guest's /mnt/lab (read-only in the guest)."""

@@ -243,6 +243,9 @@ class AgentGuest:
             self._save()
             self._boot()
 
+    def __exit__(self, *exc):
+        self.close()
+
     NAME = "vm"            # say()'s prefix
     POWEROFF_WAIT = 30     # seconds QEMU gets to exit once asked to power off
 
@@ -356,9 +359,6 @@ class Guest(AgentGuest):
             self.close()
             raise
         return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _prepare(self):
         self.token = secrets.token_hex(16)
