@@ -103,6 +103,11 @@ test-unit: deps venv ebpf-objects
 	@echo ">> running unit tests"
 	@$(PYTEST) -n 2 --dist loadfile -m "$(UNIT)"
 
+## format: rewrite every Python file as ruff formats it and apply ruff's safe fixes (tests/test_lint.py checks both)
+format: venv
+	@$(VENV)/bin/ruff format .
+	@$(VENV)/bin/ruff check --fix .
+
 ## linters: cloudflare/pint (rules), grafana/dashboard-linter (dashboard) and go-jsonnet (the mixin) from the Go module proxy into .build/bin (cached)
 # dashboard-linter: its releases (v0.3.0) need a grafana/apps/dashboard pseudo-version the proxy
 # refuses, so the last commit before them that builds (2024-12-24); the checksum database does not

@@ -1,6 +1,7 @@
 """Every test directory's common rules: a test marked `root` fails, never skips, without root; a
 case run with the servers built from the Go module proxy (a `servers` parameter "upstream", as
 blockstack_deploy.stack.SERVERS names them) is marked `built`, so `make test-unit` needs no Go build."""
+
 import contextlib
 import os
 import resource
@@ -20,8 +21,11 @@ settings.load_profile("blockstack")
 
 def pytest_runtest_setup(item):
     if item.get_closest_marker("root") and os.geteuid() != 0:
-        pytest.fail("needs root (loop devices, mounts, BPF, sysfs writes): run it as root; "
-                    "`make test-unit` runs the tests that do not", pytrace=False)
+        pytest.fail(
+            "needs root (loop devices, mounts, BPF, sysfs writes): run it as root; "
+            "`make test-unit` runs the tests that do not",
+            pytrace=False,
+        )
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
@@ -47,7 +51,9 @@ class HttpAbuse:
         need = count + 1024  # the test's own files, servers in this process, pytest's
         if soft != resource.RLIM_INFINITY and soft < need:
             if hard != resource.RLIM_INFINITY and hard < need:
-                pytest.fail(f"RLIMIT_NOFILE's hard limit {hard} is below the {need} descriptors this test needs")
+                pytest.fail(
+                    f"RLIMIT_NOFILE's hard limit {hard} is below the {need} descriptors this test needs"
+                )
             resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
         held = []
         for i in range(count):
@@ -99,7 +105,9 @@ class HttpAbuse:
         """Wait until the server has closed at least count of the sockets (at most `seconds`)."""
         deadline = time.monotonic() + seconds
         while self.closed(sockets) < count:
-            assert time.monotonic() < deadline, f"the server closed fewer than {count} connections in {seconds} s"
+            assert time.monotonic() < deadline, (
+                f"the server closed fewer than {count} connections in {seconds} s"
+            )
             time.sleep(0.05)
 
     @staticmethod

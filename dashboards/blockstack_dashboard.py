@@ -10,6 +10,7 @@ dashboard's own identity is in CONFIG below. Every panel description quotes the 
 (the LVM-snapshot-on-NVMe incident, the ext4 dioread_nolock incident, the lvm2 snapshot
 write-up) so a newcomer knows what healthy and sick look like. See docs/dashboard.md.
 """
+
 import argparse
 import difflib
 import json
@@ -17,7 +18,6 @@ import os
 import sys
 
 import yaml
-from blockstack_rules import knobs
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import heatmap, prometheus, stat, table, timeseries
@@ -26,6 +26,8 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models import prometheus as pm
+
+from blockstack_rules import knobs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUTPUT = os.path.join(HERE, "block-stack-merges.json")
@@ -110,6 +112,7 @@ ALERT_NAME_WIDTH = 400
 
 # --- Small helpers ---------------------------------------------------------------------------------
 
+
 def histogram_top(config, name):
     """Lower bound of the top finite bucket of an exp2 histogram of an ebpf_exporter config, in its
     unit: ebpf_exporter's exp2 maps put every value above the top bound into the top bucket, so a
@@ -126,6 +129,7 @@ def in_range(q, buckets, name, config=BLOCK_IO):
     top bucket (histogram_top): no line for an idle layer, none pinned at the histogram's top."""
     return f"(\n  histogram_quantile({q}, {buckets})\n    <= {histogram_top(config, name)!r}\n)"
 
+
 def q(expr, legend="", ref="A", fmt=None, instant=False):
     t = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DS)
     if legend:
@@ -141,24 +145,45 @@ def table_q(expr, ref="A"):
 
 
 def steps(*pairs):
-    return db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(
-        [dm.Threshold(value=v, color=c) for v, c in pairs])
+    return (
+        db.ThresholdsConfig()
+        .mode(dm.ThresholdsMode.ABSOLUTE)
+        .steps([dm.Threshold(value=v, color=c) for v, c in pairs])
+    )
 
 
 def legend_table(calcs=("mean", "max", "lastNotNull"), placement=cm.LegendPlacement.RIGHT):
-    return (cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE)
-            .placement(placement).show_legend(True).calcs(list(calcs)))
+    return (
+        cb.VizLegendOptions()
+        .display_mode(cm.LegendDisplayMode.TABLE)
+        .placement(placement)
+        .show_legend(True)
+        .calcs(list(calcs))
+    )
 
 
 def ts(title, description, targets, unit, w=12, h=9, no_value="No data in this time range", **kw):
     """A time series panel with its legend as a table on the right, where every series has a row
     (a legend beneath a graph gets at most a third of the panel's height: 2 or 3 rows)."""
-    p = (timeseries.Panel().title(title).description(description).datasource(DS)
-         .unit(unit).span(w).height(h).line_width(2).fill_opacity(10).no_value(no_value)
-         .color_scheme(db.FieldColor().mode(SERIES_COLOURS["mode"]).fixed_color(SERIES_COLOURS["fixedColor"]))
-         .legend(legend_table())
-         .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
-                                         .sort(cm.SortOrder.DESCENDING)))
+    p = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .unit(unit)
+        .span(w)
+        .height(h)
+        .line_width(2)
+        .fill_opacity(10)
+        .no_value(no_value)
+        .color_scheme(
+            db.FieldColor().mode(SERIES_COLOURS["mode"]).fixed_color(SERIES_COLOURS["fixedColor"])
+        )
+        .legend(legend_table())
+        .tooltip(
+            cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING)
+        )
+    )
     for t in targets:
         p = p.with_target(t)
     if "min" in kw:
@@ -168,41 +193,74 @@ def ts(title, description, targets, unit, w=12, h=9, no_value="No data in this t
     if "interval" in kw:  # the minimum $__interval (a peak_quantile's step)
         p = p.interval(kw["interval"])
     if "log" in kw:
-        p = p.scale_distribution(cb.ScaleDistributionConfig().type(cm.ScaleDistribution.LOG).log(kw["log"]))
+        p = p.scale_distribution(
+            cb.ScaleDistributionConfig().type(cm.ScaleDistribution.LOG).log(kw["log"])
+        )
     if "thresholds" in kw:
         p = p.thresholds(kw["thresholds"]).thresholds_style(
-            cb.GraphThresholdsStyleConfig().mode(cm.GraphTresholdsStyleMode.DASHED))
+            cb.GraphThresholdsStyleConfig().mode(cm.GraphTresholdsStyleMode.DASHED)
+        )
     return p
 
 
 def layer_colours(p):
     """Each layer's colour (LAYER_COLOURS) on a panel whose legends carry L<depth>; writes dashed."""
     for depth, colour in enumerate(LAYER_COLOURS):
-        p = p.override_by_regexp(f".*\\bL{depth} .*", [prop("color", {"mode": "fixed", "fixedColor": colour})])
-    return p.override_by_regexp(".* write$", [prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})])
+        p = p.override_by_regexp(
+            f".*\\bL{depth} .*", [prop("color", {"mode": "fixed", "fixedColor": colour})]
+        )
+    return p.override_by_regexp(
+        ".* write$", [prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})]
+    )
 
 
 def heat(title, description, target, unit, w=8, h=8, repeat=True, cell_unit="reqps"):
     """A heatmap of histogram buckets, `target` only where there were observations (observed()): an
     empty one says "No data" (Grafana 12's heatmap shows its own words, not a noValue), where buckets
     of zeros drew an empty colour scale, "∞undefined req/s ... -∞undefined req/s"."""
-    p = (heatmap.Panel().title(title).description(description).datasource(DS).span(w).height(h)
-         .with_target(target).calculate(False)
-         .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Oranges")
-                .scale(hm.HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64))
-         .y_axis(heatmap.YAxisConfig().unit(unit).decimals(0))
-         .cell_values(heatmap.CellValues().unit(cell_unit))
-         .show_legend().show_tooltip().show_y_histogram().max_data_points(120))
+    p = (
+        heatmap.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .span(w)
+        .height(h)
+        .with_target(target)
+        .calculate(False)
+        .color(
+            heatmap.HeatmapColorOptions()
+            .mode(hm.HeatmapColorMode.SCHEME)
+            .scheme("Oranges")
+            .scale(hm.HeatmapColorScale.EXPONENTIAL)
+            .exponent(0.5)
+            .steps(64)
+        )
+        .y_axis(heatmap.YAxisConfig().unit(unit).decimals(0))
+        .cell_values(heatmap.CellValues().unit(cell_unit))
+        .show_legend()
+        .show_tooltip()
+        .show_y_histogram()
+        .max_data_points(120)
+    )
     if repeat:
         p = p.repeat("device").repeat_direction("h")
     return p
 
 
 def stat_panel(title, description, targets, unit, w=6, h=4, thresholds=None, no_value="No data"):
-    p = (stat.Panel().title(title).description(description).datasource(DS).unit(unit).span(w).height(h)
-         .no_value(no_value)
-         .graph_mode(cm.BigValueGraphMode.NONE).color_mode(cm.BigValueColorMode.BACKGROUND)
-         .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+    p = (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .unit(unit)
+        .span(w)
+        .height(h)
+        .no_value(no_value)
+        .graph_mode(cm.BigValueGraphMode.NONE)
+        .color_mode(cm.BigValueColorMode.BACKGROUND)
+        .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
     for t in targets:
         p = p.with_target(t)
     if thresholds:
@@ -220,16 +278,25 @@ def color_cells():
 
 def value_map(mapping):
     """{value: (text, color)} -> a Grafana value mapping."""
-    return [dm.ValueMap(options={str(k): dm.ValueMappingResult(text=t, color=c, index=i)
-                                 for i, (k, (t, c)) in enumerate(mapping.items())})]
+    return [
+        dm.ValueMap(
+            options={
+                str(k): dm.ValueMappingResult(text=t, color=c, index=i)
+                for i, (k, (t, c)) in enumerate(mapping.items())
+            }
+        )
+    ]
 
 
 def organize(exclude=(), rename=None, order=None):
-    return dm.DataTransformerConfig(id_val="organize", options={
-        "excludeByName": {k: True for k in exclude},
-        "renameByName": rename or {},
-        "indexByName": {k: i for i, k in enumerate(order or [])},
-    })
+    return dm.DataTransformerConfig(
+        id_val="organize",
+        options={
+            "excludeByName": {k: True for k in exclude},
+            "renameByName": rename or {},
+            "indexByName": {k: i for i, k in enumerate(order or [])},
+        },
+    )
 
 
 def merge():
@@ -237,33 +304,61 @@ def merge():
 
 
 def sort_by(field):
-    return dm.DataTransformerConfig(id_val="sortBy", options={"fields": {}, "sort": [{"field": field}]})
+    return dm.DataTransformerConfig(
+        id_val="sortBy", options={"fields": {}, "sort": [{"field": field}]}
+    )
 
 
 # --- Panels ----------------------------------------------------------------------------------------
 
+
 def alert_panels(k):
-    firing = ('ALERTS{alertstate="firing", host="$host", device=~"$device"}\n'
-              '  or ALERTS{alertstate="firing", host="$host", device=""}')
+    firing = (
+        'ALERTS{alertstate="firing", host="$host", device=~"$device"}\n'
+        '  or ALERTS{alertstate="firing", host="$host", device=""}'
+    )
     return [
-        table.Panel().title("Firing alerts").datasource(DS).span(12).height(5)
+        table.Panel()
+        .title("Firing alerts")
+        .datasource(DS)
+        .span(12)
+        .height(5)
         .description(
             "Alerts firing now for this host: those about a device of the selected stack, and those about the host "
             "as a whole (an exporter down). Healthy: the table is empty. Sick: BlockStackMergeCollapse* means a layer "
             "of this stack is splitting or not merging requests (the NVMe incident: dm-3 at 512 sectors per request "
             "over nvme1n1 at 8, 27x slower reads); its runbook link is in the alert's annotations. The lineup panels "
-            "below carry a red annotation for each such page.")
+            "below carry a red annotation for each such page."
+        )
         .with_target(table_q(firing))
-        .with_transformation(organize(exclude=["Time", "Value", "__name__", "alertstate", "job", "instance"],
-                                      order=["alertname", "severity", "host", "device"]))
+        .with_transformation(
+            organize(
+                exclude=["Time", "Value", "__name__", "alertstate", "job", "instance"],
+                order=["alertname", "severity", "host", "device"],
+            )
+        )
         .no_value("No alert is firing for this stack.")
         # a page's row in its severity's colour (red: critical), its name in full
-        .override_by_name("severity", [
-            prop("mappings", [m.to_json() for m in value_map({s: (s, c) for s, c in SEVERITY_COLOURS.items()})]),
-            prop("custom.cellOptions", {"type": "color-background", "mode": "basic", "applyToRow": True})])
+        .override_by_name(
+            "severity",
+            [
+                prop(
+                    "mappings",
+                    [
+                        m.to_json()
+                        for m in value_map({s: (s, c) for s, c in SEVERITY_COLOURS.items()})
+                    ],
+                ),
+                prop(
+                    "custom.cellOptions",
+                    {"type": "color-background", "mode": "basic", "applyToRow": True},
+                ),
+            ],
+        )
         .override_by_name("alertname", [prop("custom.minWidth", ALERT_NAME_WIDTH)])
         # a host-wide alert has no device or operation: its cells empty, not the panel's empty state
-        .override_by_name("device", [prop("noValue", "")]).override_by_name("operation", [prop("noValue", "")]),
+        .override_by_name("device", [prop("noValue", "")])
+        .override_by_name("operation", [prop("noValue", "")]),
         findings_panel(k),
         evidence_panel(k),
     ]
@@ -273,104 +368,236 @@ def evidence_panel(k):
     """blockstack_ebpf_set_loaded{set, config}: which BPF programs this host's kernel runs. The
     collapse page rests on the block set; where it is not loaded nothing can page, and the row is
     in BlockStackCollapseEvidenceMissing's colour (a warning)."""
-    return (table.Panel().title("eBPF evidence").datasource(DS).span(24).height(4)
-            .description(
-                "The sets of BPF programs this host's kernel loads (ebpf-configs/select-configs.sh at the stack's "
-                "start): block (block_io, or block_io_immediate before Linux 5.17) counts refused merges and "
-                "split-off pieces, the evidence every merge-collapse page rests on; jbd2 times journal credit waits. "
-                "Healthy: both loaded (Linux 5.10 to 5.16: block_io_immediate). Sick: 'not loaded', no variant loads "
-                "on this kernel (before 5.10, or no BTF): no collapse can page on this host (alert "
-                "BlockStackCollapseEvidenceMissing); the loaders' errors are in blockstack_ebpf_variant_failed_info "
-                "and STATE_DIR/ebpf-status.tsv.")
-            .with_target(table_q(f"max by (set, config) (blockstack_ebpf_set_loaded{{{k['blockstack_selector']}, "
-                                 f'host="$host"}})'))
-            .with_transformation(organize(exclude=["Time"], rename={"config": "variant running", "Value": "state"},
-                                          order=["set", "config", "Value"]))
-            .override_by_name("state", [
-                prop("mappings", [m.to_json() for m in value_map({1: ("loaded", HEALTHY),
-                                                                    0: ("not loaded", WARNING)})]),
-                color_cells()])
-            .no_value("No status: the stack did not probe the kernel (ebpf_exporter run by other means), or "
-                      "blockstack-exporter is down."))
+    return (
+        table.Panel()
+        .title("eBPF evidence")
+        .datasource(DS)
+        .span(24)
+        .height(4)
+        .description(
+            "The sets of BPF programs this host's kernel loads (ebpf-configs/select-configs.sh at the stack's "
+            "start): block (block_io, or block_io_immediate before Linux 5.17) counts refused merges and "
+            "split-off pieces, the evidence every merge-collapse page rests on; jbd2 times journal credit waits. "
+            "Healthy: both loaded (Linux 5.10 to 5.16: block_io_immediate). Sick: 'not loaded', no variant loads "
+            "on this kernel (before 5.10, or no BTF): no collapse can page on this host (alert "
+            "BlockStackCollapseEvidenceMissing); the loaders' errors are in blockstack_ebpf_variant_failed_info "
+            "and STATE_DIR/ebpf-status.tsv."
+        )
+        .with_target(
+            table_q(
+                f"max by (set, config) (blockstack_ebpf_set_loaded{{{k['blockstack_selector']}, "
+                f'host="$host"}})'
+            )
+        )
+        .with_transformation(
+            organize(
+                exclude=["Time"],
+                rename={"config": "variant running", "Value": "state"},
+                order=["set", "config", "Value"],
+            )
+        )
+        .override_by_name(
+            "state",
+            [
+                prop(
+                    "mappings",
+                    [
+                        m.to_json()
+                        for m in value_map({1: ("loaded", HEALTHY), 0: ("not loaded", WARNING)})
+                    ],
+                ),
+                color_cells(),
+            ],
+        )
+        .no_value(
+            "No status: the stack did not probe the kernel (ebpf_exporter run by other means), or "
+            "blockstack-exporter is down."
+        )
+    )
 
 
 def findings_panel(k):
     """blockstack_finding{device, check, severity}: 1 per active misconfiguration finding of the
     exporter's checks (the table blockstack-doctor prints)."""
-    return (table.Panel().title("Findings").datasource(DS).span(12).height(5)
-            .description(
-                "Misconfigurations the exporter finds on the stack's devices now (the checks of blockstack-doctor: "
-                "one row per device and check). Healthy: no finding. Sick: e.g. nomerges 2 beneath a stack (the NVMe "
-                "incident: nvme1n1 with QUEUE_FLAG_NOMERGES, 8-sector requests, 27x slower reads), a max_sectors_kb "
-                "far below max_hw_sectors_kb, 4 KiB snapshot chunks (LVM2 write-up: 625 s vs 55 s for 1 GB), or "
-                "dioread_nolock with a small journal (ext4 incident: 20,026 -> 315 IOPS). `blockstack-doctor "
-                "--device DEV` prints each finding's evidence and fix.")
-            .with_target(table_q(f"max by (host, device, check, severity) "
-                                 f"(blockstack_finding{{{k['blockstack_selector']}, {SEL}}} == 1)"))
-            .with_transformation(organize(exclude=["Time", "Value", "host"], order=["device", "check", "severity"]))
-            .with_transformation(sort_by("device"))
-            .override_by_name("severity", [
-                prop("mappings", [m.to_json() for m in value_map({s: (s, c) for s, c in SEVERITY_COLOURS.items()})]),
-                color_cells()])
-            .no_value("No finding: the checks found no misconfiguration on this stack."))
+    return (
+        table.Panel()
+        .title("Findings")
+        .datasource(DS)
+        .span(12)
+        .height(5)
+        .description(
+            "Misconfigurations the exporter finds on the stack's devices now (the checks of blockstack-doctor: "
+            "one row per device and check). Healthy: no finding. Sick: e.g. nomerges 2 beneath a stack (the NVMe "
+            "incident: nvme1n1 with QUEUE_FLAG_NOMERGES, 8-sector requests, 27x slower reads), a max_sectors_kb "
+            "far below max_hw_sectors_kb, 4 KiB snapshot chunks (LVM2 write-up: 625 s vs 55 s for 1 GB), or "
+            "dioread_nolock with a small journal (ext4 incident: 20,026 -> 315 IOPS). `blockstack-doctor "
+            "--device DEV` prints each finding's evidence and fix."
+        )
+        .with_target(
+            table_q(
+                f"max by (host, device, check, severity) "
+                f"(blockstack_finding{{{k['blockstack_selector']}, {SEL}}} == 1)"
+            )
+        )
+        .with_transformation(
+            organize(exclude=["Time", "Value", "host"], order=["device", "check", "severity"])
+        )
+        .with_transformation(sort_by("device"))
+        .override_by_name(
+            "severity",
+            [
+                prop(
+                    "mappings",
+                    [
+                        m.to_json()
+                        for m in value_map({s: (s, c) for s, c in SEVERITY_COLOURS.items()})
+                    ],
+                ),
+                color_cells(),
+            ],
+        )
+        .no_value("No finding: the checks found no misconfiguration on this stack.")
+    )
 
 
 def stack_table(k):
-    BS = f'{k["blockstack_selector"]}, {SEL}'
+    BS = f"{k['blockstack_selector']}, {SEL}"
     kb = "/ 1024"
     nomerges = f"max by (host, device) (blockstack_queue_nomerges{{{BS}}})"
     # nomerges, plus 10 on a device beneath another one: the check (and the alert) warns there
     # (nomerges_beneath_stack) and only informs elsewhere (nomerges); the mapping shows the setting
-    beneath = (f'label_replace(max by (host, lower) (blockstack_device_beneath_info{{{k["blockstack_selector"]}, '
-               f'host="$host", lower=~"$device"}}), "device", "$1", "lower", "(.+)")')
-    targets = [table_q(expr, ref) for ref, expr in zip("ABCDEF", [
-        LAYERS,
-        f"{nomerges}\n  + on (host, device) 10 * ({beneath} * 0 + 1 or on (host, device) {nomerges} * 0)",
-        f"max by (host, device) (blockstack_queue_max_sectors_bytes{{{BS}}}) {kb}",
-        f"max by (host, device) (blockstack_queue_max_hw_sectors_bytes{{{BS}}}) {kb}",
-        f"max by (host, device, scheduler) (blockstack_queue_scheduler_info{{{BS}}} == 1)",
-        f"max by (host, device) (blockstack_queue_rotational{{{BS}}})",
-    ])]
-    p = (table.Panel().title("The stack at a glance: layers from top to physical disk").datasource(DS)
-         .span(24).height(7)
-         .description(
-             "One row per layer of the selected stack, top (depth 0) first, down to the physical disk. name is the "
-             "dm name (LVM VG-LV[-layer]) for device-mapper devices. Cells take the colour of the finding the setting "
-             "makes (the Findings table): orange (warning) for nomerges beneath a stack, blue (info) for nomerges on "
-             "a device nothing is stacked on or a max_sectors_kb below 128; red is for pages only. Healthy: "
-             "nomerges 0 on every layer and max_sectors_kb >= 128 (the NVMe incident's "
-             "healthy reads went down as 512-sector = 256 KiB requests). Sick: nomerges 2 on a lower layer (Ubuntu 4.4 "
-             "set QUEUE_FLAG_NOMERGES on nvme1n1; the fix was `echo 0 > /sys/block/nvme1n1/queue/nomerges`), or a "
-             "tiny max_sectors_kb (4 KiB splits every request into single pages). rotational 1 means a spinning "
-             "disk, where a snapshot's COW syncs cost seeks (LVM2 write-up: writes 20-30x slower)."))
+    beneath = (
+        f"label_replace(max by (host, lower) (blockstack_device_beneath_info{{{k['blockstack_selector']}, "
+        f'host="$host", lower=~"$device"}}), "device", "$1", "lower", "(.+)")'
+    )
+    targets = [
+        table_q(expr, ref)
+        for ref, expr in zip(
+            "ABCDEF",
+            [
+                LAYERS,
+                f"{nomerges}\n  + on (host, device) 10 * ({beneath} * 0 + 1 or on (host, device) {nomerges} * 0)",
+                f"max by (host, device) (blockstack_queue_max_sectors_bytes{{{BS}}}) {kb}",
+                f"max by (host, device) (blockstack_queue_max_hw_sectors_bytes{{{BS}}}) {kb}",
+                f"max by (host, device, scheduler) (blockstack_queue_scheduler_info{{{BS}}} == 1)",
+                f"max by (host, device) (blockstack_queue_rotational{{{BS}}})",
+            ],
+        )
+    ]
+    p = (
+        table.Panel()
+        .title("The stack at a glance: layers from top to physical disk")
+        .datasource(DS)
+        .span(24)
+        .height(7)
+        .description(
+            "One row per layer of the selected stack, top (depth 0) first, down to the physical disk. name is the "
+            "dm name (LVM VG-LV[-layer]) for device-mapper devices. Cells take the colour of the finding the setting "
+            "makes (the Findings table): orange (warning) for nomerges beneath a stack, blue (info) for nomerges on "
+            "a device nothing is stacked on or a max_sectors_kb below 128; red is for pages only. Healthy: "
+            "nomerges 0 on every layer and max_sectors_kb >= 128 (the NVMe incident's "
+            "healthy reads went down as 512-sector = 256 KiB requests). Sick: nomerges 2 on a lower layer (Ubuntu 4.4 "
+            "set QUEUE_FLAG_NOMERGES on nvme1n1; the fix was `echo 0 > /sys/block/nvme1n1/queue/nomerges`), or a "
+            "tiny max_sectors_kb (4 KiB splits every request into single pages). rotational 1 means a spinning "
+            "disk, where a snapshot's COW syncs cost seeks (LVM2 write-up: writes 20-30x slower)."
+        )
+    )
     for t in targets:
         p = p.with_target(t)
-    p = (p.no_value("No device: this stack has no layer blockstack-exporter knows (pick a stack above)")
-         .with_transformation(merge())
-         .with_transformation(organize(
-             exclude=["Time", "host", "Value #A", "Value #E"],
-             rename={"Value #B": "nomerges", "Value #C": "max_sectors_kb", "Value #D": "max_hw_sectors_kb",
-                     "Value #F": "rotational", "vg_name": "LVM VG", "lv_name": "LVM LV", "lv_layer": "LVM layer"},
-             order=["depth", "device", "name", "kind", "LVM VG", "LVM LV", "LVM layer", "nomerges",
-                    "max_sectors_kb", "max_hw_sectors_kb", "scheduler", "rotational"]))
-         .with_transformation(sort_by("depth"))
-         .override_by_name("nomerges", [
-             prop("mappings", [m.to_json() for m in value_map({
-                 beneath + n: (text, HEALTHY if n == 0 else WARNING if beneath else INFO)
-                 for beneath in (0, 10) for n, text in ((0, "0 · all merges"), (1, "1 · simple only"),
-                                                        (2, "2 · no merges"))})]),
-             color_cells()])
-         # info below the floor of max_sectors_low and BlockStackMaxSectorsLow (both also need it below
-         # max_sectors_max_ratio x max_hw_sectors_kb, the column beside it: true of every hardware limit
-         # from 512 KiB up)
-         .override_by_name("max_sectors_kb", [
-             prop("thresholds", {"mode": "absolute", "steps": [
-                 {"value": None, "color": INFO},
-                 {"value": k["max_sectors_floor_bytes"] // 1024, "color": HEALTHY}]}),
-             color_cells()])
-         .override_by_name("rotational", [
-             prop("mappings", [m.to_json() for m in value_map({0: ("0 · non-rotational", "text"),
-                                                               1: ("1 · spinning", "text")})])]))
+    p = (
+        p.no_value(
+            "No device: this stack has no layer blockstack-exporter knows (pick a stack above)"
+        )
+        .with_transformation(merge())
+        .with_transformation(
+            organize(
+                exclude=["Time", "host", "Value #A", "Value #E"],
+                rename={
+                    "Value #B": "nomerges",
+                    "Value #C": "max_sectors_kb",
+                    "Value #D": "max_hw_sectors_kb",
+                    "Value #F": "rotational",
+                    "vg_name": "LVM VG",
+                    "lv_name": "LVM LV",
+                    "lv_layer": "LVM layer",
+                },
+                order=[
+                    "depth",
+                    "device",
+                    "name",
+                    "kind",
+                    "LVM VG",
+                    "LVM LV",
+                    "LVM layer",
+                    "nomerges",
+                    "max_sectors_kb",
+                    "max_hw_sectors_kb",
+                    "scheduler",
+                    "rotational",
+                ],
+            )
+        )
+        .with_transformation(sort_by("depth"))
+        .override_by_name(
+            "nomerges",
+            [
+                prop(
+                    "mappings",
+                    [
+                        m.to_json()
+                        for m in value_map(
+                            {
+                                beneath + n: (
+                                    text,
+                                    HEALTHY if n == 0 else WARNING if beneath else INFO,
+                                )
+                                for beneath in (0, 10)
+                                for n, text in (
+                                    (0, "0 · all merges"),
+                                    (1, "1 · simple only"),
+                                    (2, "2 · no merges"),
+                                )
+                            }
+                        )
+                    ],
+                ),
+                color_cells(),
+            ],
+        )
+        # info below the floor of max_sectors_low and BlockStackMaxSectorsLow (both also need it below
+        # max_sectors_max_ratio x max_hw_sectors_kb, the column beside it: true of every hardware limit
+        # from 512 KiB up)
+        .override_by_name(
+            "max_sectors_kb",
+            [
+                prop(
+                    "thresholds",
+                    {
+                        "mode": "absolute",
+                        "steps": [
+                            {"value": None, "color": INFO},
+                            {"value": k["max_sectors_floor_bytes"] // 1024, "color": HEALTHY},
+                        ],
+                    },
+                ),
+                color_cells(),
+            ],
+        )
+        .override_by_name(
+            "rotational",
+            [
+                prop(
+                    "mappings",
+                    [
+                        m.to_json()
+                        for m in value_map(
+                            {0: ("0 · non-rotational", "text"), 1: ("1 · spinning", "text")}
+                        )
+                    ],
+                )
+            ],
+        )
+    )
     return [p]
 
 
@@ -385,36 +612,74 @@ def lineup_panels(k):
         "(one 4 KiB page) - the incident: dm-3 at 512 over dm-1 and nvme1n1 at 8.00, 3000 r/s for 12 MB/s, %util "
         f"100. The dashed line is the collapse threshold ({k['collapse_max_sectors']} sectors); red marks are "
         "collapse pages.",
-        [q(per_layer(f"{weighted('host_device_operation:node_disk_bytes:rate', 'host_device_operation:node_disk_completed:rate')}"
-                     " / 512"), legend=LAYER_LEGEND)],
-        "suffix: sectors", min=1, log=2, thresholds=steps((None, "transparent"), (k["collapse_max_sectors"], "red")))
+        [
+            q(
+                per_layer(
+                    f"{weighted('host_device_operation:node_disk_bytes:rate', 'host_device_operation:node_disk_completed:rate')}"
+                    " / 512"
+                ),
+                legend=LAYER_LEGEND,
+            )
+        ],
+        "suffix: sectors",
+        min=1,
+        log=2,
+        thresholds=steps((None, "transparent"), (k["collapse_max_sectors"], "red")),
+    )
     iops = ts(
         "IOPS per layer",
         "Requests completed per second per layer and operation (iostat r/s, w/s), averaged over each interval of the "
         "graph. Healthy: a lower layer completes about as many requests as the layer above it (NVMe incident, "
         "healthy: 409.6 r/s on every layer for 104857 kB/s). Sick: the lower layer's IOPS explode while throughput "
         "falls (3000 r/s on nvme1n1 for 12000 kB/s).",
-        [q(per_layer(f"avg_over_time(host_device_operation:node_disk_completed:rate{{{SEL}}}{INTERVAL})"),
-           legend=LAYER_LEGEND)],
-        "iops", min=0)
+        [
+            q(
+                per_layer(
+                    f"avg_over_time(host_device_operation:node_disk_completed:rate{{{SEL}}}{INTERVAL})"
+                ),
+                legend=LAYER_LEGEND,
+            )
+        ],
+        "iops",
+        min=0,
+    )
     tput = ts(
         "Throughput per layer",
         "Bytes per second per layer and operation (iostat rkB/s, wkB/s), averaged over each interval of the graph. "
         "Healthy: the same bytes flow through each layer (104857 kB/s on nvme1n1, dm-1 and dm-0 in the NVMe "
         "incident). Sick: throughput drops by an order of magnitude on every layer at once while IOPS rise "
         "(12000 kB/s, 27x slower reads).",
-        [q(per_layer(f"avg_over_time(host_device_operation:node_disk_bytes:rate{{{SEL}}}{INTERVAL})"),
-           legend=LAYER_LEGEND)],
-        "Bps", min=0)
-    merged, completed = "host_device_operation:node_disk_merged:rate", "host_device_operation:node_disk_completed:rate"
+        [
+            q(
+                per_layer(
+                    f"avg_over_time(host_device_operation:node_disk_bytes:rate{{{SEL}}}{INTERVAL})"
+                ),
+                legend=LAYER_LEGEND,
+            )
+        ],
+        "Bps",
+        min=0,
+    )
+    merged, completed = (
+        "host_device_operation:node_disk_merged:rate",
+        "host_device_operation:node_disk_completed:rate",
+    )
     ratio = ts(
         "Merge ratio per layer",
         "Share of submitted I/Os merged into another request: merged / (merged + completed) over each interval of "
         "the graph, iostat %rrqm / 100. Healthy: close to 1 on a layer that receives a sequential stream of small "
         "bios (64 4-KiB bios merged into one 256 KiB request = 0.98). Sick: 0 on the layer that should merge "
         "(nomerges=2: btrace shows no M events, every 8-sector request is issued on its own).",
-        [q(per_layer(f"{over(merged)}\n  / (({over(merged)} + {over(completed)}) > 0)"), legend=LAYER_LEGEND)],
-        "percentunit", min=0, max=1)
+        [
+            q(
+                per_layer(f"{over(merged)}\n  / (({over(merged)} + {over(completed)}) > 0)"),
+                legend=LAYER_LEGEND,
+            )
+        ],
+        "percentunit",
+        min=0,
+        max=1,
+    )
     refused = layer_rate(
         "Refused merges per layer, peak per interval",
         "New requests made for a bio contiguous with a request of the same device and operation still waiting in the "
@@ -424,7 +689,9 @@ def lineup_panels(k):
         "issue; random I/O is never adjacent). Sick: about equal to the layer's IOPS - nomerges=2 refuses every merge "
         f"(the NVMe incident's 3000 8-sector r/s on nvme1n1). The dashed line is the page's floor "
         f"({k['missed_merges_min_rate']}/s).",
-        "host_device_operation:ebpf_block_rq_missed_merges:rate", k["missed_merges_min_rate"])
+        "host_device_operation:ebpf_block_rq_missed_merges:rate",
+        k["missed_merges_min_rate"],
+    )
     splits = layer_rate(
         "Splits per layer, peak per interval",
         "Pieces split off bios to fit the layer's limits (max_sectors_kb, segments; ebpf_exporter, "
@@ -433,7 +700,9 @@ def lineup_panels(k):
         "write cut at 128 KiB); a dm snapshot splits every bio into chunks (51,200 splits per 200 MiB at 4 KiB "
         "chunks, merged back beneath when nomerges=0). Sick: about the layer's IOPS in tiny pieces "
         f"(max_sectors_kb=4: 127 of every 128 requests). The dashed line is the page's floor ({k['split_min_rate']}/s).",
-        "host_device_operation:ebpf_block_bio_splits:rate", k["split_min_rate"])
+        "host_device_operation:ebpf_block_bio_splits:rate",
+        k["split_min_rate"],
+    )
     return [layer_colours(p) for p in (size, refused, splits, iops, tput, ratio)]
 
 
@@ -465,8 +734,14 @@ def peak(record):
 def layer_rate(title, description, record, floor):
     """A lineup panel: the peak per interval of the recording rule `record` (events per second) per
     layer with I/O, and a dashed red line at the page's floor."""
-    return ts(title, description, [q(per_layer(with_traffic(peak(record))), legend=LAYER_LEGEND)],
-              "reqps", min=0, thresholds=steps((None, "transparent"), (floor, "red")))
+    return ts(
+        title,
+        description,
+        [q(per_layer(with_traffic(peak(record))), legend=LAYER_LEGEND)],
+        "reqps",
+        min=0,
+        thresholds=steps((None, "transparent"), (floor, "red")),
+    )
 
 
 LAYER_LEGEND = "L{{depth}} {{name}} {{operation}}"
@@ -489,8 +764,10 @@ def with_traffic(expr):
 def ebpf_rate(k, metric, extra="", window="$__rate_interval"):
     """rate() of an ebpf_exporter series, named: its series carry the device number (devno), and
     the rules' device map (host_devno:blockstack_device:info) gives the device's name now."""
-    return (f'rate({metric}{{{k["ebpf_selector"]}, host="$host"{extra}}}[{window}])'
-            f' * on (host, devno) group_left (device) host_devno:blockstack_device:info{{{SEL}}}')
+    return (
+        f'rate({metric}{{{k["ebpf_selector"]}, host="$host"{extra}}}[{window}])'
+        f" * on (host, devno) group_left (device) host_devno:blockstack_device:info{{{SEL}}}"
+    )
 
 
 def peak_quantile(q, buckets, name, window, config=BLOCK_IO):
@@ -505,7 +782,11 @@ def peak_quantile(q, buckets, name, window, config=BLOCK_IO):
 
 def distribution_panels(k):
     def buckets(metric, extra=""):
-        return q(observed(ebpf_rate(k, metric + '_bucket', extra)), legend="{{le}}", fmt=pm.PromQueryFormat.HEATMAP)
+        return q(
+            observed(ebpf_rate(k, metric + "_bucket", extra)),
+            legend="{{le}}",
+            fmt=pm.PromQueryFormat.HEATMAP,
+        )
 
     bio = heat(
         "Bio size at submission - $device",
@@ -514,23 +795,42 @@ def distribution_panels(k):
         "reads and the lab's fio); on a lower device, the requests of the layer above (128 KiB in the lab). Sick: the "
         "same picture as healthy when the collapse happens in this device's queue (compare with the request sizes at "
         "driver issue); 4 KiB bios on a lower device mean a layer above split them (a snapshot's 4 KiB chunks).",
-        buckets("ebpf_exporter_block_bio_size_bytes"), "bytes")
+        buckets("ebpf_exporter_block_bio_size_bytes"),
+        "bytes",
+    )
     rq = heat(
         "Request size at driver issue - $device",
         "Sizes of the requests this device issues to its driver (block_rq_issue), after merging and splitting. "
         "Healthy: the mass sits at 128-512 KiB for sequential I/O (bios merged up to max_sectors_kb). Sick: the mass "
         "drops to the 4 KiB row (8 sectors, nomerges=2 or max_sectors_kb=4) - the NVMe incident's 8-sector requests.",
-        buckets("ebpf_exporter_block_rq_size_bytes"), "bytes")
+        buckets("ebpf_exporter_block_rq_size_bytes"),
+        "bytes",
+    )
     lat = heat(
         "Service latency (issue to complete) - $device",
         "Time from driver issue to completion per request (block_rq_issue -> block_rq_complete). Healthy: a tight "
         "band (NVMe incident, healthy: 0.36-5.9 ms per 512-sector request). Sick: more, slower requests as the queue "
         "saturates (snapshot case: up to 24.8 ms, 98% of requests slower, 64x as many requests: 131194 vs 2049).",
-        buckets("ebpf_exporter_block_rq_latency_seconds", ', stage="service"'), "s")
+        buckets("ebpf_exporter_block_rq_latency_seconds", ', stage="service"'),
+        "s",
+    )
+
     def quantile(q, stage):
-        rate = ebpf_rate(k, "ebpf_exporter_block_rq_latency_seconds_bucket", f', stage="{stage}"', k["rate_window"])
-        return per_layer(peak_quantile(q, f"sum by (host, device, le) ({rate})", "block_rq_latency_seconds",
-                                       k["rate_window"]))
+        rate = ebpf_rate(
+            k,
+            "ebpf_exporter_block_rq_latency_seconds_bucket",
+            f', stage="{stage}"',
+            k["rate_window"],
+        )
+        return per_layer(
+            peak_quantile(
+                q,
+                f"sum by (host, device, le) ({rate})",
+                "block_rq_latency_seconds",
+                k["rate_window"],
+            )
+        )
+
     pcts = ts(
         "Latency p50 / p99 per layer, peak per interval",
         "Per layer with requests (reads and writes together): p50 and p99 of service time (issue to complete) and p99 "
@@ -540,13 +840,25 @@ def distribution_panels(k):
         f"{histogram_top(BLOCK_IO, 'block_rq_latency_seconds'):g} s) has no value to draw. Healthy: p99 within a few "
         "ms on SSD/NVMe (NVMe incident, healthy max 5.9 ms). Sick: p99 climbs with the queue full of small requests "
         "(24.8 ms in the snapshot case; await 10 ms at avgqu-sz 30).",
-        [q(quantile(0.5, "service"), legend="p50 service L{{depth}} {{name}}", ref="A"),
-         q(quantile(0.99, "service"), legend="p99 service L{{depth}} {{name}}", ref="B"),
-         q(quantile(0.99, "queue"), legend="p99 queue L{{depth}} {{name}}", ref="C")],
-        "s", w=24, h=10, log=10, interval=k["rate_window"])
+        [
+            q(quantile(0.5, "service"), legend="p50 service L{{depth}} {{name}}", ref="A"),
+            q(quantile(0.99, "service"), legend="p99 service L{{depth}} {{name}}", ref="B"),
+            q(quantile(0.99, "queue"), legend="p99 queue L{{depth}} {{name}}", ref="C"),
+        ],
+        "s",
+        w=24,
+        h=10,
+        log=10,
+        interval=k["rate_window"],
+    )
     # a layer's colour, p50 dotted and the queue's p99 dashed
-    pcts = (layer_colours(pcts).override_by_regexp("^p50 .*", [prop("custom.lineStyle", {"fill": "dot", "dash": [0, 10]})])
-            .override_by_regexp("^p99 queue .*", [prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})]))
+    pcts = (
+        layer_colours(pcts)
+        .override_by_regexp("^p50 .*", [prop("custom.lineStyle", {"fill": "dot", "dash": [0, 10]})])
+        .override_by_regexp(
+            "^p99 queue .*", [prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})]
+        )
+    )
     return [bio, rq, lat, pcts]
 
 
@@ -558,7 +870,7 @@ def observed(rate):
 
 
 def snapshot_panels(k):
-    sel = f'{k["blockstack_selector"]}, {SEL}'
+    sel = f"{k['blockstack_selector']}, {SEL}"
     use = ts(
         "Snapshot COW use",
         "Share of each dm-snapshot's COW store in use (dmsetup status used/total). Healthy: well below 100% with room "
@@ -566,27 +878,47 @@ def snapshot_panels(k):
         "snapshot (state invalid/overflow). Every first write to a chunk of the origin costs a COW copy that must be "
         "synced first (LVM2 write-up: writes 20-30x slower with a snapshot).",
         [q(f"host_device:blockstack_dm_snapshot_cow_used:ratio{{{SEL}}}", legend="{{name}}")],
-        "percentunit", min=0, max=1,
-        thresholds=steps((None, "transparent"), (k["snapshot_fill_min_used_ratio"], INFO),
-                         (k["snapshot_cow_used_warning_ratio"], WARNING)), no_value=NO_SNAPSHOT)
+        "percentunit",
+        min=0,
+        max=1,
+        thresholds=steps(
+            (None, "transparent"),
+            (k["snapshot_fill_min_used_ratio"], INFO),
+            (k["snapshot_cow_used_warning_ratio"], WARNING),
+        ),
+        no_value=NO_SNAPSHOT,
+    )
     cow_bytes = ts(
         "Snapshot COW bytes used / size",
         "Bytes of the COW device in use (data and metadata) against its size. Healthy: used grows only with writes "
         "to chunks not yet copied, far below size (the NVMe incident's snapshot was given 90% of the free extents). "
         "Sick: used reaches size and the snapshot turns invalid; in the LVM2 write-up a 1 GB write with 4 KiB "
         "chunks took 625 s against 55 s with 512 KiB chunks.",
-        [q(f"blockstack_dm_snapshot_cow_used_bytes{{{sel}}}", legend="used {{name}}", ref="A"),
-         q(f"blockstack_dm_snapshot_cow_size_bytes{{{sel}}}", legend="size {{name}}", ref="B")],
-        "bytes", min=0, no_value=NO_SNAPSHOT)
+        [
+            q(f"blockstack_dm_snapshot_cow_used_bytes{{{sel}}}", legend="used {{name}}", ref="A"),
+            q(f"blockstack_dm_snapshot_cow_size_bytes{{{sel}}}", legend="size {{name}}", ref="B"),
+        ],
+        "bytes",
+        min=0,
+        no_value=NO_SNAPSHOT,
+    )
     w = k["snapshot_fill_window"]
     ttf = ts(
         "Snapshot time until COW full",
         f"Free COW bytes divided by the fill rate over the last {w} (deriv). Absent while the COW store is not "
         "growing. Healthy: days, or absent. Sick: hours - grow the COW LV (lvextend) or drop the snapshot before it "
         "becomes invalid.",
-        [q(f"(blockstack_dm_snapshot_cow_size_bytes{{{sel}}} - blockstack_dm_snapshot_cow_used_bytes{{{sel}}})\n"
-           f"  / (deriv(blockstack_dm_snapshot_cow_used_bytes{{{sel}}}[{w}]) > 0)", legend="{{name}}")],
-        "s", min=0, no_value=f"{NO_SNAPSHOT}, or none filling")
+        [
+            q(
+                f"(blockstack_dm_snapshot_cow_size_bytes{{{sel}}} - blockstack_dm_snapshot_cow_used_bytes{{{sel}}})\n"
+                f"  / (deriv(blockstack_dm_snapshot_cow_used_bytes{{{sel}}}[{w}]) > 0)",
+                legend="{{name}}",
+            )
+        ],
+        "s",
+        min=0,
+        no_value=f"{NO_SNAPSHOT}, or none filling",
+    )
     chunk = stat_panel(
         "Snapshot chunk size",
         "The unit a snapshot copies on first write and the size of the requests it sends down. Healthy for write "
@@ -594,24 +926,64 @@ def snapshot_panels(k):
         "(625 s for the same write) - every first write costs a small, synced COW copy, and reads of the snapshot "
         "reach the disks as chunk-sized requests.",
         [q(f"blockstack_dm_snapshot_chunk_size_bytes{{{sel}}}", legend="{{name}}")],
-        "bytes", w=12, h=5,
-        thresholds=steps((None, INFO), (k["snapshot_chunk_min_bytes"], HEALTHY)))
+        "bytes",
+        w=12,
+        h=5,
+        thresholds=steps((None, INFO), (k["snapshot_chunk_min_bytes"], HEALTHY)),
+    )
     # no snapshot is no finding: its empty state neutral (the thresholds' base colour would paint it)
-    chunk = chunk.no_value(NO_SNAPSHOT).mappings([dm.SpecialValueMap(dm.DashboardSpecialValueMapOptions(
-        match=dm.SpecialValueMatch.NULL_AND_NAN, result=dm.ValueMappingResult(text=NO_SNAPSHOT, color="transparent", index=0)))])
-    state = (table.Panel().title("Snapshot state").datasource(DS).span(12).height(5)
-             .description(
-                 "Current state of each snapshot: valid, merging (snapshot-merge running), or invalid / overflow / "
-                 "merge_failed. Healthy: valid or merging. Sick: invalid or overflow - the COW store filled up (100% "
-                 "in the COW use panel) and the snapshot is lost; merge_failed needs lvconvert --merge to be retried.")
-             .with_target(table_q(f"max by (host, device, name, state) (blockstack_dm_snapshot_state{{{sel}}} == 1)"))
-             .with_transformation(organize(exclude=["Time", "Value", "host"], order=["device", "name", "state"]))
-             .override_by_name("state", [
-                 prop("mappings", [m.to_json() for m in value_map({
-                     "valid": ("valid", HEALTHY), "merging": ("merging", HEALTHY), "invalid": ("invalid", "red"),
-                     "overflow": ("overflow", "red"), "merge_failed": ("merge_failed", WARNING)})]),
-                 color_cells()])
-             .no_value(NO_SNAPSHOT))
+    chunk = chunk.no_value(NO_SNAPSHOT).mappings(
+        [
+            dm.SpecialValueMap(
+                dm.DashboardSpecialValueMapOptions(
+                    match=dm.SpecialValueMatch.NULL_AND_NAN,
+                    result=dm.ValueMappingResult(text=NO_SNAPSHOT, color="transparent", index=0),
+                )
+            )
+        ]
+    )
+    state = (
+        table.Panel()
+        .title("Snapshot state")
+        .datasource(DS)
+        .span(12)
+        .height(5)
+        .description(
+            "Current state of each snapshot: valid, merging (snapshot-merge running), or invalid / overflow / "
+            "merge_failed. Healthy: valid or merging. Sick: invalid or overflow - the COW store filled up (100% "
+            "in the COW use panel) and the snapshot is lost; merge_failed needs lvconvert --merge to be retried."
+        )
+        .with_target(
+            table_q(
+                f"max by (host, device, name, state) (blockstack_dm_snapshot_state{{{sel}}} == 1)"
+            )
+        )
+        .with_transformation(
+            organize(exclude=["Time", "Value", "host"], order=["device", "name", "state"])
+        )
+        .override_by_name(
+            "state",
+            [
+                prop(
+                    "mappings",
+                    [
+                        m.to_json()
+                        for m in value_map(
+                            {
+                                "valid": ("valid", HEALTHY),
+                                "merging": ("merging", HEALTHY),
+                                "invalid": ("invalid", "red"),
+                                "overflow": ("overflow", "red"),
+                                "merge_failed": ("merge_failed", WARNING),
+                            }
+                        )
+                    ],
+                ),
+                color_cells(),
+            ],
+        )
+        .no_value(NO_SNAPSHOT)
+    )
     return [use, cow_bytes, ttf, chunk, state]
 
 
@@ -619,79 +991,167 @@ NO_SNAPSHOT = "No dm snapshot on this stack"
 # The mount options of the ext4 incident, first in the options table in this order: dioread_nolock
 # (made the default) or its fix dioread_lock, delalloc or its fix nodelalloc, then the journal's data
 # mode and commit interval, which decide how often it fills.
-EXT4_INCIDENT_OPTIONS = [["dioread_nolock", "dioread_lock"], ["delalloc", "nodelalloc"], ["data", "commit"]]
+EXT4_INCIDENT_OPTIONS = [
+    ["dioread_nolock", "dioread_lock"],
+    ["delalloc", "nodelalloc"],
+    ["data", "commit"],
+]
 
 
 def ext4_option_ranks():
     """[(rank, options)] of EXT4_INCIDENT_OPTIONS, the first group highest; every other option is 1."""
-    return [(len(EXT4_INCIDENT_OPTIONS) + 1 - i, group) for i, group in enumerate(EXT4_INCIDENT_OPTIONS)]
+    return [
+        (len(EXT4_INCIDENT_OPTIONS) + 1 - i, group) for i, group in enumerate(EXT4_INCIDENT_OPTIONS)
+    ]
 
 
 def ext4_panels(k):
-    sel = f'{k["blockstack_selector"]}, {SEL}'
+    sel = f"{k['blockstack_selector']}, {SEL}"
     # the incident's options first, marked: the query ranks them (EXT4_INCIDENT_OPTIONS), every other
     # option 1, and the table sorts by the rank
     by = "max by (host, device, mountpoint, option, value)"
-    ranked = [f'{by} (blockstack_ext4_option_info{{{sel}, option=~"{"|".join(group)}"}}) * {rank}'
-              for rank, group in ext4_option_ranks()]
+    ranked = [
+        f'{by} (blockstack_ext4_option_info{{{sel}, option=~"{"|".join(group)}"}}) * {rank}'
+        for rank, group in ext4_option_ranks()
+    ]
     rank_query = "\n  or ".join(ranked + [f"{by} (blockstack_ext4_option_info{{{sel}}})"])
-    options = (table.Panel().title("ext4 effective mount options").datasource(DS).span(12).height(9)
-               .description(
-                   "Every option in effect per ext4 filesystem of the stack, from /proc/fs/ext4/DEV/options (defaults "
-                   "included - /proc/mounts hides them, and the ext4 incident hid behind a default). The options of the "
-                   f"ext4 incident come first, marked ({', '.join(sum(EXT4_INCIDENT_OPTIONS, []))}; the journal's size is the "
-                   "panel beside); dioread_nolock is highlighted: the default since Linux 5.6 (commit 244adf6426). "
-                   "Healthy: dioread_lock, or dioread_nolock with a journal large enough for the writers (credit waits "
-                   "below 1 ms). Sick: with dioread_nolock, fsync-heavy random buffered writes fell from 20,026 to 315 "
-                   "IOPS on a 128 MiB journal; the fixes were dioread_lock, nodelalloc (disables dioread_nolock) or a "
-                   "1 GiB journal.")
-               .with_target(table_q(rank_query))
-               .with_transformation(organize(exclude=["Time", "host"], rename={"Value": "ext4 incident"},
-                                             order=["Value", "option", "value", "device", "mountpoint"]))
-               .with_transformation(dm.DataTransformerConfig(id_val="sortBy", options={
-                   "fields": {}, "sort": [{"field": "ext4 incident", "desc": True}]}))
-               .no_value("No ext4 filesystem on this stack")
-               # a value-less option's cell empty, not the panel's empty state
-               .override_by_name("value", [prop("noValue", "")])
-               .override_by_name("ext4 incident", [
-                   prop("mappings", [{"type": "range", "options": {"from": 2, "to": 1000, "result": {"text": "yes", "index": 0}}},
-                                     {"type": "value", "options": {"1": {"text": "", "index": 1}}}]),
-                   prop("custom.width", 110)])
-               .override_by_name("option", [
-                   prop("mappings", [m.to_json() for m in value_map({
-                       "dioread_nolock": ("dioread_nolock", INFO), "dioread_lock": ("dioread_lock", "green"),
-                       "nodelalloc": ("nodelalloc", "green")})]),
-                   color_cells(),
-                   # the other options uncoloured (the cells would take the default thresholds' green)
-                   prop("thresholds", {"mode": "absolute", "steps": [{"value": None, "color": "transparent"}]})]))
+    options = (
+        table.Panel()
+        .title("ext4 effective mount options")
+        .datasource(DS)
+        .span(12)
+        .height(9)
+        .description(
+            "Every option in effect per ext4 filesystem of the stack, from /proc/fs/ext4/DEV/options (defaults "
+            "included - /proc/mounts hides them, and the ext4 incident hid behind a default). The options of the "
+            f"ext4 incident come first, marked ({', '.join(sum(EXT4_INCIDENT_OPTIONS, []))}; the journal's size is the "
+            "panel beside); dioread_nolock is highlighted: the default since Linux 5.6 (commit 244adf6426). "
+            "Healthy: dioread_lock, or dioread_nolock with a journal large enough for the writers (credit waits "
+            "below 1 ms). Sick: with dioread_nolock, fsync-heavy random buffered writes fell from 20,026 to 315 "
+            "IOPS on a 128 MiB journal; the fixes were dioread_lock, nodelalloc (disables dioread_nolock) or a "
+            "1 GiB journal."
+        )
+        .with_target(table_q(rank_query))
+        .with_transformation(
+            organize(
+                exclude=["Time", "host"],
+                rename={"Value": "ext4 incident"},
+                order=["Value", "option", "value", "device", "mountpoint"],
+            )
+        )
+        .with_transformation(
+            dm.DataTransformerConfig(
+                id_val="sortBy",
+                options={"fields": {}, "sort": [{"field": "ext4 incident", "desc": True}]},
+            )
+        )
+        .no_value("No ext4 filesystem on this stack")
+        # a value-less option's cell empty, not the panel's empty state
+        .override_by_name("value", [prop("noValue", "")])
+        .override_by_name(
+            "ext4 incident",
+            [
+                prop(
+                    "mappings",
+                    [
+                        {
+                            "type": "range",
+                            "options": {
+                                "from": 2,
+                                "to": 1000,
+                                "result": {"text": "yes", "index": 0},
+                            },
+                        },
+                        {"type": "value", "options": {"1": {"text": "", "index": 1}}},
+                    ],
+                ),
+                prop("custom.width", 110),
+            ],
+        )
+        .override_by_name(
+            "option",
+            [
+                prop(
+                    "mappings",
+                    [
+                        m.to_json()
+                        for m in value_map(
+                            {
+                                "dioread_nolock": ("dioread_nolock", INFO),
+                                "dioread_lock": ("dioread_lock", "green"),
+                                "nodelalloc": ("nodelalloc", "green"),
+                            }
+                        )
+                    ],
+                ),
+                color_cells(),
+                # the other options uncoloured (the cells would take the default thresholds' green)
+                prop(
+                    "thresholds",
+                    {"mode": "absolute", "steps": [{"value": None, "color": "transparent"}]},
+                ),
+            ],
+        )
+    )
     journal = stat_panel(
         "ext4 journal size",
         "Size of each ext4 filesystem's internal journal. Healthy under fsync-heavy writers: large enough that handles "
         "rarely wait for credits (the ext4 incident was fixed by growing the journal from 128 MiB to 1 GiB). Sick: a "
         "small journal with dioread_nolock and long credit waits below.",
         [q(f"blockstack_ext4_journal_size_bytes{{{sel}}}", legend="{{device}} {{mountpoint}}")],
-        "bytes", w=12, h=9, thresholds=steps((None, INFO), (k["ext4_journal_good_bytes"], HEALTHY)),
-        no_value="No ext4 filesystem on this stack")
+        "bytes",
+        w=12,
+        h=9,
+        thresholds=steps((None, INFO), (k["ext4_journal_good_bytes"], HEALTHY)),
+        no_value="No ext4 filesystem on this stack",
+    )
     wait = heat(
         "jbd2 credit wait",
         "Time tasks wait for journal credits when starting a handle (add_transaction_credits), all ext4 filesystems "
         "of the stack. Healthy: the mass below 10 us (ext4 incident with dioread_lock: average 0.27 ms, mode "
         "0.5-4 us). Sick: a second mode at 8 ms - 1 s (with dioread_nolock: average 154 ms, waits up to 4 s).",
-        q(observed(ebpf_rate(k, 'ebpf_exporter_jbd2_credit_wait_seconds_bucket')), legend="{{le}}",
-          fmt=pm.PromQueryFormat.HEATMAP),
-        "s", w=12, h=9, repeat=False, cell_unit="ops")
-    jbd2_rate = ebpf_rate(k, 'ebpf_exporter_jbd2_credit_wait_seconds_bucket', window=k["jbd2_rate_window"])
+        q(
+            observed(ebpf_rate(k, "ebpf_exporter_jbd2_credit_wait_seconds_bucket")),
+            legend="{{le}}",
+            fmt=pm.PromQueryFormat.HEATMAP,
+        ),
+        "s",
+        w=12,
+        h=9,
+        repeat=False,
+        cell_unit="ops",
+    )
+    jbd2_rate = ebpf_rate(
+        k, "ebpf_exporter_jbd2_credit_wait_seconds_bucket", window=k["jbd2_rate_window"]
+    )
     wait_p99 = ts(
         "jbd2 credit wait p99 / average, peak per interval",
         f"p99 (drawn only below the histogram's top bucket) and average credit wait per filesystem device over "
         f"{k['jbd2_rate_window']} windows, as the rules, each point the highest within its interval of the graph. "
         "Healthy: average well under 1 ms (0.27 ms in the ext4 incident with dioread_lock). Sick: average ~154 ms (the "
         "incident with dioread_nolock and a 128 MiB journal); p99 of hundreds of ms to seconds.",
-        [q(peak_quantile(0.99, f"sum by (host, device, le) ({jbd2_rate})", "jbd2_credit_wait_seconds",
-                         k["jbd2_rate_window"], JBD2),
-           legend="p99 {{device}}", ref="A"),
-         q(peak("host_device:ebpf_jbd2_credit_wait_seconds:avg"), legend="average {{device}}", ref="B")],
-        "s", log=10, interval=k["jbd2_rate_window"])
+        [
+            q(
+                peak_quantile(
+                    0.99,
+                    f"sum by (host, device, le) ({jbd2_rate})",
+                    "jbd2_credit_wait_seconds",
+                    k["jbd2_rate_window"],
+                    JBD2,
+                ),
+                legend="p99 {{device}}",
+                ref="A",
+            ),
+            q(
+                peak("host_device:ebpf_jbd2_credit_wait_seconds:avg"),
+                legend="average {{device}}",
+                ref="B",
+            ),
+        ],
+        "s",
+        log=10,
+        interval=k["jbd2_rate_window"],
+    )
     tx = ts(
         "jbd2 transactions per second",
         "Journal transactions committed per second, and how many of them were requested (fsync and friends) rather "
@@ -699,47 +1159,101 @@ def ext4_panels(k):
         "small requested transactions per second (the lab's 4 fsync writers: ~300/s). Sick: few transactions with "
         "long credit waits - the journal is full and handles wait for a commit to free it (20,026 -> 315 IOPS in "
         "the ext4 incident).",
-        [q(f"rate(blockstack_jbd2_transactions_total{{{sel}}}[$__rate_interval])", legend="committed {{journal}}",
-           ref="A"),
-         q(f"rate(blockstack_jbd2_transactions_requested_total{{{sel}}}[$__rate_interval])",
-           legend="requested {{journal}}", ref="B")],
-        "ops", min=0)
+        [
+            q(
+                f"rate(blockstack_jbd2_transactions_total{{{sel}}}[$__rate_interval])",
+                legend="committed {{journal}}",
+                ref="A",
+            ),
+            q(
+                f"rate(blockstack_jbd2_transactions_requested_total{{{sel}}}[$__rate_interval])",
+                legend="requested {{journal}}",
+                ref="B",
+            ),
+        ],
+        "ops",
+        min=0,
+    )
     phases = ts(
         "jbd2 transaction phases (average since mount)",
         "Average time a transaction spends in each phase since mount (/proc/fs/jbd2/DEV/info), and the average commit "
         "time. Healthy: waiting, request_delay and locked near 0 ms. Sick: large 'waiting for transaction' and "
         "'transaction was being locked' - handles queue behind a commit (the ext4 incident's hung-task traces sit in "
         "wait_transaction_locked).",
-        [q(f"blockstack_jbd2_transaction_phase_average_seconds{{{sel}}}", legend="{{phase}} {{journal}}", ref="A"),
-         q(f"blockstack_jbd2_commit_average_seconds{{{sel}}}", legend="commit {{journal}}", ref="B")],
-        "s", h=12, min=0)
+        [
+            q(
+                f"blockstack_jbd2_transaction_phase_average_seconds{{{sel}}}",
+                legend="{{phase}} {{journal}}",
+                ref="A",
+            ),
+            q(
+                f"blockstack_jbd2_commit_average_seconds{{{sel}}}",
+                legend="commit {{journal}}",
+                ref="B",
+            ),
+        ],
+        "s",
+        h=12,
+        min=0,
+    )
     return [options, journal, wait, wait_p99, tx, phases]
 
 
 # --- Variables and annotations ---------------------------------------------------------------------
 
+
 def variables():
-    ds = (db.DatasourceVariable("datasource").label("Data source").type("prometheus")
-          # value: the import input, replaced by the uid chosen on import (see INPUTS) and, in the
-          # provisioned copy, by the provisioned datasource's (blockstack_deploy/grafana.py); left as
-          # is, it matches no datasource and Grafana would query its default one
-          .current(dm.VariableOption(selected=True, text=CONFIG["datasource_name"], value="${DS_PROMETHEUS}")))
+    ds = (
+        db.DatasourceVariable("datasource")
+        .label("Data source")
+        .type("prometheus")
+        # value: the import input, replaced by the uid chosen on import (see INPUTS) and, in the
+        # provisioned copy, by the provisioned datasource's (blockstack_deploy/grafana.py); left as
+        # is, it matches no datasource and Grafana would query its default one
+        .current(
+            dm.VariableOption(
+                selected=True, text=CONFIG["datasource_name"], value="${DS_PROMETHEUS}"
+            )
+        )
+    )
 
     def query_variable(name, label, query, description):
         """Re-queried when the time range changes, options sorted."""
-        return (db.QueryVariable(name).label(label).datasource(DS).query({"query": query, "refId": name})
-                .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
-                .description(description))
-    host = query_variable("host", "Host", "label_values(blockstack_device_info, host)",
-                          "The `host` label every scrape target carries.")
+        return (
+            db.QueryVariable(name)
+            .label(label)
+            .datasource(DS)
+            .query({"query": query, "refId": name})
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dm.VariableSort.ALPHABETICAL_ASC)
+            .description(description)
+        )
+
+    host = query_variable(
+        "host",
+        "Host",
+        "label_values(blockstack_device_info, host)",
+        "The `host` label every scrape target carries.",
+    )
     stack = query_variable(
-        "stack", "Stack (top device)", one_line(STACK_QUERY),
+        "stack",
+        "Stack (top device)",
+        one_line(STACK_QUERY),
         "A device with nothing above it (blockstack_device_holders == 0), by its dm/LVM name (the kernel name "
-        "for other devices). Unattached loop devices are left out.").regex('/name="([^"]+)"/')
-    device = (query_variable("device", "Device (layer)", one_line(DEVICE_QUERY),
-                             "The kernel names of the stack's layers: the top and everything beneath it.")
-              .regex('/device="([^"]+)"/').multi(True).include_all(True)
-              .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"])))
+        "for other devices). Unattached loop devices are left out.",
+    ).regex('/name="([^"]+)"/')
+    device = (
+        query_variable(
+            "device",
+            "Device (layer)",
+            one_line(DEVICE_QUERY),
+            "The kernel names of the stack's layers: the top and everything beneath it.",
+        )
+        .regex('/device="([^"]+)"/')
+        .multi(True)
+        .include_all(True)
+        .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"]))
+    )
     return [ds, host, stack, device]
 
 
@@ -751,29 +1265,58 @@ def one_line(query):
 
 
 def collapse_annotation(panel_ids):
-    expr = (f'ALERTS{{alertname=~"{CONFIG["collapse_alerts"]}", alertstate="firing", host="$host", '
-            f'device=~"$device"}}')
-    a = (db.AnnotationQuery().name("Merge collapse pages").datasource(DS).enable(True).icon_color("red")
-         .filter(db.AnnotationPanelFilter().exclude(False).ids(panel_ids))
-         .expr(expr).build())
+    expr = (
+        f'ALERTS{{alertname=~"{CONFIG["collapse_alerts"]}", alertstate="firing", host="$host", '
+        f'device=~"$device"}}'
+    )
+    a = (
+        db.AnnotationQuery()
+        .name("Merge collapse pages")
+        .datasource(DS)
+        .enable(True)
+        .icon_color("red")
+        .filter(db.AnnotationPanelFilter().exclude(False).ids(panel_ids))
+        .expr(expr)
+        .build()
+    )
     # Prometheus annotation options Grafana reads from the annotation object itself.
-    extra = {"step": "15s", "titleFormat": "{{alertname}}", "textFormat": "{{device}} {{operation}} on {{host}}: merge collapse paged (the alert's "
-                             "annotations name the cause and the settings)",
-             "tagKeys": "alertname,severity,device", "useValueForTime": False}
+    extra = {
+        "step": "15s",
+        "titleFormat": "{{alertname}}",
+        "textFormat": "{{device}} {{operation}} on {{host}}: merge collapse paged (the alert's "
+        "annotations name the cause and the settings)",
+        "tagKeys": "alertname,severity,device",
+        "useValueForTime": False,
+    }
     return a, extra
 
 
 # The datasource input of an import (Dashboards > New > Import, or POST /api/dashboards/import), as
 # dashboards shared on grafana.com declare it: Grafana asks for a Prometheus datasource and writes
 # its uid wherever ${DS_PROMETHEUS} stands. File provisioning ignores both fields.
-INPUTS = [{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource", "pluginId": "prometheus",
-           "pluginName": "Prometheus",
-           "description": "The Prometheus that scrapes node_exporter, blockstack-exporter and ebpf_exporter "
-                          "and evaluates alerts/recording.rules.yml"}]
-REQUIRES = [{"type": "grafana", "id": "grafana", "name": "Grafana", "version": "12.4.0"},
-            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"}] + [
+INPUTS = [
+    {
+        "name": "DS_PROMETHEUS",
+        "label": "Prometheus",
+        "type": "datasource",
+        "pluginId": "prometheus",
+        "pluginName": "Prometheus",
+        "description": "The Prometheus that scrapes node_exporter, blockstack-exporter and ebpf_exporter "
+        "and evaluates alerts/recording.rules.yml",
+    }
+]
+REQUIRES = [
+    {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "12.4.0"},
+    {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+] + [
     {"type": "panel", "id": p, "name": name, "version": ""}
-    for p, name in [("heatmap", "Heatmap"), ("stat", "Stat"), ("table", "Table"), ("timeseries", "Time series")]]
+    for p, name in [
+        ("heatmap", "Heatmap"),
+        ("stat", "Stat"),
+        ("table", "Table"),
+        ("timeseries", "Time series"),
+    ]
+]
 
 
 # --- Assembly --------------------------------------------------------------------------------------
@@ -781,7 +1324,10 @@ REQUIRES = [{"type": "grafana", "id": "grafana", "name": "Grafana", "version": "
 ROWS = [
     ("Alert state", alert_panels),
     ("The stack at a glance", stack_table),
-    ("The lineup: request sizes, refused merges, splits, IOPS, throughput and merges per layer", lineup_panels),
+    (
+        "The lineup: request sizes, refused merges, splits, IOPS, throughput and merges per layer",
+        lineup_panels,
+    ),
     ("Distributions: sizes at bio submission and driver issue, latency", distribution_panels),
     ("LVM snapshots", snapshot_panels),
     ("ext4 / jbd2", ext4_panels),
@@ -792,16 +1338,27 @@ LINEUP_ROW = 2
 def build(k=None):
     """The dashboard model with the knobs `k` (default: alerts/config.yml)."""
     k = knobs.load() if k is None else k
-    d = (db.Dashboard(CONFIG["title"]).uid(CONFIG["uid"])
-         .description("Linux block-layer merge regressions across a device stack (dm/LVM, loop, md, partitions, "
-                      "disks). Generated by dashboards/blockstack_dashboard.py - do not edit the JSON.")
-         # read-only: the JSON is generated (an edit could not be saved to a provisioned copy anyway)
-         .tags(["blockstack", "block-layer", "generated"]).readonly()
-         .time(CONFIG["time_from"], "now").refresh(CONFIG["refresh"]).timezone("browser")
-         .tooltip(dm.DashboardCursorSync.CROSSHAIR)
-         .link(db.DashboardLink("Runbook").type(dm.DashboardLinkType.LINK)
-               .url(f"{k['docs_url']}/dashboard.md")
-               .target_blank(True)))
+    d = (
+        db.Dashboard(CONFIG["title"])
+        .uid(CONFIG["uid"])
+        .description(
+            "Linux block-layer merge regressions across a device stack (dm/LVM, loop, md, partitions, "
+            "disks). Generated by dashboards/blockstack_dashboard.py - do not edit the JSON."
+        )
+        # read-only: the JSON is generated (an edit could not be saved to a provisioned copy anyway)
+        .tags(["blockstack", "block-layer", "generated"])
+        .readonly()
+        .time(CONFIG["time_from"], "now")
+        .refresh(CONFIG["refresh"])
+        .timezone("browser")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .link(
+            db.DashboardLink("Runbook")
+            .type(dm.DashboardLinkType.LINK)
+            .url(f"{k['docs_url']}/dashboard.md")
+            .target_blank(True)
+        )
+    )
     next_id = 1
     lineup_ids = []
     for i, (title, make) in enumerate(ROWS):
@@ -819,9 +1376,15 @@ def build(k=None):
     model = json.loads(json.dumps(d.build(), cls=JSONEncoder))
     ann_json = json.loads(json.dumps(ann, cls=JSONEncoder))
     ann_json.update(extra)
-    builtin = {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
-               "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts",
-               "type": "dashboard"}
+    builtin = {
+        "builtIn": 1,
+        "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+        "enable": True,
+        "hide": True,
+        "iconColor": "rgba(0, 211, 255, 1)",
+        "name": "Annotations & Alerts",
+        "type": "dashboard",
+    }
     model["annotations"] = {"list": [builtin, ann_json]}
     # Grafana 10.0's schema; the SDK stamps an older one, which would make Grafana re-run migrations.
     model["schemaVersion"] = 38
@@ -843,8 +1406,14 @@ def render():
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if the committed JSON differs from the generated one")
-    ap.add_argument("--output", default=OUTPUT, help="where to write the JSON (default: %(default)s)")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if the committed JSON differs from the generated one",
+    )
+    ap.add_argument(
+        "--output", default=OUTPUT, help="where to write the JSON (default: %(default)s)"
+    )
     args = ap.parse_args(argv)
     text = render()
     if args.check:
@@ -854,8 +1423,11 @@ def main(argv=None):
         except FileNotFoundError:
             committed = ""
         if committed != text:
-            sys.stdout.writelines(difflib.unified_diff(committed.splitlines(True), text.splitlines(True),
-                                                       args.output, "generated"))
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    committed.splitlines(True), text.splitlines(True), args.output, "generated"
+                )
+            )
             print(f"{args.output} is stale: run `make generate`", file=sys.stderr)
             return 1
         return 0

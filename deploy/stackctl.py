@@ -30,6 +30,7 @@ Prometheus per `--replica` evaluating alerts/alerts.rules.yml + recording.rules.
 127.0.0.1 (admin password), each behind an alert gate on `--listen` (TLS) that takes only a host's
 pushes of its own alerts, the watcher Prometheus (BlockStackHostDown) and the page receiver. The default role is the single-host stack above.
 """
+
 import argparse
 import json
 import os
@@ -42,50 +43,116 @@ from blockstack_deploy.files import write_if_changed
 from blockstack_deploy.stack import DEFAULT_SERVERS, REPO, SERVERS
 from blockstack_deploy.supervisor import Supervisor
 
-
 KEPT = ("data", "pages", "grafana", "secrets")  # what `clean` keeps without --force
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["up", "down", "status", "logs", "clean", "render", "fleet-cert", "install-systemd"])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "command",
+        choices=[
+            "up",
+            "down",
+            "status",
+            "logs",
+            "clean",
+            "render",
+            "fleet-cert",
+            "install-systemd",
+        ],
+    )
     p.add_argument("name", nargs="?", help="component, for logs")
-    p.add_argument("--force", action="store_true", help="clean: remove the data, pages and secrets too")
-    p.add_argument("--state", help="state directory (default $STATE_DIR or .state in the repository)")
-    p.add_argument("--port", action="append", default=[], metavar="NAME=PORT",
-                   help=f"override a port ({', '.join(roles.Standalone.PORTS)})")
-    p.add_argument("--listen", default="127.0.0.1",
-                   help="address for Prometheus, Alertmanager and Grafana; anything but loopback turns on TLS + basic auth")
-    p.add_argument("--auth", action="store_true",
-                   help="TLS + basic auth on Prometheus, Alertmanager and Grafana also on loopback (docs/deploy.md \"Security\")")
-    p.add_argument("--tls-cert", help="with --listen/--auth: your server certificate (PEM; naming the --listen address, 127.0.0.1 for 0.0.0.0) "
-                                      "instead of one from a CA generated in STATE/secrets")
+    p.add_argument(
+        "--force", action="store_true", help="clean: remove the data, pages and secrets too"
+    )
+    p.add_argument(
+        "--state", help="state directory (default $STATE_DIR or .state in the repository)"
+    )
+    p.add_argument(
+        "--port",
+        action="append",
+        default=[],
+        metavar="NAME=PORT",
+        help=f"override a port ({', '.join(roles.Standalone.PORTS)})",
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1",
+        help="address for Prometheus, Alertmanager and Grafana; anything but loopback turns on TLS + basic auth",
+    )
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help='TLS + basic auth on Prometheus, Alertmanager and Grafana also on loopback (docs/deploy.md "Security")',
+    )
+    p.add_argument(
+        "--tls-cert",
+        help="with --listen/--auth: your server certificate (PEM; naming the --listen address, 127.0.0.1 for 0.0.0.0) "
+        "instead of one from a CA generated in STATE/secrets",
+    )
     p.add_argument("--tls-key", help="its private key")
-    p.add_argument("--tls-ca", help="the CA certificate that signed it (default: the certificate itself)")
-    p.add_argument("--servers", choices=list(SERVERS), default=os.environ.get("BLOCKSTACK_SERVERS") or DEFAULT_SERVERS,
-                   help="Prometheus and Alertmanager: debian (Debian's packages, Prometheus 2) or upstream "
-                        "(Prometheus 3, built by make upstream-servers); default $BLOCKSTACK_SERVERS or %(default)s")
+    p.add_argument(
+        "--tls-ca", help="the CA certificate that signed it (default: the certificate itself)"
+    )
+    p.add_argument(
+        "--servers",
+        choices=list(SERVERS),
+        default=os.environ.get("BLOCKSTACK_SERVERS") or DEFAULT_SERVERS,
+        help="Prometheus and Alertmanager: debian (Debian's packages, Prometheus 2) or upstream "
+        "(Prometheus 3, built by make upstream-servers); default $BLOCKSTACK_SERVERS or %(default)s",
+    )
     fleet = p.add_argument_group("fleet roles (docs/fleet.md)")
     fleet.add_argument("--role", choices=list(roles.ROLES), default="standalone")
-    fleet.add_argument("--host", help="agent: this host's name (the `host` label; default the hostname); fleet-cert: whose")
+    fleet.add_argument(
+        "--host",
+        help="agent: this host's name (the `host` label; default the hostname); fleet-cert: whose",
+    )
     fleet.add_argument("--address", help="fleet-cert: the address the host's sidecar listens on")
-    fleet.add_argument("--replica", action="append", default=[], help="agent: a Prometheus replica name (A, B); repeat for two")
-    fleet.add_argument("--alertmanager", action="append", default=[], metavar="ADDR:PORT",
-                       help="agent: a central Alertmanager peer; repeat for every peer")
-    fleet.add_argument("--fleet-secrets", help="the fleet credentials: central, all of them; agent, the host's copy of hosts/HOST (default STATE/secrets/fleet)")
-    fleet.add_argument("--inventory", help="central: the file_sd inventory of agent sidecars (default STATE/inventory.yml)")
-    fleet.add_argument("--cluster-peer", action="append", default=[], metavar="ADDR:PORT",
-                       help="central: an Alertmanager peer on another central machine (its cluster port)")
+    fleet.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        help="agent: a Prometheus replica name (A, B); repeat for two",
+    )
+    fleet.add_argument(
+        "--alertmanager",
+        action="append",
+        default=[],
+        metavar="ADDR:PORT",
+        help="agent: a central Alertmanager peer; repeat for every peer",
+    )
+    fleet.add_argument(
+        "--fleet-secrets",
+        help="the fleet credentials: central, all of them; agent, the host's copy of hosts/HOST (default STATE/secrets/fleet)",
+    )
+    fleet.add_argument(
+        "--inventory",
+        help="central: the file_sd inventory of agent sidecars (default STATE/inventory.yml)",
+    )
+    fleet.add_argument(
+        "--cluster-peer",
+        action="append",
+        default=[],
+        metavar="ADDR:PORT",
+        help="central: an Alertmanager peer on another central machine (its cluster port)",
+    )
     args = p.parse_args(argv)
     os.environ["BLOCKSTACK_SERVERS"] = args.servers  # read by every Stack and role of this run
-    state = os.path.abspath(args.state or os.environ.get("STATE_DIR") or os.path.join(REPO, ".state"))
+    state = os.path.abspath(
+        args.state or os.environ.get("STATE_DIR") or os.path.join(REPO, ".state")
+    )
     if args.command == "fleet-cert":
         if not (args.host and args.address):
             p.error("fleet-cert needs --host and --address")
-        bundle = fleet_auth.CentralSecrets(args.fleet_secrets or os.path.join(state, "secrets", "fleet")).issue(
-            args.host, args.address)
-        print(f"copy the files in {bundle.dir} ({', '.join(sorted(os.listdir(bundle.dir)))}) to {args.host}'s "
-              "fleet secrets directory (0700); the central alert gates take its push secret from now on")
+        bundle = fleet_auth.CentralSecrets(
+            args.fleet_secrets or os.path.join(state, "secrets", "fleet")
+        ).issue(args.host, args.address)
+        print(
+            f"copy the files in {bundle.dir} ({', '.join(sorted(os.listdir(bundle.dir)))}) to {args.host}'s "
+            "fleet secrets directory (0700); the central alert gates take its push secret from now on"
+        )
         return
     if args.command == "clean":
         if os.path.exists(os.path.join(state, "supervisord.pid")):
@@ -99,19 +166,35 @@ def main(argv=None):
         for name in os.listdir(state):
             if name not in kept:
                 path = os.path.join(state, name)
-                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
-        print(f"removed the configuration and logs in {state}; kept {', '.join(kept)} "
-              f"(the TSDB, pages, Grafana's database, secrets): `make clean FORCE=1` removes them too")
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(
+                    path
+                ) else os.unlink(path)
+        print(
+            f"removed the configuration and logs in {state}; kept {', '.join(kept)} "
+            f"(the TSDB, pages, Grafana's database, secrets): `make clean FORCE=1` removes them too"
+        )
         return
-    if args.command in ("status", "logs", "down") and not os.path.exists(os.path.join(state, "supervisord.conf")):
+    if args.command in ("status", "logs", "down") and not os.path.exists(
+        os.path.join(state, "supervisord.conf")
+    ):
         print(f"not set up in {state} (make up)")
         return
-    fleet_opts = {"host": args.host, "replicas": args.replica, "alertmanagers": args.alertmanager,
-                  "secrets": args.fleet_secrets, "inventory": args.inventory, "cluster_peers": args.cluster_peer}
+    fleet_opts = {
+        "host": args.host,
+        "replicas": args.replica,
+        "alertmanagers": args.alertmanager,
+        "secrets": args.fleet_secrets,
+        "inventory": args.inventory,
+        "cluster_peers": args.cluster_peer,
+    }
     role_file = os.path.join(state, "role.json")
     if args.command == "up" and args.role != "standalone":
         os.makedirs(state, exist_ok=True)
-        write_if_changed(role_file, json.dumps({"role": args.role, "listen": args.listen, "fleet": fleet_opts}, indent=1) + "\n")
+        write_if_changed(
+            role_file,
+            json.dumps({"role": args.role, "listen": args.listen, "fleet": fleet_opts}, indent=1)
+            + "\n",
+        )
     elif args.role == "standalone" and os.path.exists(role_file):
         # down/status/logs/render of a role deployment: the options it was brought up with
         with open(role_file) as f:
@@ -133,7 +216,9 @@ def main(argv=None):
         p.error("--tls-cert and --tls-key go together")
     tls = (args.tls_cert, args.tls_key, args.tls_ca or args.tls_cert) if args.tls_cert else None
     if tls and roles.loopback(args.listen) and not args.auth:
-        p.error("--tls-cert is for --listen ADDR or --auth (nothing serves TLS on the loopback default)")
+        p.error(
+            "--tls-cert is for --listen ADDR or --auth (nothing serves TLS on the loopback default)"
+        )
     role = roles.make(args.role, state, ports, args.listen, auth=args.auth, tls=tls, **fleet_opts)
     s = Supervisor(state, role)
     if args.command == "up":
@@ -154,7 +239,11 @@ def main(argv=None):
         sys.exit(0 if r.returncode == 0 else 3)
     elif args.command == "logs":
         logs = os.path.join(state, "logs")
-        names = [args.name] if args.name else sorted(f[:-4] for f in os.listdir(logs) if f.endswith(".log"))
+        names = (
+            [args.name]
+            if args.name
+            else sorted(f[:-4] for f in os.listdir(logs) if f.endswith(".log"))
+        )
         for n in names:
             print(f"==> {logs}/{n}.log <==")
             subprocess.run(["tail", "-n", "20", os.path.join(logs, f"{n}.log")])

@@ -32,6 +32,7 @@ gets:
 - Errors of a client's connection (reset, broken pipe, a write that timed out) are one log line,
   never a traceback; anything else is a bug and keeps its traceback.
 """
+
 import http.client
 import io
 import logging
@@ -47,9 +48,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 log = logging.getLogger("blockstack_http")
 
-REQUEST_SECONDS = 5.0  # a local client (Prometheus, Alertmanager, curl) sends its request in milliseconds
+REQUEST_SECONDS = (
+    5.0  # a local client (Prometheus, Alertmanager, curl) sends its request in milliseconds
+)
 MAX_CONNECTIONS = 1024  # a waiting connection is a thread with little memory of its own
-REPLY_SECONDS = 30.0  # a socket write of the answer may wait this long (a client that stops reading)
+REPLY_SECONDS = (
+    30.0  # a socket write of the answer may wait this long (a client that stops reading)
+)
 MAX_LINE = 8192  # bytes of one header line (Prometheus and Alertmanager send a few hundred)
 MAX_HEADERS = 100  # http.client's own limit
 
@@ -115,13 +120,17 @@ class Handler(BaseHTTPRequestHandler):
     def setup(self):
         super().setup()
         self.rfile.close()
-        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, time.monotonic() + self.server.request_seconds))
+        self.rfile = io.BufferedReader(
+            _DeadlineReader(self.connection, time.monotonic() + self.server.request_seconds)
+        )
 
     def parse_request(self):
         """The request line and headers, whole and well-formed, or False (answered 400/431 if
         malformed, closed without an answer if cut off)."""
         self.command, self.close_connection = None, True
-        self.request_version = "HTTP/1.0"  # the version our error answers carry (never HTTP/0.9's bare body)
+        self.request_version = (
+            "HTTP/1.0"  # the version our error answers carry (never HTTP/0.9's bare body)
+        )
         line = self.raw_requestline
         self.requestline = line.decode("latin-1").rstrip("\r\n")[:200]
         if not line.endswith(b"\n"):
@@ -130,7 +139,9 @@ class Handler(BaseHTTPRequestHandler):
         if not match:
             self.send_error(400, "Bad request line")
             return False
-        self.command, self.path, self.request_version = (part.decode("ascii") for part in match.groups())
+        self.command, self.path, self.request_version = (
+            part.decode("ascii") for part in match.groups()
+        )
         lines = []
         while True:
             line = self.rfile.readline(MAX_LINE + 1)
@@ -148,7 +159,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_error(400, "Bad header line")
                 return False
             lines.append(line)
-        self.headers = http.client.parse_headers(io.BytesIO(b"".join(lines) + b"\r\n"), _class=self.MessageClass)
+        self.headers = http.client.parse_headers(
+            io.BytesIO(b"".join(lines) + b"\r\n"), _class=self.MessageClass
+        )
         if self.command not in self.body_methods:
             self.arrived()
         return True
@@ -165,7 +178,10 @@ class Handler(BaseHTTPRequestHandler):
             poller = select.poll()
             poller.register(self.connection, select.POLLIN)
             # the plain socket's recv, also under TLS (an SSLSocket refuses MSG_PEEK): b"" is the TCP end
-            return bool(poller.poll(0)) and socket.socket.recv(self.connection, 1, socket.MSG_PEEK) == b""
+            return (
+                bool(poller.poll(0))
+                and socket.socket.recv(self.connection, 1, socket.MSG_PEEK) == b""
+            )
         except OSError:
             return True
 
@@ -177,9 +193,13 @@ class Server(ThreadingHTTPServer):
     request_queue_size = socket.SOMAXCONN
     tls = None  # an ssl.SSLContext (server side) to serve TLS with
 
-    def __init__(self, address, handler, max_connections=MAX_CONNECTIONS, request_seconds=REQUEST_SECONDS):
+    def __init__(
+        self, address, handler, max_connections=MAX_CONNECTIONS, request_seconds=REQUEST_SECONDS
+    ):
         if max_connections < 1 or not request_seconds > 0:
-            raise ValueError(f"max_connections {max_connections} and request_seconds {request_seconds} must be positive")
+            raise ValueError(
+                f"max_connections {max_connections} and request_seconds {request_seconds} must be positive"
+            )
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.max_connections, self.request_seconds = max_connections, request_seconds
         self._lock = threading.Lock()

@@ -1,5 +1,6 @@
 """The docs name what the code has: every alert, recording rule, metric, knob and make target a
 Markdown file names exists under that name today (and a runbook section is an alert's)."""
+
 import pathlib
 import re
 
@@ -8,10 +9,23 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Every Markdown file we write; docs/metrics.md is generated from the exporters (its own test).
-DOCS = sorted(p for p in ROOT.glob("**/*.md")
-              if not any(part.startswith(".") or part in ("node_modules", "fixtures") for part in p.relative_to(ROOT).parts)
-              and p != ROOT / "docs" / "metrics.md")
-PACKAGES = {"blockstack_exporter", "blockstack_deploy", "blockstack_lab", "blockstack_rules", "blockstack_dashboard", "blockstack_http"}
+DOCS = sorted(
+    p
+    for p in ROOT.glob("**/*.md")
+    if not any(
+        part.startswith(".") or part in ("node_modules", "fixtures")
+        for part in p.relative_to(ROOT).parts
+    )
+    and p != ROOT / "docs" / "metrics.md"
+)
+PACKAGES = {
+    "blockstack_exporter",
+    "blockstack_deploy",
+    "blockstack_lab",
+    "blockstack_rules",
+    "blockstack_dashboard",
+    "blockstack_http",
+}
 
 
 def rules():
@@ -27,7 +41,9 @@ KNOBS = yaml.safe_load((ROOT / "alerts" / "config.yml").read_text())
 
 def metrics():
     """Every metric docs/metrics.md lists, with a histogram's series."""
-    names = set(re.findall(r"^\| `([a-z_:0-9]+)`", (ROOT / "docs" / "metrics.md").read_text(), re.M))
+    names = set(
+        re.findall(r"^\| `([a-z_:0-9]+)`", (ROOT / "docs" / "metrics.md").read_text(), re.M)
+    )
     return names | {n + s for n in names for s in ("_bucket", "_sum", "_count")}
 
 
@@ -44,15 +60,20 @@ def found(pattern, allowed, code_pattern=None):
         for number, line in enumerate(path.read_text().splitlines(), 1):
             fenced ^= line.startswith("```")
             code = fenced or line.startswith("    ")
-            out += [f"{path.relative_to(ROOT)}:{number}: {m.group(1)}"
-                    for m in re.finditer(code_pattern if code and code_pattern else pattern, line)
-                    if not allowed(m.group(1))]
+            out += [
+                f"{path.relative_to(ROOT)}:{number}: {m.group(1)}"
+                for m in re.finditer(code_pattern if code and code_pattern else pattern, line)
+                if not allowed(m.group(1))
+            ]
     return out
 
 
 def test_the_checks_see_the_code():
     assert "BlockStackMergeCollapse" in ALERTS and "host_device:blockstack_stack:info" in RECORDS
-    assert "blockstack_queue_nomerges" in metrics() and "ebpf_exporter_block_rq_size_bytes_bucket" in metrics()
+    assert (
+        "blockstack_queue_nomerges" in metrics()
+        and "ebpf_exporter_block_rq_size_bytes_bucket" in metrics()
+    )
     assert "rate_window" in KNOBS and {"test", "test-unit", "up", "generate"} <= make_targets()
     assert ROOT / "README.md" in DOCS and ROOT / "docs" / "runbook.md" in DOCS
 
@@ -70,7 +91,9 @@ def test_runbook_sections_are_alerts(doc):
 
 
 def test_recording_rule_names_in_the_docs_are_rules():
-    assert not found(r"\b((?:host|device|instance)[a-z_]*:[a-z0-9_]+:[a-z0-9_]+)\b", RECORDS.__contains__)
+    assert not found(
+        r"\b((?:host|device|instance)[a-z_]*:[a-z0-9_]+:[a-z0-9_]+)\b", RECORDS.__contains__
+    )
 
 
 def test_metric_names_in_the_docs_are_served():
@@ -89,6 +112,7 @@ def test_metric_names_in_the_docs_are_served():
 
 def test_knobs_quoted_with_a_value_have_that_value():
     """`knob: value` in the docs is what alerts/config.yml says."""
+
     def allowed(quote):
         name, value = quote.split(":", 1)
         return name not in KNOBS or str(KNOBS[name]) == value.strip()

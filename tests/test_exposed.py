@@ -1,9 +1,10 @@
 """`make up --auth`: the exposed mode's TLS + basic auth (here on 127.0.0.1: the same code path as
 `--listen ADDR`, never a non-loopback address in a test) delivers a page, every listener refuses a
 request without credentials, and Prometheus has no lifecycle API left."""
+
 import json
-import re
 import os
+import re
 import ssl
 import subprocess
 import time
@@ -40,30 +41,51 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
         assert oct(os.stat(f).st_mode & 0o777) == "0o640", f
     # the CA: its key gone once the server certificate is signed, constrained to the server's names
     assert not os.path.exists(os.path.join(secrets, "ca.key"))
-    ca_text = subprocess.run(["openssl", "x509", "-in", ca, "-noout", "-text"], capture_output=True, text=True,
-                             check=True).stdout
-    assert "X509v3 Name Constraints: critical" in ca_text and "IP:127.0.0.1/255.255.255.255" in ca_text, ca_text
-    assert re.search(r"Subject: CN ?= ?blockstack-ca-[0-9a-f]{12}\n", ca_text), ca_text  # a name of its own on every install
+    ca_text = subprocess.run(
+        ["openssl", "x509", "-in", ca, "-noout", "-text"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert (
+        "X509v3 Name Constraints: critical" in ca_text and "IP:127.0.0.1/255.255.255.255" in ca_text
+    ), ca_text
+    assert re.search(r"Subject: CN ?= ?blockstack-ca-[0-9a-f]{12}\n", ca_text), (
+        ca_text
+    )  # a name of its own on every install
     with open(os.path.join(secrets, "admin-password.bcrypt")) as f:
         assert f.read().startswith("$2b$06$")  # pki.BCRYPT_COST
     assert f"https://127.0.0.1:{ports['prometheus']}" in out
-    prom, am, graf = (f"https://127.0.0.1:{ports[c]}" for c in ("prometheus", "alertmanager", "grafana"))
+    prom, am, graf = (
+        f"https://127.0.0.1:{ports[c]}" for c in ("prometheus", "alertmanager", "grafana")
+    )
     grafana_password = files.secret(os.path.join(secrets, "grafana-admin-password"))
 
     # every listener: plain HTTP refused, TLS not trusted without our CA, 401 without or with a
     # wrong password, 200 with the generated one
-    checks = {"prometheus": (prom + "/api/v1/query?query=up", "admin", password),
-              "alertmanager": (am + "/api/v2/silences", "alertmanager", files.secret(os.path.join(secrets, "alertmanager-password"))),
-              "grafana": (graf + "/api/datasources", "admin", grafana_password)}
+    checks = {
+        "prometheus": (prom + "/api/v1/query?query=up", "admin", password),
+        "alertmanager": (
+            am + "/api/v2/silences",
+            "alertmanager",
+            files.secret(os.path.join(secrets, "alertmanager-password")),
+        ),
+        "grafana": (graf + "/api/datasources", "admin", grafana_password),
+    }
     report = {}
     for name, (url, user, secret) in checks.items():
-        seen = {"plain http": answer(url.replace("https:", "http:"))[0],
-                "https, system CAs": answer(url)[0],
-                "no credentials": answer(url, ca=ca)[0],
-                "wrong password": answer(url, user, "wrong", ca=ca)[0],
-                "credentials": answer(url, user, secret, ca=ca)[0]}
+        seen = {
+            "plain http": answer(url.replace("https:", "http:"))[0],
+            "https, system CAs": answer(url)[0],
+            "no credentials": answer(url, ca=ca)[0],
+            "wrong password": answer(url, user, "wrong", ca=ca)[0],
+            "credentials": answer(url, user, secret, ca=ca)[0],
+        }
         report[name] = seen
-        assert seen["plain http"] == 400 or isinstance(seen["plain http"], str), (name, seen)  # "HTTP to an HTTPS server"
+        assert seen["plain http"] == 400 or isinstance(seen["plain http"], str), (
+            name,
+            seen,
+        )  # "HTTP to an HTTPS server"
         assert seen["https, system CAs"] == "SSLCertVerificationError", (name, seen)
         assert seen["no credentials"] == 401 and seen["wrong password"] == 401, (name, seen)
         assert seen["credentials"] == 200, (name, seen)
@@ -71,33 +93,55 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     # Grafana over https: HSTS, a CSP, its session cookie Secure and SameSite=Strict
     with open(os.path.join(state_dir, "config", "grafana.ini")) as f:
         ini = f.read()
-    for line in ("cookie_secure = true", "cookie_samesite = strict", "strict_transport_security = true",
-                 "content_security_policy = true", "secret_key = $__file{"):
+    for line in (
+        "cookie_secure = true",
+        "cookie_samesite = strict",
+        "strict_transport_security = true",
+        "content_security_policy = true",
+        "secret_key = $__file{",
+    ):
         assert line in ini, line
-    login = urllib.request.Request(graf + "/login", data=json.dumps({"user": "admin", "password": grafana_password}).encode(),
-                                   headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(login, context=ssl.create_default_context(cafile=ca), timeout=20) as r:
+    login = urllib.request.Request(
+        graf + "/login",
+        data=json.dumps({"user": "admin", "password": grafana_password}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(
+        login, context=ssl.create_default_context(cafile=ca), timeout=20
+    ) as r:
         headers = r.headers
-    assert "max-age=" in headers["Strict-Transport-Security"] and headers["Content-Security-Policy"], dict(headers)
+    assert (
+        "max-age=" in headers["Strict-Transport-Security"] and headers["Content-Security-Policy"]
+    ), dict(headers)
     cookie = next(c for c in headers.get_all("Set-Cookie") if c.startswith("grafana_session="))
     assert "Secure" in cookie and "SameSite=Strict" in cookie, cookie
     # a local user can neither mute pages nor stop Prometheus without the password
-    silence = {"matchers": [{"name": "alertname", "value": ".+", "isRegex": True}], "startsAt": "2020-01-01T00:00:00Z",
-               "endsAt": "2099-01-01T00:00:00Z", "createdBy": "x", "comment": "x"}
+    silence = {
+        "matchers": [{"name": "alertname", "value": ".+", "isRegex": True}],
+        "startsAt": "2020-01-01T00:00:00Z",
+        "endsAt": "2099-01-01T00:00:00Z",
+        "createdBy": "x",
+        "comment": "x",
+    }
     assert answer(am + "/api/v2/silences", ca=ca, method="POST", body=silence)[0] == 401
     assert answer(prom + "/-/quit", ca=ca, method="POST")[0] == 401
-    assert answer(prom + "/-/quit", "admin", password, ca=ca, method="POST")[0] == 403  # no lifecycle API at all
+    assert (
+        answer(prom + "/-/quit", "admin", password, ca=ca, method="POST")[0] == 403
+    )  # no lifecycle API at all
 
     prometheus = Prometheus(prom, auth=("admin", password), ca=ca)
     # self-scrapes over TLS with the password: every target up
     prometheus.wait_targets_up(count=8)
     # Grafana's provisioned datasource reaches Prometheus (basic auth + our CA)
-    status, health = answer(graf + "/api/datasources/uid/blockstack-prometheus/health", "admin", grafana_password, ca=ca)
+    status, health = answer(
+        graf + "/api/datasources/uid/blockstack-prometheus/health", "admin", grafana_password, ca=ca
+    )
     assert status == 200 and json.loads(health)["status"] == "OK", health
 
     # `make up` again: its reload (SIGHUP through supervisord) applies
     def last_reload():
         return prometheus.value("prometheus_config_last_reload_success_timestamp_seconds", 0)
+
     before = last_reload()
     time.sleep(1.1)
     make("up", "--auth")
@@ -106,13 +150,20 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     view = StackView.from_state(state_dir)
     with fio.reads_on_ext4(runtime=300) as dev:
         name = loop.name(dev)
-        procs.wait_until("request sizes recorded", lambda: prometheus.query(
-            f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'), 60)
+        procs.wait_until(
+            "request sizes recorded",
+            lambda: prometheus.query(
+                f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'
+            ),
+            60,
+        )
         assert not view.pages(name), "paged for healthy sequential I/O"
         with loop.sysfs_setting(dev, "queue/nomerges", "2"):
             flipped = time.monotonic()
             page = procs.wait_until("the page", lambda: view.pages(name), 90)
-            print(f"page {time.monotonic() - flipped:.0f} s after the flip, through TLS + basic auth")
+            print(
+                f"page {time.monotonic() - flipped:.0f} s after the flip, through TLS + basic auth"
+            )
         assert page[0].labels["severity"] == "critical"
     # Prometheus -> Alertmanager: nothing dropped (before the fix: every notification 401)
     assert prometheus.value("sum(prometheus_notifications_errors_total)") == 0
@@ -128,5 +179,7 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
         assert answer(url, user, secret, ca=their_ca)[0] == 200, name
         assert answer(url, ca=their_ca)[0] == 401, name
         assert answer(url, user, secret, ca=ca)[0] == "SSLCertVerificationError", name
-    Prometheus(prom.replace("127.0.0.1", "127.0.0.2"), auth=("admin", password), ca=their_ca).wait_targets_up()
+    Prometheus(
+        prom.replace("127.0.0.1", "127.0.0.2"), auth=("admin", password), ca=their_ca
+    ).wait_targets_up()
     make("down")

@@ -1,6 +1,7 @@
 """Each file in its room: every installable package declares what its modules import, and no code
 edits sys.path (a module is found because it is installed, or because pytest or the make target
 put its directory there)."""
+
 import ast
 import importlib.metadata
 import pathlib
@@ -11,9 +12,13 @@ import tomllib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
 def ours(path):
     """A file of the project's own, not of a build, a virtual environment or a state directory."""
-    return not any(part.startswith(".") or part == "node_modules" for part in path.relative_to(ROOT).parts)
+    return not any(
+        part.startswith(".") or part == "node_modules" for part in path.relative_to(ROOT).parts
+    )
 
 
 PROJECTS = sorted(p.parent for p in ROOT.glob("*/**/pyproject.toml") if ours(p))
@@ -29,8 +34,9 @@ def project(directory):
     modules = [directory / p.replace(".", "/") for p in setuptools.get("packages", [])]
     modules += [directory / f"{m}.py" for m in setuptools.get("py-modules", [])]
     meta = data["project"]
-    requires = meta.get("dependencies", []) + [d for extra in meta.get("optional-dependencies", {}).values()
-                                               for d in extra]
+    requires = meta.get("dependencies", []) + [
+        d for extra in meta.get("optional-dependencies", {}).values() for d in extra
+    ]
     declared = {canonical(re.split(r"[\s<>=!~\[;]", d, maxsplit=1)[0]) for d in requires}
     return canonical(meta["name"]), modules, declared
 
@@ -59,8 +65,14 @@ def imported(paths):
 
 def test_the_projects_are_found():
     names = {project(d)[0] for d in PROJECTS}
-    assert {"blockstack-exporter", "blockstack-deploy", "blockstack-lab", "blockstack-rules",
-            "blockstack-dashboard", "blockstack-page-receiver"} <= names
+    assert {
+        "blockstack-exporter",
+        "blockstack-deploy",
+        "blockstack-lab",
+        "blockstack-rules",
+        "blockstack-dashboard",
+        "blockstack-page-receiver",
+    } <= names
 
 
 @pytest.mark.parametrize("directory", PROJECTS, ids=lambda d: str(d.relative_to(ROOT)))
@@ -77,13 +89,19 @@ def test_a_package_declares_what_it_imports(directory):
         provider = own.get(module) or next(iter(third_party.get(module, [])), None)
         if provider is None or canonical(provider) not in declared:
             missing.append(f"{module} ({provider or 'not installed'})")
-    assert not missing, f"{directory.relative_to(ROOT)}/pyproject.toml does not declare: {', '.join(missing)}"
+    assert not missing, (
+        f"{directory.relative_to(ROOT)}/pyproject.toml does not declare: {', '.join(missing)}"
+    )
 
 
 def test_no_code_edits_sys_path():
-    edits = [f"{p.relative_to(ROOT)}:{n}" for p in ROOT.rglob("*.py") if ours(p)
-             for n, line in enumerate(p.read_text().splitlines(), 1)
-             if re.search(r"\bsys\.path\.(insert|append|extend)\(|\bsys\.path\s*[+]?=", line)]
+    edits = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in ROOT.rglob("*.py")
+        if ours(p)
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"\bsys\.path\.(insert|append|extend)\(|\bsys\.path\s*[+]?=", line)
+    ]
     assert not edits, edits
 
 
@@ -98,18 +116,32 @@ def test_venv_installs_third_party_packages_only_by_hash():
             locked[canonical(name)] = (version, [])
         elif "--hash=sha256:" in line:
             locked[canonical(name)][1].append(line.split("sha256:")[1].split()[0])
-    assert locked and all(len(h) >= 1 and all(len(x) == 64 for x in h) for _, h in locked.values()), locked
+    assert locked and all(
+        len(h) >= 1 and all(len(x) == 64 for x in h) for _, h in locked.values()
+    ), locked
     ours_names = {project(d)[0] for d in PROJECTS}
     for directory in PROJECTS:
         meta = tomllib.loads((directory / "pyproject.toml").read_text())["project"]
-        for req in meta.get("dependencies", []) + [r for e in meta.get("optional-dependencies", {}).values() for r in e]:
+        for req in meta.get("dependencies", []) + [
+            r for e in meta.get("optional-dependencies", {}).values() for r in e
+        ]:
             dep = canonical(re.split(r"[\s<>=!~\[;]", req, maxsplit=1)[0])
             if dep in ours_names:
                 continue
-            assert dep in locked, f"{directory.name}: {dep} is not in requirements.txt (add it to requirements.in, make lock)"
+            assert dep in locked, (
+                f"{directory.name}: {dep} is not in requirements.txt (add it to requirements.in, make lock)"
+            )
             pinned = re.search(r"==\s*([^\s;,]+)", req)
-            assert not pinned or pinned.group(1) == locked[dep][0], (directory.name, req, locked[dep][0])
-    venv = re.search(r"^\$\(VENV\)/\.stamp:.*?(?=^\S)", (ROOT / "Makefile").read_text(), re.S | re.M).group(0)
+            assert not pinned or pinned.group(1) == locked[dep][0], (
+                directory.name,
+                req,
+                locked[dep][0],
+            )
+    venv = re.search(
+        r"^\$\(VENV\)/\.stamp:.*?(?=^\S)", (ROOT / "Makefile").read_text(), re.S | re.M
+    ).group(0)
     installs = [line for line in venv.splitlines() if "pip install" in line]
-    assert len(installs) == 2 and "--require-hashes -r requirements.txt" in installs[0].replace("--only-binary=:all: ", ""), installs
+    assert len(installs) == 2 and "--require-hashes -r requirements.txt" in installs[0].replace(
+        "--only-binary=:all: ", ""
+    ), installs
     assert "--no-deps" in installs[1] and "-r " not in installs[1], installs

@@ -3,6 +3,7 @@ a loop-device ext4 under sequential direct reads, a merge collapse paged and res
 component killed once and restarted, `make down` leaving nothing behind; each server under its
 own user with its capabilities (privileges.py), the watchdog at the receiver, what a web page
 of a foreign origin can do to each listener, and no /debug/pprof/ without credentials."""
+
 import http.client
 import json
 import os
@@ -23,7 +24,16 @@ from blockstack_lab.view import StackView
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
-COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "receiver-self", "alertmanager", "prometheus", "grafana")  # conftest.state's ports
+COMPONENTS = (
+    "node",
+    "blockstack",
+    "ebpf",
+    "receiver",
+    "receiver-self",
+    "alertmanager",
+    "prometheus",
+    "grafana",
+)  # conftest.state's ports
 PROGRAMS = COMPONENTS + ("front",)  # metrics_front.py: the exporters' /metrics on their ports
 
 
@@ -38,9 +48,17 @@ def identities(state):
         with open(f"/proc/{pid}/status") as f:
             status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
         uid = int(status["Uid"].split()[0])
-        out[name] = (pwd.getpwuid(uid).pw_name, status["CapEff"].strip(), status["NoNewPrivs"].strip())
-    ps = subprocess.run(["ps", "-o", "user:22,pid,args", "-p", ",".join(str(p) for p in pids(state).values())],
-                        capture_output=True, text=True, check=True).stdout
+        out[name] = (
+            pwd.getpwuid(uid).pw_name,
+            status["CapEff"].strip(),
+            status["NoNewPrivs"].strip(),
+        )
+    ps = subprocess.run(
+        ["ps", "-o", "user:22,pid,args", "-p", ",".join(str(p) for p in pids(state).values())],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     print("\n" + "\n".join(line[:140] for line in ps.splitlines()))
     return out
 
@@ -50,8 +68,12 @@ def foreign(url, method="GET", headers=(), body=None):
     parts = http.client.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=20)
     try:
-        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), body=body,
-                     headers={"Origin": "http://evil.example", **dict(headers)})
+        conn.request(
+            method,
+            parts.path + (f"?{parts.query}" if parts.query else ""),
+            body=body,
+            headers={"Origin": "http://evil.example", **dict(headers)},
+        )
         r = conn.getresponse()
         r.read()
         return r.status, r.getheader("Access-Control-Allow-Origin")
@@ -72,57 +94,104 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     password_file = os.path.join(state_dir, "secrets", "grafana-admin-password")
     assert f"127.0.0.1:{ports['grafana']}/d/blockstack-merges" in out and password_file in out
     # readable by the servers' group only (privileges.py)
-    assert oct(os.stat(password_file).st_mode & 0o777) == "0o640" and os.stat(password_file).st_uid == 0
+    assert (
+        oct(os.stat(password_file).st_mode & 0o777) == "0o640"
+        and os.stat(password_file).st_uid == 0
+    )
 
     # least privilege: no program runs as root; the BPF loader holds no capability once attached
     # (no device-mapper here: no dm helper, the only holder of one; tests/test_privilege.py)
     seen = identities(state_dir)
-    assert seen == {"node": ("blockstack-node", "0" * 16, "1"),
-                    "blockstack": ("blockstack-exporter", "0" * 16, "1"),
-                    "ebpf": ("blockstack-ebpf", "0" * 16, "1"),
-                    "receiver": ("blockstack-receiver", "0" * 16, "1"),
-                    "receiver-self": ("blockstack-receiver", "0" * 16, "1"),
-                    "alertmanager": ("blockstack-alertmanager", "0" * 16, "1"),
-                    "prometheus": ("blockstack-prometheus", "0" * 16, "1"),
-                    "grafana": ("blockstack-grafana", "0" * 16, "1"),
-                    "front": ("blockstack-front", "0" * 16, "1")}, seen
+    assert seen == {
+        "node": ("blockstack-node", "0" * 16, "1"),
+        "blockstack": ("blockstack-exporter", "0" * 16, "1"),
+        "ebpf": ("blockstack-ebpf", "0" * 16, "1"),
+        "receiver": ("blockstack-receiver", "0" * 16, "1"),
+        "receiver-self": ("blockstack-receiver", "0" * 16, "1"),
+        "alertmanager": ("blockstack-alertmanager", "0" * 16, "1"),
+        "prometheus": ("blockstack-prometheus", "0" * 16, "1"),
+        "grafana": ("blockstack-grafana", "0" * 16, "1"),
+        "front": ("blockstack-front", "0" * 16, "1"),
+    }, seen
 
     # a web page of another origin: Alertmanager and Prometheus want the password (a silence
     # through v2's JSON API or 0.25's v1 text/plain one, a query), the receiver wants its token and JSON
-    am, prom, rcv = (f"http://127.0.0.1:{ports[c]}" for c in ("alertmanager", "prometheus", "receiver"))
-    silence = json.dumps({"matchers": [{"name": "alertname", "value": ".+", "isRegex": True}],
-                          "startsAt": "2020-01-01T00:00:00Z", "endsAt": "2099-01-01T00:00:00Z",
-                          "createdBy": "x", "comment": "x"})
+    am, prom, rcv = (
+        f"http://127.0.0.1:{ports[c]}" for c in ("alertmanager", "prometheus", "receiver")
+    )
+    silence = json.dumps(
+        {
+            "matchers": [{"name": "alertname", "value": ".+", "isRegex": True}],
+            "startsAt": "2020-01-01T00:00:00Z",
+            "endsAt": "2099-01-01T00:00:00Z",
+            "createdBy": "x",
+            "comment": "x",
+        }
+    )
     browser = {
-        "alertmanager preflight": foreign(am + "/api/v2/silences", "OPTIONS", {"Access-Control-Request-Method": "POST"}),
-        "alertmanager v2 silence": foreign(am + "/api/v2/silences", "POST", {"Content-Type": "application/json"}, silence),
-        "alertmanager v1 silence (text/plain)": foreign(am + "/api/v1/silences", "POST", {"Content-Type": "text/plain"}, silence),
+        "alertmanager preflight": foreign(
+            am + "/api/v2/silences", "OPTIONS", {"Access-Control-Request-Method": "POST"}
+        ),
+        "alertmanager v2 silence": foreign(
+            am + "/api/v2/silences", "POST", {"Content-Type": "application/json"}, silence
+        ),
+        "alertmanager v1 silence (text/plain)": foreign(
+            am + "/api/v1/silences", "POST", {"Content-Type": "text/plain"}, silence
+        ),
         "prometheus query": foreign(prom + "/api/v1/query?query=up"),
-        "receiver page (text/plain)": foreign(rcv + "/page", "POST", {"Content-Type": "text/plain"}, "{}"),
+        "receiver page (text/plain)": foreign(
+            rcv + "/page", "POST", {"Content-Type": "text/plain"}, "{}"
+        ),
     }
     print("\nforeign origin:", json.dumps(browser))
-    assert browser == {"alertmanager preflight": (401, None), "alertmanager v2 silence": (401, None),
-                       "alertmanager v1 silence (text/plain)": (401, None), "prometheus query": (401, None),
-                       "receiver page (text/plain)": (401, None)}, browser
+    assert browser == {
+        "alertmanager preflight": (401, None),
+        "alertmanager v2 silence": (401, None),
+        "alertmanager v1 silence (text/plain)": (401, None),
+        "prometheus query": (401, None),
+        "receiver page (text/plain)": (401, None),
+    }, browser
     admin = ("admin", files.secret(os.path.join(state_dir, "secrets", "admin-password")))
-    silencer = ("alertmanager", files.secret(os.path.join(state_dir, "secrets", "alertmanager-password")))
+    silencer = (
+        "alertmanager",
+        files.secret(os.path.join(state_dir, "secrets", "alertmanager-password")),
+    )
     assert request(am + "/api/v2/status", silencer)[0] == 200
     assert request(prom + "/api/v1/query?query=up", admin)[0] == 200
     # one password per server: Prometheus's reader cannot silence a page, nor the reverse
-    assert request(am + "/api/v2/status", admin)[0] == 401 and request(prom + "/api/v1/query?query=up", silencer)[0] == 401
+    assert (
+        request(am + "/api/v2/status", admin)[0] == 401
+        and request(prom + "/api/v1/query?query=up", silencer)[0] == 401
+    )
 
     # Go's /debug/pprof/ without credentials: Prometheus and Alertmanager want the password, the
     # exporters' ports answer /metrics only (metrics_front.py); behind them, the exporters' sockets
     # (which still serve it) are closed to any user but root and the front
-    pprof = {c: request(f"http://127.0.0.1:{ports[c]}/debug/pprof/")[0] for c in ("prometheus", "alertmanager", "node", "ebpf")}
+    pprof = {
+        c: request(f"http://127.0.0.1:{ports[c]}/debug/pprof/")[0]
+        for c in ("prometheus", "alertmanager", "node", "ebpf")
+    }
     print("/debug/pprof/ without credentials:", json.dumps(pprof))
     assert pprof == {"prometheus": 401, "alertmanager": 401, "node": 404, "ebpf": 404}, pprof
     assert all(request(f"http://127.0.0.1:{ports[c]}/metrics")[0] == 200 for c in ("node", "ebpf"))
     for c in ("node", "ebpf"):
         sock = os.path.join(state_dir, "run", c, "metrics.sock")
-        curl = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", sock, "http://x/debug/pprof/"]
+        curl = [
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--unix-socket",
+            sock,
+            "http://x/debug/pprof/",
+        ]
         as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *curl]
-        seen_socket = [subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout for argv in (curl, as_nobody)]
+        seen_socket = [
+            subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+            for argv in (curl, as_nobody)
+        ]
         assert seen_socket == ["200", "000"], (c, seen_socket)
     dashboard = f"http://127.0.0.1:{ports['grafana']}/api/dashboards/uid/blockstack-merges"
     status, found = request(dashboard, ("admin", files.secret(password_file)))
@@ -131,9 +200,15 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     assert request(dashboard)[0] == 401, "anonymous access to Grafana's API"
     with open(os.path.join(state_dir, "config", "grafana.ini")) as f:
         ini = f.read()
-    for off in ("reporting_enabled = false", "check_for_updates = false", "check_for_plugin_updates = false",
-                "news_feed_enabled = false", "preinstall_disabled = true", "public_key_retrieval_disabled = true",
-                "disable_gravatar = true"):
+    for off in (
+        "reporting_enabled = false",
+        "check_for_updates = false",
+        "check_for_plugin_updates = false",
+        "news_feed_enabled = false",
+        "preinstall_disabled = true",
+        "public_key_retrieval_disabled = true",
+        "disable_gravatar = true",
+    ):
         assert off in ini
     assert os.path.exists(os.path.join(state_dir, "grafana", "data", "grafana.db"))
 
@@ -146,30 +221,57 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     view = StackView.from_state(state_dir)
     with fio.reads_on_ext4(runtime=400) as dev:
         name = loop.name(dev)
-        prometheus.wait_targets_up(count=8)  # the exporters, the two receivers, Alertmanager, Prometheus, Grafana
+        prometheus.wait_targets_up(
+            count=8
+        )  # the exporters, the two receivers, Alertmanager, Prometheus, Grafana
         # the watchdog reaches the dead man's switch (here the receiver's /watchdog) without a page
-        procs.wait_until("the watchdog at the receiver", lambda: 'path="/watchdog",code="200"' in
-                         request(f"http://127.0.0.1:{ports['receiver']}/metrics")[1], 90)
+        procs.wait_until(
+            "the watchdog at the receiver",
+            lambda: (
+                'path="/watchdog",code="200"'
+                in request(f"http://127.0.0.1:{ports['receiver']}/metrics")[1]
+            ),
+            90,
+        )
         # healthy sequential reads: large requests at the loop device, and no page
-        procs.wait_until("request sizes recorded", lambda: prometheus.query(
-            f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'), 60)
+        procs.wait_until(
+            "request sizes recorded",
+            lambda: prometheus.query(
+                f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'
+            ),
+            60,
+        )
 
         # faults: kill each component once; the supervisor restarts it
         # up to 10 s ago: a scrape in flight (stamped when it started, stored when it ends; a
         # scrape times out after its 5 s interval) would add a sample to the range after this query
         # the device's first samples at least 10 s old (three at the 5 s interval): on a quiet machine
         # the lines above take less than that since the device was made
-        procs.wait_until("10 s of the device's samples", lambda: prometheus.query(
-            f'count_over_time(node_disk_reads_completed_total{{device="{name}"}}[1m]) >= 3'), 60)
+        procs.wait_until(
+            "10 s of the device's samples",
+            lambda: prometheus.query(
+                f'count_over_time(node_disk_reads_completed_total{{device="{name}"}}[1m]) >= 3'
+            ),
+            60,
+        )
         first_sample_time = time.time() - 10
-        samples_query = (f'node_disk_reads_completed_total{{device="{name}"}}', first_sample_time - 60,
-                         first_sample_time, 1)
+        samples_query = (
+            f'node_disk_reads_completed_total{{device="{name}"}}',
+            first_sample_time - 60,
+            first_sample_time,
+            1,
+        )
         before_kills = prometheus.query_range(*samples_query)
         assert before_kills and before_kills[0]["values"]
         for component in PROGRAMS:
             old = pids(state_dir)[component]
             os.kill(old, signal.SIGKILL)
-            procs.wait_until(f"{component} restarted", lambda: (pids(state_dir)[component] or old) != old, 30, 0.2)
+            procs.wait_until(
+                f"{component} restarted",
+                lambda: (pids(state_dir)[component] or old) != old,
+                30,
+                0.2,
+            )
         make("up")  # waits for every health endpoint again
         prometheus.wait_targets_up()
         # Prometheus kept the samples from before its restart
@@ -181,8 +283,11 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
             try:
                 page = procs.wait_until("the page", lambda: view.pages(name), 60)
             except TimeoutError:
-                for query in ("ALERTS", "host_device_operation:ebpf_block_rq_missed_merges:rate",
-                              "host_device:node_disk_queue_depth:avg"):
+                for query in (
+                    "ALERTS",
+                    "host_device_operation:ebpf_block_rq_missed_merges:rate",
+                    "host_device:node_disk_queue_depth:avg",
+                ):
                     print(f"{query}:", prometheus.query(query))
                 raise
             to_page = time.monotonic() - flipped
@@ -197,12 +302,18 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
         os.kill(pids(state_dir)["receiver"], signal.SIGKILL)
         # the collapse page is held 90 s after its evidence clears (keep_firing_for): ~140 s
         procs.wait_until("the resolve", lambda: view.pages(name, "resolved"), 200)
-        print(f"page {to_page:.0f} s after the flip, resolved {time.monotonic() - resolved_from:.0f} s after the flip back")
+        print(
+            f"page {to_page:.0f} s after the flip, resolved {time.monotonic() - resolved_from:.0f} s after the flip back"
+        )
 
     make("down")
-    assert not subprocess.run(["pgrep", "-f", state_dir], capture_output=True, text=True).stdout.strip()
+    assert not subprocess.run(
+        ["pgrep", "-f", state_dir], capture_output=True, text=True
+    ).stdout.strip()
     assert os.path.isdir(os.path.join(state_dir, "data", "prometheus")), "make down must keep data"
-    assert os.path.exists(os.path.join(state_dir, "grafana", "data", "grafana.db")), "make down must keep Grafana's database"
+    assert os.path.exists(os.path.join(state_dir, "grafana", "data", "grafana.db")), (
+        "make down must keep Grafana's database"
+    )
 
 
 def test_make_up_switches_servers(state):
@@ -210,6 +321,7 @@ def test_make_up_switches_servers(state):
     SERVERS=debian` on the same state switches back, restarting only those two (the collapse ->
     page on each set is alerts/tests/test_integration.py's)."""
     from blockstack_deploy.stack import ALERTMANAGER_UPSTREAM_VERSION, PROMETHEUS3_VERSION
+
     state_dir, ports, make = state
 
     prometheus = Prometheus(f"http://127.0.0.1:{ports['prometheus']}")
@@ -221,14 +333,20 @@ def test_make_up_switches_servers(state):
     out, _ = make("up", variables=["SERVERS=upstream"])
     assert "servers: upstream" in out
     prometheus.auth = ("admin", files.secret(os.path.join(state_dir, "secrets", "admin-password")))
-    alertmanager.auth = ("alertmanager", files.secret(os.path.join(state_dir, "secrets", "alertmanager-password")))
+    alertmanager.auth = (
+        "alertmanager",
+        files.secret(os.path.join(state_dir, "secrets", "alertmanager-password")),
+    )
     assert versions() == (PROMETHEUS3_VERSION, ALERTMANAGER_UPSTREAM_VERSION)
     prometheus.wait_targets_up()
     before = pids(state_dir)
     out, _ = make("up", variables=["SERVERS=debian"])
     assert "servers: debian" in out
     prometheus2, alertmanager025 = versions()
-    assert prometheus2.startswith("2.") and alertmanager025.startswith("0.25"), (prometheus2, alertmanager025)
+    assert prometheus2.startswith("2.") and alertmanager025.startswith("0.25"), (
+        prometheus2,
+        alertmanager025,
+    )
     after = pids(state_dir)
     assert {c for c in PROGRAMS if after[c] != before[c]} == {"prometheus", "alertmanager"}
     make("down")
@@ -253,8 +371,10 @@ def test_make_up_on_a_kernel_that_loads_no_bpf(state):
                 os.symlink(os.path.join(real, name), os.path.join(build, name))
         for config in ("jbd2_credit_wait_fexit", "jbd2_credit_wait_legacy"):
             for ext in (".bpf.o", ".yaml"):
-                os.symlink(os.path.join(real, "ebpf-configs", config + ext),
-                           os.path.join(build, "ebpf-configs", config + ext))
+                os.symlink(
+                    os.path.join(real, "ebpf-configs", config + ext),
+                    os.path.join(build, "ebpf-configs", config + ext),
+                )
         blind_stack(state, build)
     finally:
         shutil.rmtree(build, ignore_errors=True)
@@ -263,21 +383,32 @@ def test_make_up_on_a_kernel_that_loads_no_bpf(state):
 def blind_stack(state, build):
     state_dir, ports, make = state
     out, _ = make("up", variables=[f"BLOCKSTACK_BUILD={build}"])
-    assert "WARNING: no block BPF programs load on this kernel (the collapse page cannot fire on this host): " \
-           f"block_io: not built in {build}/ebpf-configs" in out, out
+    assert (
+        "WARNING: no block BPF programs load on this kernel (the collapse page cannot fire on this host): "
+        f"block_io: not built in {build}/ebpf-configs" in out
+    ), out
     assert "WARNING: no jbd2 BPF programs load on this kernel: jbd2_credit_wait_fexit: " in out, out
     assert "ebpf_exporter  not started" in out, out
     assert Supervisor(state_dir).program_pid("ebpf") is None
-    assert all(Supervisor(state_dir).program_pid(c) for c in ("node", "blockstack", "prometheus", "alertmanager"))
+    assert all(
+        Supervisor(state_dir).program_pid(c)
+        for c in ("node", "blockstack", "prometheus", "alertmanager")
+    )
 
     prometheus = Prometheus(f"http://127.0.0.1:{ports['prometheus']}")
     prometheus.auth = ("admin", files.secret(os.path.join(state_dir, "secrets", "admin-password")))
-    loaded = procs.wait_until("the sets' status in Prometheus", lambda: prometheus.query(
-        "blockstack_ebpf_set_loaded"), 60)
+    loaded = procs.wait_until(
+        "the sets' status in Prometheus", lambda: prometheus.query("blockstack_ebpf_set_loaded"), 60
+    )
     assert {(r["metric"]["set"], r["metric"].get("config", ""), r["value"][1]) for r in loaded} == {
-        ("block", "", "0"), ("jbd2", "", "0")}, loaded
+        ("block", "", "0"),
+        ("jbd2", "", "0"),
+    }, loaded
     assert not prometheus.query('up{job="ebpf"}')  # not scraped: nothing to scrape
-    pending = procs.wait_until("BlockStackCollapseEvidenceMissing pending", lambda: prometheus.query(
-        'ALERTS{alertname="BlockStackCollapseEvidenceMissing"}'), 60)
+    pending = procs.wait_until(
+        "BlockStackCollapseEvidenceMissing pending",
+        lambda: prometheus.query('ALERTS{alertname="BlockStackCollapseEvidenceMissing"}'),
+        60,
+    )
     assert pending[0]["metric"]["alertstate"] in ("pending", "firing"), pending
     make("down")

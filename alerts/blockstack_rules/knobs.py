@@ -16,6 +16,7 @@ legacy variable syntax. string.Template is in the standard library and its ${kno
 in PromQL or Go templates. Only the braced form is a placeholder here: a bare $ stays as written,
 so $labels, $value, $1 of label_replace and Grafana's $__rate_interval need no $$ escape.
 """
+
 import argparse
 import difflib
 import os
@@ -26,7 +27,9 @@ import sys
 import yaml
 
 # The project's files: BLOCKSTACK_HOME (as blockstack_deploy.paths), default the checkout this sits in
-REPO = pathlib.Path(os.environ.get("BLOCKSTACK_HOME") or pathlib.Path(__file__).resolve().parents[2])
+REPO = pathlib.Path(
+    os.environ.get("BLOCKSTACK_HOME") or pathlib.Path(__file__).resolve().parents[2]
+)
 CONFIG = REPO / "alerts" / "config.yml"
 TEMPLATES = REPO / "alerts" / "src"
 # What each Prometheus evaluates: a host's (standalone or agent) and the fleet's central watcher.
@@ -56,7 +59,9 @@ def load(path=CONFIG):
 
 class _Template(string.Template):
     # ${knob} only (the named, escaped and invalid groups never match).
-    pattern = r"\$(?:(?P<escaped>(?!))|(?P<named>(?!))|\{(?P<braced>[a-z][a-z0-9_]*)\}|(?P<invalid>(?!)))"
+    pattern = (
+        r"\$(?:(?P<escaped>(?!))|(?P<named>(?!))|\{(?P<braced>[a-z][a-z0-9_]*)\}|(?P<invalid>(?!)))"
+    )
 
 
 def render(text, knobs, name="template"):
@@ -74,9 +79,11 @@ def rule_files(knobs, **overrides):
     for template in sorted(TEMPLATES.glob("*.rules.yml.in")):
         text = render(template.read_text(), values, template.name)
         yaml.safe_load(text)  # fail here, not in promtool, on broken YAML
-        header = (f"# GENERATED from alerts/src/{template.name} with the knobs of alerts/config.yml.\n"
-                  "# Do not edit: change the template or the knob, then run `make generate`.\n")
-        out[REPO / "alerts" / template.name[:-len(".in")]] = header + text
+        header = (
+            f"# GENERATED from alerts/src/{template.name} with the knobs of alerts/config.yml.\n"
+            "# Do not edit: change the template or the knob, then run `make generate`.\n"
+        )
+        out[REPO / "alerts" / template.name[: -len(".in")]] = header + text
     knobs.used |= values.used
     return out
 
@@ -98,8 +105,15 @@ def write_or_check(files, check, show=lambda path: path.relative_to(REPO)):
             continue
         if check:
             stale.append(str(show(path)))
-            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
-                                                       f"{show(path)} (committed)", "generated", n=1))
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    old.splitlines(True),
+                    text.splitlines(True),
+                    f"{show(path)} (committed)",
+                    "generated",
+                    n=1,
+                )
+            )
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)

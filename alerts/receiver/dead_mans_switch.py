@@ -23,6 +23,7 @@ and --command run with SWITCH_STATE, SWITCH_SUMMARY in its environment; the firs
 is the resolve (state "up"). A POST's body is read and ignored (413 past MAX_BODY, 400 for a bad
 Content-Length; one cut off is no ping). GET /status answers the state as JSON, GET /healthz "ok".
 """
+
 import argparse
 import hmac
 import json
@@ -34,10 +35,14 @@ import threading
 import time
 
 import blockstack_http
-from page_receiver import append_line  # beside this script: the same whole-line, fsynced append as pages
+from page_receiver import (
+    append_line,  # beside this script: the same whole-line, fsynced append as pages
+)
 
 COMMAND_TIMEOUT = 60
-MAX_BODY = 64 << 10  # a ping's body is ignored (healthchecks.io takes a log excerpt of up to 100 kB)
+MAX_BODY = (
+    64 << 10
+)  # a ping's body is ignored (healthchecks.io takes a log excerpt of up to 100 kB)
 
 
 class Switch:
@@ -65,14 +70,26 @@ class Switch:
 
     def status(self):
         with self.lock:
-            return {"state": "down" if self.down else "up", "last_ping": self.last_ping if self.pings else None,
-                    "pings": self.pings, "timeout": self.timeout}
+            return {
+                "state": "down" if self.down else "up",
+                "last_ping": self.last_ping if self.pings else None,
+                "pings": self.pings,
+                "timeout": self.timeout,
+            }
 
     def _event(self, state, silent):
-        summary = (f"blockstack pager silent for {silent:.0f} s: no heartbeat (timeout {self.timeout:.0f} s)"
-                   if state == "down" else "blockstack pager heartbeat back")
-        record = {"at": time.time(), "state": state, "silent_seconds": round(silent, 1),
-                  "last_ping": self.last_ping if self.pings else None, "summary": summary}
+        summary = (
+            f"blockstack pager silent for {silent:.0f} s: no heartbeat (timeout {self.timeout:.0f} s)"
+            if state == "down"
+            else "blockstack pager heartbeat back"
+        )
+        record = {
+            "at": time.time(),
+            "state": state,
+            "silent_seconds": round(silent, 1),
+            "last_ping": self.last_ping if self.pings else None,
+            "summary": summary,
+        }
         sys.stderr.write(summary + "\n")
         try:
             append_line(self.events_file, (json.dumps(record, sort_keys=True) + "\n").encode())
@@ -81,7 +98,9 @@ class Switch:
         if self.command:
             env = dict(os.environ, SWITCH_STATE=state, SWITCH_SUMMARY=summary)
             try:
-                subprocess.run(self.command, shell=True, env=env, timeout=COMMAND_TIMEOUT, check=True)
+                subprocess.run(
+                    self.command, shell=True, env=env, timeout=COMMAND_TIMEOUT, check=True
+                )
             except (OSError, subprocess.SubprocessError) as e:
                 sys.stderr.write(f"--command failed: {e}\n")
 
@@ -93,12 +112,14 @@ class Handler(blockstack_http.Handler):
     def do_GET(self):
         path = self.path.split("?")[0]
         if path.startswith("/ping/"):
-            if not hmac.compare_digest(path[len("/ping/"):].encode(), self.server.token):
+            if not hmac.compare_digest(path[len("/ping/") :].encode(), self.server.token):
                 return self._reply(404, b"not found\n")
             self.server.switch.ping()
             return self._reply(200, b"ok\n")
         if path == "/status":
-            return self._reply(200, json.dumps(self.server.switch.status()).encode() + b"\n", "application/json")
+            return self._reply(
+                200, json.dumps(self.server.switch.status()).encode() + b"\n", "application/json"
+            )
         if path in ("/", "/healthz"):
             return self._reply(200, b"ok\n")
         self._reply(404, b"not found\n")
@@ -141,10 +162,24 @@ def serve(listen, switch, token):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--listen", default="127.0.0.1:9468", help="host:port (default %(default)s)")
-    p.add_argument("--token-file", required=True, help="file holding the secret of the ping URL /ping/TOKEN")
-    p.add_argument("--timeout", type=float, default=300, help="seconds without a ping before it pages (default %(default)s)")
-    p.add_argument("--file", required=True, help="JSON-lines file each page (down) and resolve (up) is appended to")
-    p.add_argument("--command", help="shell command run on each page and resolve (SWITCH_STATE, SWITCH_SUMMARY set)")
+    p.add_argument(
+        "--token-file", required=True, help="file holding the secret of the ping URL /ping/TOKEN"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300,
+        help="seconds without a ping before it pages (default %(default)s)",
+    )
+    p.add_argument(
+        "--file",
+        required=True,
+        help="JSON-lines file each page (down) and resolve (up) is appended to",
+    )
+    p.add_argument(
+        "--command",
+        help="shell command run on each page and resolve (SWITCH_STATE, SWITCH_SUMMARY set)",
+    )
     args = p.parse_args(argv)
     with open(args.token_file) as f:
         token = f.read().strip()
@@ -153,7 +188,9 @@ def main(argv=None):
     switch = Switch(args.timeout, args.file, args.command)
     server = serve(args.listen, switch, token)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    sys.stderr.write(f"listening on {args.listen}, paging after {args.timeout:.0f} s without a ping\n")
+    sys.stderr.write(
+        f"listening on {args.listen}, paging after {args.timeout:.0f} s without a ping\n"
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

@@ -52,6 +52,7 @@ What it takes and what it refuses:
   (FILE.1 to FILE.2, ... up to --backups; the oldest goes), under the same lock as the writes:
   no notification is lost or split between files; received() reads the backups too.
 """
+
 import argparse
 import collections
 import contextlib
@@ -79,7 +80,9 @@ WORKERS = 32
 CONNECTIONS = 1024
 MAX_BYTES = 64 << 20  # the pages file is rotated before it grows past this
 BACKUPS = 4
-REQUEST_TIMEOUT = 10.0  # seconds for a whole request to arrive; Alertmanager sends one in milliseconds
+REQUEST_TIMEOUT = (
+    10.0  # seconds for a whole request to arrive; Alertmanager sends one in milliseconds
+)
 REPLY_TIMEOUT = 5.0
 
 
@@ -204,23 +207,32 @@ class Heartbeat:
                 self.pinged_at, result = time.time(), "ok"
             except (OSError, ValueError) as e:  # urllib's HTTPError and URLError are OSErrors
                 result = "failed"
-                sys.stderr.write(f"could not ping the dead man's switch: {e}\n")  # not the URL: it is the secret
+                sys.stderr.write(
+                    f"could not ping the dead man's switch: {e}\n"
+                )  # not the URL: it is the secret
             self.pings[result] += 1
 
     def metrics(self):
-        lines = ["# HELP blockstack_receiver_watchdog_last_seconds Unix time of the last heartbeat (watchdog notification) "
-                 "written to the heartbeat file (0: none since the start).",
-                 "# TYPE blockstack_receiver_watchdog_last_seconds gauge",
-                 f"blockstack_receiver_watchdog_last_seconds {self.written_at}",
-                 "# HELP blockstack_receiver_heartbeat_pings_total Pings of the off-host dead man's switch, by result.",
-                 "# TYPE blockstack_receiver_heartbeat_pings_total counter"]
-        lines += [f'blockstack_receiver_heartbeat_pings_total{{result="{r}"}} {n}' for r, n in sorted(self.pings.items())]
-        lines += ["# HELP blockstack_receiver_heartbeat_ping_last_seconds Unix time of the last ping the switch answered (0: none).",
-                  "# TYPE blockstack_receiver_heartbeat_ping_last_seconds gauge",
-                  f"blockstack_receiver_heartbeat_ping_last_seconds {self.pinged_at}",
-                  "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
-                  "# TYPE process_start_time_seconds gauge",
-                  f"process_start_time_seconds {self.started}"]
+        lines = [
+            "# HELP blockstack_receiver_watchdog_last_seconds Unix time of the last heartbeat (watchdog notification) "
+            "written to the heartbeat file (0: none since the start).",
+            "# TYPE blockstack_receiver_watchdog_last_seconds gauge",
+            f"blockstack_receiver_watchdog_last_seconds {self.written_at}",
+            "# HELP blockstack_receiver_heartbeat_pings_total Pings of the off-host dead man's switch, by result.",
+            "# TYPE blockstack_receiver_heartbeat_pings_total counter",
+        ]
+        lines += [
+            f'blockstack_receiver_heartbeat_pings_total{{result="{r}"}} {n}'
+            for r, n in sorted(self.pings.items())
+        ]
+        lines += [
+            "# HELP blockstack_receiver_heartbeat_ping_last_seconds Unix time of the last ping the switch answered (0: none).",
+            "# TYPE blockstack_receiver_heartbeat_ping_last_seconds gauge",
+            f"blockstack_receiver_heartbeat_ping_last_seconds {self.pinged_at}",
+            "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
+            "# TYPE process_start_time_seconds gauge",
+            f"process_start_time_seconds {self.started}",
+        ]
         return lines
 
 
@@ -250,13 +262,17 @@ class Handler(blockstack_http.Handler):
         refused = None
         if not self.server.authorized(self.headers.get("Authorization", "")):
             refused = 401, b"Authorization: Bearer <token> required\n"
-        elif (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() != "application/json":
+        elif (self.headers.get("Content-Type") or "").split(";")[
+            0
+        ].strip().lower() != "application/json":
             refused = 415, b"Content-Type application/json required\n"
         if refused:
             length = self.headers.get("Content-Length", "").strip()
             if re.fullmatch(r"[0-9]{1,7}", length) and int(length) <= MAX_BODY:
                 with contextlib.suppress(OSError):
-                    self._read(int(length), keep=False)  # so that the client reads our answer, not a reset
+                    self._read(
+                        int(length), keep=False
+                    )  # so that the client reads our answer, not a reset
             return refused
         with self.server.slots:  # a worker: at most --workers bodies read and held at once
             return self._take(path)
@@ -327,13 +343,31 @@ class Handler(blockstack_http.Handler):
 class Server(blockstack_http.Server):
     daemon_threads = False  # server_close waits for the requests in flight (a page being written)
 
-    def __init__(self, address, out_path, paths=WEBHOOK_PATHS, workers=WORKERS, request_timeout=REQUEST_TIMEOUT,
-                 token=None, connections=CONNECTIONS, max_bytes=MAX_BYTES, backups=BACKUPS, statfs=(), heartbeat_url=None):
+    def __init__(
+        self,
+        address,
+        out_path,
+        paths=WEBHOOK_PATHS,
+        workers=WORKERS,
+        request_timeout=REQUEST_TIMEOUT,
+        token=None,
+        connections=CONNECTIONS,
+        max_bytes=MAX_BYTES,
+        backups=BACKUPS,
+        statfs=(),
+        heartbeat_url=None,
+    ):
         """token: the bearer token every POST must carry (None: no check, for in-process tests).
         statfs: directories whose filesystem's free space /metrics reports (the pages file's is one).
         heartbeat_url: the off-host dead man's switch pinged after each heartbeat written (Heartbeat)."""
-        super().__init__(address, Handler, max_connections=connections, request_seconds=request_timeout)
-        self.out_path, self.paths, self.request_timeout = out_path, frozenset(paths), request_timeout
+        super().__init__(
+            address, Handler, max_connections=connections, request_seconds=request_timeout
+        )
+        self.out_path, self.paths, self.request_timeout = (
+            out_path,
+            frozenset(paths),
+            request_timeout,
+        )
         self.token = token.encode() if token else None
         self.max_bytes, self.backups = max_bytes, backups
         self.statfs = list(dict.fromkeys([os.path.dirname(os.path.abspath(out_path)), *statfs]))
@@ -341,40 +375,62 @@ class Server(blockstack_http.Server):
         self.slots = threading.BoundedSemaphore(workers)
         self.answers = collections.Counter()  # (path, code) -> requests
         self.write_errors = 0
-        self.heartbeat = Heartbeat(os.path.join(os.path.dirname(os.path.abspath(out_path)), HEARTBEAT_FILE), heartbeat_url)
+        self.heartbeat = Heartbeat(
+            os.path.join(os.path.dirname(os.path.abspath(out_path)), HEARTBEAT_FILE), heartbeat_url
+        )
 
     def authorized(self, header):
         if self.token is None:
             return True
         scheme, _, credential = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), self.token)
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            credential.strip().encode(), self.token
+        )
 
     def count(self, path, code):
         path = urllib.parse.urlsplit(path).path
         with self.lock:
-            self.answers[(path if path in self.paths or path == WATCHDOG_PATH else "other", code)] += 1
+            self.answers[
+                (path if path in self.paths or path == WATCHDOG_PATH else "other", code)
+            ] += 1
 
     def metrics(self):
         """The receiver's own metrics, Prometheus text format: what it answered, whether it can
         write, how full its filesystems are, when the watchdog last arrived."""
         with self.lock:
-            answers, errors, heartbeat = sorted(self.answers.items()), self.write_errors, self.heartbeat.metrics()
-        lines = ["# HELP blockstack_receiver_requests_total POST requests answered, by path and HTTP status.",
-                 "# TYPE blockstack_receiver_requests_total counter"]
-        lines += [f'blockstack_receiver_requests_total{{path="{p}",code="{c}"}} {n}' for (p, c), n in answers]
-        lines += ["# HELP blockstack_receiver_write_errors_total Notifications that could not be written to the pages file (answered 503).",
-                  "# TYPE blockstack_receiver_write_errors_total counter",
-                  f"blockstack_receiver_write_errors_total {errors}", *heartbeat]
+            answers, errors, heartbeat = (
+                sorted(self.answers.items()),
+                self.write_errors,
+                self.heartbeat.metrics(),
+            )
+        lines = [
+            "# HELP blockstack_receiver_requests_total POST requests answered, by path and HTTP status.",
+            "# TYPE blockstack_receiver_requests_total counter",
+        ]
+        lines += [
+            f'blockstack_receiver_requests_total{{path="{p}",code="{c}"}} {n}'
+            for (p, c), n in answers
+        ]
+        lines += [
+            "# HELP blockstack_receiver_write_errors_total Notifications that could not be written to the pages file (answered 503).",
+            "# TYPE blockstack_receiver_write_errors_total counter",
+            f"blockstack_receiver_write_errors_total {errors}",
+            *heartbeat,
+        ]
         for name, help_text in (("avail", "Bytes free to unprivileged users"), ("size", "Size")):
-            lines += [f"# HELP blockstack_receiver_filesystem_{name}_bytes {help_text} of the filesystem holding path.",
-                      f"# TYPE blockstack_receiver_filesystem_{name}_bytes gauge"]
+            lines += [
+                f"# HELP blockstack_receiver_filesystem_{name}_bytes {help_text} of the filesystem holding path.",
+                f"# TYPE blockstack_receiver_filesystem_{name}_bytes gauge",
+            ]
             for path in self.statfs:
                 try:
                     st = os.statvfs(path)
                 except OSError:
                     continue
                 value = st.f_bavail * st.f_frsize if name == "avail" else st.f_blocks * st.f_frsize
-                lines.append(f'blockstack_receiver_filesystem_{name}_bytes{{path="{_escape(path)}"}} {value}')
+                lines.append(
+                    f'blockstack_receiver_filesystem_{name}_bytes{{path="{_escape(path)}"}} {value}'
+                )
         return "\n".join(lines) + "\n"
 
 
@@ -386,9 +442,17 @@ def received(path, since=0.0):
     """[(record, alert)] for every alert of every notification in a file this receiver wrote and
     its rotated backups, received at or after `since` (Unix seconds), oldest first; [] before the
     first notification."""
-    backups = sorted((int(m.group(1)) for m in (re.fullmatch(re.escape(os.path.basename(path)) + r"\.([0-9]+)", name)
-                                                 for name in os.listdir(os.path.dirname(os.path.abspath(path)))) if m),
-                     reverse=True)
+    backups = sorted(
+        (
+            int(m.group(1))
+            for m in (
+                re.fullmatch(re.escape(os.path.basename(path)) + r"\.([0-9]+)", name)
+                for name in os.listdir(os.path.dirname(os.path.abspath(path)))
+            )
+            if m
+        ),
+        reverse=True,
+    )
     records = []
     for name in [f"{path}.{i}" for i in backups] + [path]:
         try:
@@ -396,7 +460,9 @@ def received(path, since=0.0):
                 records += [json.loads(line) for line in f if line.strip()]
         except FileNotFoundError:
             pass
-    return [(r, a) for r in records if r["received_at"] >= since for a in r["notification"]["alerts"]]
+    return [
+        (r, a) for r in records if r["received_at"] >= since for a in r["notification"]["alerts"]
+    ]
 
 
 def serve(listen, out_path, **options):
@@ -407,22 +473,61 @@ def serve(listen, out_path, **options):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--listen", default=DEFAULT_LISTEN, help="host:port (default %(default)s)")
-    p.add_argument("--file", required=True, help="JSON-lines file every notification is appended to")
-    p.add_argument("--path", action="append", dest="paths",
-                   help="a webhook path to accept POSTs on, repeatable (default %s)" % " ".join(WEBHOOK_PATHS))
-    p.add_argument("--token-file", required=True,
-                   help="file holding the bearer token every POST must carry (Alertmanager's http_config credentials_file)")
-    p.add_argument("--workers", type=int, default=WORKERS, help="request bodies read at once (default %(default)s)")
-    p.add_argument("--connections", type=int, default=CONNECTIONS, help="connections held at once (default %(default)s)")
-    p.add_argument("--max-bytes", type=int, default=MAX_BYTES, help="rotate the file before it grows past this (default %(default)s)")
-    p.add_argument("--backups", type=int, default=BACKUPS, help="rotated files kept: FILE.1 ... (default %(default)s)")
-    p.add_argument("--statfs", action="append", default=[],
-                   help="a directory whose filesystem's free space /metrics reports, repeatable (the file's is always reported)")
-    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT,
-                   help="seconds for a whole request to arrive (default %(default)s)")
-    p.add_argument("--heartbeat-url-file",
-                   help="file holding the URL of an off-host dead man's switch (healthchecks.io, Uptime Kuma push, "
-                        "dead_mans_switch.py), fetched after each heartbeat written")
+    p.add_argument(
+        "--file", required=True, help="JSON-lines file every notification is appended to"
+    )
+    p.add_argument(
+        "--path",
+        action="append",
+        dest="paths",
+        help="a webhook path to accept POSTs on, repeatable (default %s)" % " ".join(WEBHOOK_PATHS),
+    )
+    p.add_argument(
+        "--token-file",
+        required=True,
+        help="file holding the bearer token every POST must carry (Alertmanager's http_config credentials_file)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=WORKERS,
+        help="request bodies read at once (default %(default)s)",
+    )
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=CONNECTIONS,
+        help="connections held at once (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        default=MAX_BYTES,
+        help="rotate the file before it grows past this (default %(default)s)",
+    )
+    p.add_argument(
+        "--backups",
+        type=int,
+        default=BACKUPS,
+        help="rotated files kept: FILE.1 ... (default %(default)s)",
+    )
+    p.add_argument(
+        "--statfs",
+        action="append",
+        default=[],
+        help="a directory whose filesystem's free space /metrics reports, repeatable (the file's is always reported)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=REQUEST_TIMEOUT,
+        help="seconds for a whole request to arrive (default %(default)s)",
+    )
+    p.add_argument(
+        "--heartbeat-url-file",
+        help="file holding the URL of an off-host dead man's switch (healthchecks.io, Uptime Kuma push, "
+        "dead_mans_switch.py), fetched after each heartbeat written",
+    )
     args = p.parse_args(argv)
     heartbeat_url = None
     if args.heartbeat_url_file:
@@ -436,9 +541,19 @@ def main(argv=None):
     if not token:
         raise SystemExit(f"{args.token_file} is empty")
     threading.stack_size(256 << 10)  # a thread per connection: 1024 idle ones stay small
-    server = serve(args.listen, args.file, paths=args.paths or WEBHOOK_PATHS, workers=args.workers,
-                   request_timeout=args.request_timeout, token=token, connections=args.connections,
-                   max_bytes=args.max_bytes, backups=args.backups, statfs=args.statfs, heartbeat_url=heartbeat_url)
+    server = serve(
+        args.listen,
+        args.file,
+        paths=args.paths or WEBHOOK_PATHS,
+        workers=args.workers,
+        request_timeout=args.request_timeout,
+        token=token,
+        connections=args.connections,
+        max_bytes=args.max_bytes,
+        backups=args.backups,
+        statfs=args.statfs,
+        heartbeat_url=heartbeat_url,
+    )
     sys.stderr.write(f"listening on {args.listen}, writing {args.file}\n")
     # SIGTERM (supervisord, systemd) ends serve_forever and server_close waits for the requests in
     # flight; killed by SIGTERM's default action instead, a write of several pages could be cut.

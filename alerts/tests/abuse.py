@@ -10,6 +10,7 @@ seconds until a body or headers trickled at one byte per 0.1 s are dropped (30 s
 long a page waits while 40 connections trickle. A fresh receiver for each; ~2 min. Needs the lab
 kit (`make venv`); starts each receiver on a free 127.0.0.1 port and stops it after.
 """
+
 import argparse
 import collections
 import contextlib
@@ -48,15 +49,33 @@ def fill(directory, limit):
 
 def notification(size=None, alertname="BlockStackMergeCollapse", status="firing"):
     """An Alertmanager (0.25, version 4) webhook body, padded to exactly `size` bytes if given."""
-    alert = {"status": status, "labels": {"alertname": alertname, "device": "loop0", "host": "lab",
-                                          "severity": "critical", "stack": "loop1"},
-             "annotations": {"summary": "merges collapsed", "description": ""},
-             "startsAt": "2026-11-23T09:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
-             "generatorURL": "http://127.0.0.1:9090/graph", "fingerprint": "0123456789abcdef"}
-    payload = {"receiver": "page", "status": status, "alerts": [alert],
-               "groupLabels": {"host": "lab", "stack": "loop1"}, "commonLabels": alert["labels"],
-               "commonAnnotations": {}, "externalURL": "http://127.0.0.1:9093", "version": "4",
-               "groupKey": '{}/{severity="critical"}:{host="lab", stack="loop1"}', "truncatedAlerts": 0}
+    alert = {
+        "status": status,
+        "labels": {
+            "alertname": alertname,
+            "device": "loop0",
+            "host": "lab",
+            "severity": "critical",
+            "stack": "loop1",
+        },
+        "annotations": {"summary": "merges collapsed", "description": ""},
+        "startsAt": "2026-11-23T09:00:00Z",
+        "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "http://127.0.0.1:9090/graph",
+        "fingerprint": "0123456789abcdef",
+    }
+    payload = {
+        "receiver": "page",
+        "status": status,
+        "alerts": [alert],
+        "groupLabels": {"host": "lab", "stack": "loop1"},
+        "commonLabels": alert["labels"],
+        "commonAnnotations": {},
+        "externalURL": "http://127.0.0.1:9093",
+        "version": "4",
+        "groupKey": '{}/{severity="critical"}:{host="lab", stack="loop1"}',
+        "truncatedAlerts": 0,
+    }
     body = json.dumps(payload).encode()
     if size is not None:
         alert["annotations"]["description"] = "x" * (size - len(body))
@@ -79,7 +98,9 @@ def receiver(out_file, *args, script=SCRIPT, log_path=None):
         token.flush()
         if script == SCRIPT:
             argv.append(f"--token-file={token.name}")
-        with procs.running(argv, health_url=f"http://127.0.0.1:{port}/healthz", log_path=log_path) as proc:
+        with procs.running(
+            argv, health_url=f"http://127.0.0.1:{port}/healthz", log_path=log_path
+        ) as proc:
             yield port, proc
 
 
@@ -94,14 +115,25 @@ def dead_mans_switch(directory, timeout):
     directory = os.path.abspath(directory)
     os.makedirs(directory, exist_ok=True)
     port, token = procs.free_port(), os.urandom(16).hex()
-    paths = {name: os.path.join(directory, name) for name in ("token", "url", "events.jsonl", "switch.log")}
+    paths = {
+        name: os.path.join(directory, name)
+        for name in ("token", "url", "events.jsonl", "switch.log")
+    }
     url = f"http://127.0.0.1:{port}/ping/{token}"
     for name, text in (("token", token), ("url", url)):
         with open(paths[name], "w") as f:
             f.write(text + "\n")
-    argv = [sys.executable, SWITCH, f"--listen=127.0.0.1:{port}", f"--token-file={paths['token']}",
-            f"--timeout={timeout}", f"--file={paths['events.jsonl']}"]
-    with procs.running(argv, health_url=f"http://127.0.0.1:{port}/healthz", log_path=paths["switch.log"]):
+    argv = [
+        sys.executable,
+        SWITCH,
+        f"--listen=127.0.0.1:{port}",
+        f"--token-file={paths['token']}",
+        f"--timeout={timeout}",
+        f"--file={paths['events.jsonl']}",
+    ]
+    with procs.running(
+        argv, health_url=f"http://127.0.0.1:{port}/healthz", log_path=paths["switch.log"]
+    ):
         yield url, paths["url"], port, paths["events.jsonl"]
 
 
@@ -122,8 +154,16 @@ def post(port, body, path="/page", method="POST", headers=None, timeout=60):
     """(status, answer) of one request on a connection of its own; (exception name, b"") if none came."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request(method, path, body=body, headers={"Content-Type": "application/json",
-                                                       "Authorization": f"Bearer {TOKEN}", **(headers or {})})
+        conn.request(
+            method,
+            path,
+            body=body,
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {TOKEN}",
+                **(headers or {}),
+            },
+        )
         resp = conn.getresponse()
         return resp.status, resp.read()
     except (OSError, http.client.HTTPException) as e:
@@ -159,7 +199,9 @@ def trickle(port, head, interval=0.1, limit=30.0):
     start = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(head)
-        poll = select.poll()  # not select.select: it fails on descriptors >= 1024 (a test process may hold many)
+        poll = (
+            select.poll()
+        )  # not select.select: it fails on descriptors >= 1024 (a test process may hold many)
         poll.register(s, select.POLLIN)
         while time.monotonic() - start < limit:
             readable = poll.poll(interval * 1000)
@@ -183,11 +225,17 @@ def peak_rss(pid):
 
 
 def _outcomes(got):
-    return ", ".join(f"{n} {k if isinstance(k, str) else 'answered %d' % k}" for k, n in sorted(got.items(), key=str))
+    return ", ".join(
+        f"{n} {k if isinstance(k, str) else 'answered %d' % k}"
+        for k, n in sorted(got.items(), key=str)
+    )
 
 
-BODY_HEAD = (b"POST /page HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer "
-             + TOKEN.encode() + b"\r\nContent-Length: 1000\r\n\r\n")
+BODY_HEAD = (
+    b"POST /page HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer "
+    + TOKEN.encode()
+    + b"\r\nContent-Length: 1000\r\n\r\n"
+)
 
 
 def held(port, count, head=b"POST /page HTTP/1.1\r\n"):
@@ -199,7 +247,6 @@ def held(port, count, head=b"POST /page HTTP/1.1\r\n"):
     return stack
 
 
-
 def measure(script, workdir):
     """{what: figure} for the receiver `script`, a fresh receiver for each abuse."""
     out = os.path.join(workdir, "pages.jsonl")
@@ -208,34 +255,50 @@ def measure(script, workdir):
     with receiver(out, script=script, log_path=log) as (port, proc):
         t0 = time.monotonic()
         got = concurrently(port, [notification()] * 500)
-        figures["500 concurrent notifications"] = f"{_outcomes(got)} ({time.monotonic() - t0:.1f} s)"
+        figures["500 concurrent notifications"] = (
+            f"{_outcomes(got)} ({time.monotonic() - t0:.1f} s)"
+        )
     for count, size in ((10, 8 << 20), (32, 1 << 20)):
         with receiver(out, script=script, log_path=log) as (port, proc):
             rss0 = peak_rss(proc.pid)
             got = concurrently(port, [notification(size)] * count)
-            figures[f"{count} concurrent x {size >> 20} MiB"] = \
+            figures[f"{count} concurrent x {size >> 20} MiB"] = (
                 f"{_outcomes(got)}; peak RSS {rss0 / 2**20:.0f} -> {peak_rss(proc.pid) / 2**20:.0f} MiB"
-    for what, head in (("trickled body", BODY_HEAD), ("trickled headers", b"POST /page HTTP/1.1\r\nX-Slow: ")):
+            )
+    for what, head in (
+        ("trickled body", BODY_HEAD),
+        ("trickled headers", b"POST /page HTTP/1.1\r\nX-Slow: "),
+    ):
         with receiver(out, script=script, log_path=log) as (port, proc):
             seconds, answer = trickle(port, head)
             first = answer.split(b"\r\n", 1)[0].decode(errors="replace")
-            figures[what + " (1 byte / 0.1 s)"] = ("still held after 30 s" if seconds is None
-                                                   else f"dropped after {seconds:.1f} s ({first or 'closed'})")
+            figures[what + " (1 byte / 0.1 s)"] = (
+                "still held after 30 s"
+                if seconds is None
+                else f"dropped after {seconds:.1f} s ({first or 'closed'})"
+            )
     with receiver(out, script=script, log_path=log) as (port, proc), held(port, 200):
         time.sleep(1)
         t0 = time.monotonic()
         status, _ = post(port, notification(), timeout=120)
-        figures["a page while 200 connections send only a request line"] = f"{status} after {time.monotonic() - t0:.1f} s"
+        figures["a page while 200 connections send only a request line"] = (
+            f"{status} after {time.monotonic() - t0:.1f} s"
+        )
     with receiver(out, script=script, log_path=log) as (port, proc):
         # without the token: what a foreign web page or another local user can send
         anonymous = BODY_HEAD.replace(b"Authorization: Bearer " + TOKEN.encode() + b"\r\n", b"")
-        holders = [threading.Thread(target=trickle, args=(port, anonymous), kwargs={"limit": 15}) for _ in range(40)]
+        holders = [
+            threading.Thread(target=trickle, args=(port, anonymous), kwargs={"limit": 15})
+            for _ in range(40)
+        ]
         for t in holders:
             t.start()
         time.sleep(1)
         t0 = time.monotonic()
         status, _ = post(port, notification())
-        figures["a page while 40 connections trickle a body (no token)"] = f"{status} after {time.monotonic() - t0:.1f} s"
+        figures["a page while 40 connections trickle a body (no token)"] = (
+            f"{status} after {time.monotonic() - t0:.1f} s"
+        )
         for t in holders:
             t.join()
     return figures
@@ -243,13 +306,28 @@ def measure(script, workdir):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--baseline", default="d822752", help="git revision of the receiver to compare (default %(default)s)")
+    p.add_argument(
+        "--baseline",
+        default="d822752",
+        help="git revision of the receiver to compare (default %(default)s)",
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="receiver-abuse-") as tmp:
         old = os.path.join(tmp, "page_receiver_baseline.py")
         with open(old, "wb") as f:
-            f.write(subprocess.run(["git", "-C", REPO, "show", f"{args.baseline}:alerts/receiver/page_receiver.py"],
-                                   check=True, capture_output=True).stdout)
+            f.write(
+                subprocess.run(
+                    [
+                        "git",
+                        "-C",
+                        REPO,
+                        "show",
+                        f"{args.baseline}:alerts/receiver/page_receiver.py",
+                    ],
+                    check=True,
+                    capture_output=True,
+                ).stdout
+            )
         results = {}
         for name, script in ((args.baseline, old), ("this tree", SCRIPT)):
             os.makedirs(os.path.join(tmp, name.replace(" ", "-")))

@@ -2,6 +2,7 @@
 every alert with a runbook anchor, routing as documented, and the webhook receiver writing lines.
 promtool and amtool run in both tested sets of servers (blockstack_deploy.stack.SERVERS): Debian's
 Prometheus 2 / Alertmanager 0.25 and the pinned Prometheus 3 / current Alertmanager."""
+
 import json
 import pathlib
 import re
@@ -10,9 +11,10 @@ import sys
 import threading
 import urllib.request
 
-import page_receiver
 import pytest
 import yaml
+
+import page_receiver
 from blockstack_deploy import stack
 from blockstack_rules import knobs
 
@@ -48,15 +50,27 @@ def run(argv):
 def test_upstream_servers_are_the_pinned_versions():
     """The Makefile builds what stack.SERVERS runs, and each binary reports that version."""
     make = (ROOT / "Makefile").read_text()
-    pinned = {name: re.search(rf"^{var}\s*:=\s*(\S+)", make, re.M).group(1) for name, var in (
-        ("prometheus", "PROMETHEUS3_VERSION"), ("alertmanager", "ALERTMANAGER_UPSTREAM_VERSION"))}
-    assert pinned == {"prometheus": stack.PROMETHEUS3_VERSION, "alertmanager": stack.ALERTMANAGER_UPSTREAM_VERSION}
+    pinned = {
+        name: re.search(rf"^{var}\s*:=\s*(\S+)", make, re.M).group(1)
+        for name, var in (
+            ("prometheus", "PROMETHEUS3_VERSION"),
+            ("alertmanager", "ALERTMANAGER_UPSTREAM_VERSION"),
+        )
+    }
+    assert pinned == {
+        "prometheus": stack.PROMETHEUS3_VERSION,
+        "alertmanager": stack.ALERTMANAGER_UPSTREAM_VERSION,
+    }
     module = re.search(r"^PROMETHEUS3_MODULE\s*:=\s*(\S+)", make, re.M).group(1)
     major, minor, patch = pinned["prometheus"].split(".")
-    assert module == f"v0.{major}{int(minor):02d}.{patch}", "Prometheus 3.X.Y is module version v0.3XX.Y"
+    assert module == f"v0.{major}{int(minor):02d}.{patch}", (
+        "Prometheus 3.X.Y is module version v0.3XX.Y"
+    )
     for name in ("prometheus", "promtool", "alertmanager", "amtool"):
         version = pinned["alertmanager" if name in ("alertmanager", "amtool") else "prometheus"]
-        out = subprocess.run([tool(name, "upstream"), "--version"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [tool(name, "upstream"), "--version"], capture_output=True, text=True, timeout=30
+        )
         assert f"{name}, version {version} " in out.stdout + out.stderr
 
 
@@ -104,10 +118,15 @@ def test_every_test_case_is_named():
 
 
 def test_every_recording_rule_is_tested():
-    tested = " ".join(t["expr"] for case in load_tests("recording.test.yml")["tests"]
-                      for t in case.get("promql_expr_test", []))
+    tested = " ".join(
+        t["expr"]
+        for case in load_tests("recording.test.yml")["tests"]
+        for t in case.get("promql_expr_test", [])
+    )
     for _, rule in rules("record"):
-        assert re.search(re.escape(rule["record"]) + r"(\{|\b)", tested), f"{rule['record']} untested"
+        assert re.search(re.escape(rule["record"]) + r"(\{|\b)", tested), (
+            f"{rule['record']} untested"
+        )
 
 
 def test_every_recording_rule_is_named_level_metric_operation_with_a_comment():
@@ -161,9 +180,11 @@ def test_every_alert_has_a_runbook_anchor():
     for _, rule in rules("alert"):
         url = rule["annotations"]["runbook_url"]
         assert url.startswith(docs), url
-        doc, _, anchor = url[len(docs):].partition("#")
+        doc, _, anchor = url[len(docs) :].partition("#")
         assert doc in ("runbook.md", "fleet.md"), url
-        assert anchor in github_anchors((ROOT / "docs" / doc).read_text()), f"docs/{doc} has no section for {anchor}"
+        assert anchor in github_anchors((ROOT / "docs" / doc).read_text()), (
+            f"docs/{doc} has no section for {anchor}"
+        )
 
 
 @servers_matrix
@@ -172,21 +193,59 @@ def test_amtool_check_config(servers):
     assert "SUCCESS" in out
 
 
-@pytest.mark.parametrize("labels,receiver", [
-    (["severity=critical", "alertname=BlockStackMergeCollapse", "host=db1", "device=nvme1n1"], "page"),
-    (["severity=critical", "alertname=BlockStackSnapshotInvalid", "host=db1", "stack=dm-3"], "page"),
-    (["severity=warning", "alertname=BlockStackNomergesBeneathStack", "host=db1"], "ticket"),
-    (["severity=info", "alertname=BlockStackMaxSectorsLow", "host=db1"], "ticket"),
-    (["severity=info", "alertname=BlockStackWatchdog", "host=db1"], "deadmansswitch"),
-    (["severity=critical", "alertname=BlockStackNotificationsFailing", "host=db1", "integration=webhook"], "pagerself,page"),
-    (["severity=critical", "alertname=BlockStackHeartbeatStale", "host=db1"], "pagerself,page"),
-    (["severity=warning", "alertname=BlockStackPrometheusTSDBFailing", "host=db1"], "pagerself,ticket"),
-    (["severity=warning", "alertname=BlockStackPrometheusErrorSendingAlerts", "host=db1"], "pagerself,ticket"),
-    (["severity=critical", "alertname=BlockStackEvidenceExporterDown", "host=db1", "job=ebpf"], "page"),
-])
+@pytest.mark.parametrize(
+    "labels,receiver",
+    [
+        (
+            [
+                "severity=critical",
+                "alertname=BlockStackMergeCollapse",
+                "host=db1",
+                "device=nvme1n1",
+            ],
+            "page",
+        ),
+        (
+            ["severity=critical", "alertname=BlockStackSnapshotInvalid", "host=db1", "stack=dm-3"],
+            "page",
+        ),
+        (["severity=warning", "alertname=BlockStackNomergesBeneathStack", "host=db1"], "ticket"),
+        (["severity=info", "alertname=BlockStackMaxSectorsLow", "host=db1"], "ticket"),
+        (["severity=info", "alertname=BlockStackWatchdog", "host=db1"], "deadmansswitch"),
+        (
+            [
+                "severity=critical",
+                "alertname=BlockStackNotificationsFailing",
+                "host=db1",
+                "integration=webhook",
+            ],
+            "pagerself,page",
+        ),
+        (["severity=critical", "alertname=BlockStackHeartbeatStale", "host=db1"], "pagerself,page"),
+        (
+            ["severity=warning", "alertname=BlockStackPrometheusTSDBFailing", "host=db1"],
+            "pagerself,ticket",
+        ),
+        (
+            ["severity=warning", "alertname=BlockStackPrometheusErrorSendingAlerts", "host=db1"],
+            "pagerself,ticket",
+        ),
+        (
+            [
+                "severity=critical",
+                "alertname=BlockStackEvidenceExporterDown",
+                "host=db1",
+                "job=ebpf",
+            ],
+            "page",
+        ),
+    ],
+)
 @servers_matrix
 def test_routing(labels, receiver, servers):
-    out = run([tool("amtool", servers), "config", "routes", "test", f"--config.file={AM_CONFIG}", *labels])
+    out = run(
+        [tool("amtool", servers), "config", "routes", "test", f"--config.file={AM_CONFIG}", *labels]
+    )
     assert out.strip() == receiver
 
 
@@ -194,7 +253,9 @@ def test_every_critical_alert_pages_and_the_rest_do_not():
     config = yaml.safe_load(AM_CONFIG.read_text())
     page_route = next(r for r in config["route"]["routes"] if r["receiver"] == "page")
     watchdog_route = config["route"]["routes"][0]
-    assert watchdog_route["receiver"] == "deadmansswitch" and watchdog_route["group_interval"] == "1m"
+    assert (
+        watchdog_route["receiver"] == "deadmansswitch" and watchdog_route["group_interval"] == "1m"
+    )
     # a heartbeat every minute, not every other (alerts/alertmanager.yml)
     assert int(watchdog_route["repeat_interval"].rstrip("s")) < 60
     assert page_route["matchers"] == ['severity="critical"']
@@ -204,14 +265,23 @@ def test_every_critical_alert_pages_and_the_rest_do_not():
     assert pytest.approx(5) == int(page_route["group_wait"].rstrip("s"))
     severities = {rule["alert"]: rule["labels"]["severity"] for _, rule in rules("alert")}
     assert {a for a, s in severities.items() if s == "critical"} == {
-        "BlockStackMergeCollapse", "BlockStackSnapshotCowNearlyFull", "BlockStackSnapshotInvalid",
+        "BlockStackMergeCollapse",
+        "BlockStackSnapshotCowNearlyFull",
+        "BlockStackSnapshotInvalid",
         "BlockStackHostDown",
         # the pager itself: a page lost, an alert that cannot fire, the pager's disk or servers
-        "BlockStackNotificationsFailing", "BlockStackRuleEvaluationFailing", "BlockStackPagerDown",
-        "BlockStackPagerDiskFilling", "BlockStackReceiverWriteFailing", "BlockStackHeartbeatStale",
-        "BlockStackPrometheusBadConfig", "BlockStackAlertmanagerBadConfig", "BlockStackPrometheusNotConnectedToAlertmanagers",
+        "BlockStackNotificationsFailing",
+        "BlockStackRuleEvaluationFailing",
+        "BlockStackPagerDown",
+        "BlockStackPagerDiskFilling",
+        "BlockStackReceiverWriteFailing",
+        "BlockStackHeartbeatStale",
+        "BlockStackPrometheusBadConfig",
+        "BlockStackAlertmanagerBadConfig",
+        "BlockStackPrometheusNotConnectedToAlertmanagers",
         # the collapse evidence gone: no collapse can page
-        "BlockStackEvidenceExporterDown"}
+        "BlockStackEvidenceExporterDown",
+    }
 
 
 def test_the_pagers_own_alerts_go_to_the_second_notifier_too():
@@ -222,9 +292,17 @@ def test_the_pagers_own_alerts_go_to_the_second_notifier_too():
     route = next(r for r in config["route"]["routes"] if r["receiver"] == "pagerself")
     assert route["continue"] is True
     matcher = re.fullmatch(r'alertname=~"(.+)"', route["matchers"][0]).group(1)
-    groups = {rule["alert"]: group["name"] for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
-              for rule in group["rules"] if "alert" in rule}
-    own = {a for a, g in groups.items() if g == "blockstack-pager"} - {"BlockStackWatchdog", "BlockStackGrafanaDown"}
+    groups = {
+        rule["alert"]: group["name"]
+        for path in RULE_FILES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    own = {a for a, g in groups.items() if g == "blockstack-pager"} - {
+        "BlockStackWatchdog",
+        "BlockStackGrafanaDown",
+    }
     assert {a for a in groups if re.fullmatch(matcher, a)} == own
 
 
@@ -276,11 +354,17 @@ def test_receiver_writes_one_json_line_per_notification(tmp_path):
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         assert urllib.request.urlopen(base + "/healthz", timeout=5).read() == b"ok\n"
-        payload = {"receiver": "page", "status": "firing",
-                   "alerts": [{"status": "firing", "labels": {"alertname": "BlockStackMergeCollapse"}}]}
+        payload = {
+            "receiver": "page",
+            "status": "firing",
+            "alerts": [{"status": "firing", "labels": {"alertname": "BlockStackMergeCollapse"}}],
+        }
         for _ in range(2):
-            req = urllib.request.Request(base + "/page", data=json.dumps(payload).encode(),
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                base + "/page",
+                data=json.dumps(payload).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             assert urllib.request.urlopen(req, timeout=5).status == 200
         req = urllib.request.Request(base + "/page", data=b"not json")
         with pytest.raises(urllib.error.HTTPError):

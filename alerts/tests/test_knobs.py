@@ -1,12 +1,14 @@
 """One source for every knob: alerts/config.yml, read through blockstack_rules.knobs by the rule
 templates and the dashboard generator. Every knob is read, none is declared anywhere else, and no
 threshold, window or selector of a rule template or of the dashboard is written as a literal."""
+
 import os
 import re
 
-import blockstack_dashboard
 import pytest
 import yaml
+
+import blockstack_dashboard
 from blockstack_exporter import checks, doctor
 from blockstack_rules import knobs
 
@@ -20,8 +22,13 @@ def test_every_knob_is_read_by_a_rule_or_the_dashboard():
     k = knobs.load()
     knobs.rule_files(k)
     blockstack_dashboard.build(k)
-    k.used |= {*checks.KNOBS, *doctor.INTERVAL_KNOBS}  # the exporter's table of checks and blockstack-doctor
-    assert set(k) - k.used == set(), "knobs no rule template, not the dashboard and not the checks read"
+    k.used |= {
+        *checks.KNOBS,
+        *doctor.INTERVAL_KNOBS,
+    }  # the exporter's table of checks and blockstack-doctor
+    assert set(k) - k.used == set(), (
+        "knobs no rule template, not the dashboard and not the checks read"
+    )
 
 
 def test_an_unknown_knob_is_an_error():
@@ -32,15 +39,20 @@ def test_an_unknown_knob_is_an_error():
 def test_only_braced_knobs_are_replaced():
     """PromQL's $1, Go templates' $labels and Grafana's $__rate_interval pass through."""
     text = '{{ $labels.device }} "$1" [$__rate_interval] $value [${rate_window}]'
-    assert knobs.render(text, knobs.load()) == '{{ $labels.device }} "$1" [$__rate_interval] $value [20s]'
+    assert (
+        knobs.render(text, knobs.load())
+        == '{{ $labels.device }} "$1" [$__rate_interval] $value [20s]'
+    )
 
 
 def test_no_knob_is_declared_outside_config_yml():
     """A knob's name given a value anywhere else: a YAML/JSON key, or in Python `name = 16`,
     `"name": "30m"`, `NAME=16` (a literal, not a value read from the knobs)."""
     names = "|".join(knobs.load())
-    declared = {".py": re.compile(rf"""\b({names})\b["']?\s*[:=]\s*[-\d"'.]""", re.I),
-                ".yml": re.compile(rf"""^\s*-?\s*["']?({names})["']?\s*:""", re.M)}
+    declared = {
+        ".py": re.compile(rf"""\b({names})\b["']?\s*[:=]\s*[-\d"'.]""", re.I),
+        ".yml": re.compile(rf"""^\s*-?\s*["']?({names})["']?\s*:""", re.M),
+    }
     declared[".yaml"] = declared[".json"] = declared[".yml"]
     found = []
     for top, dirs, files in os.walk(knobs.REPO):
@@ -51,12 +63,19 @@ def test_no_knob_is_declared_outside_config_yml():
             # the exporter ships config.yml as a link to it: the same file, not a second declaration
             if pattern and os.path.realpath(path) != str(knobs.CONFIG):
                 with open(path) as f:
-                    found += [f"{os.path.relpath(path, knobs.REPO)}: {m.group(1)}" for m in pattern.finditer(f.read())]
-    assert not found, "knobs declared outside alerts/config.yml (read them with blockstack_rules.knobs):\n" + \
-        "\n".join(found)
+                    found += [
+                        f"{os.path.relpath(path, knobs.REPO)}: {m.group(1)}"
+                        for m in pattern.finditer(f.read())
+                    ]
+    assert not found, (
+        "knobs declared outside alerts/config.yml (read them with blockstack_rules.knobs):\n"
+        + "\n".join(found)
+    )
 
 
-@pytest.mark.parametrize("template", sorted(knobs.TEMPLATES.glob("*.rules.yml.in")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "template", sorted(knobs.TEMPLATES.glob("*.rules.yml.in")), ids=lambda p: p.name
+)
 def test_rule_templates_write_no_threshold(template):
     """Every `for:`, range and number a rule evaluates is a knob, bar 0, 1 and units."""
     doc = yaml.safe_load(re.sub(r"\$\{[a-z0-9_]+\}", "KNOB", template.read_text()))
@@ -106,9 +125,17 @@ def test_dashboard_thresholds_and_selectors_are_knobs():
     must move too. One that stays is written in the generator instead of read from the knobs."""
     k = knobs.load()
     steps, tokens = facts(blockstack_dashboard.build(k))
-    moved_steps, moved_tokens = facts(blockstack_dashboard.build(knobs.Knobs({n: moved(v) for n, v in k.items()})))
+    moved_steps, moved_tokens = facts(
+        blockstack_dashboard.build(knobs.Knobs({n: moved(v) for n, v in k.items()}))
+    )
     assert steps and tokens
-    stuck = [f"{path}: {a}" for path, values in steps.items()
-             for a, b in zip(values, moved_steps[path]) if a == b]
+    stuck = [
+        f"{path}: {a}"
+        for path, values in steps.items()
+        for a, b in zip(values, moved_steps[path])
+        if a == b
+    ]
     assert not stuck, "dashboard thresholds that are not knobs:\n" + "\n".join(stuck)
-    assert not tokens & moved_tokens, f"selectors or windows that are not knobs: {sorted(tokens & moved_tokens)}"
+    assert not tokens & moved_tokens, (
+        f"selectors or windows that are not knobs: {sorted(tokens & moved_tokens)}"
+    )

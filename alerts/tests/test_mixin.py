@@ -3,18 +3,20 @@ its `_config` moving the rules as config.yml's knobs move alerts/*.rules.yml, an
 checks. The unit tier reads the committed files; the linters tier (`make linters` builds go-jsonnet
 into .build/bin) formats, lints and evaluates the jsonnet, and runs pint, dashboard-linter and the
 rules' promtool unit tests on the mixin's output."""
+
 import json
 import re
 import shutil
 import subprocess
 import sys
 
-import blockstack_dashboard
 import pytest
 import yaml
+from test_knobs import moved  # a knob's value changed so that everything derived from it changes
+
+import blockstack_dashboard
 from blockstack_deploy import stack
 from blockstack_rules import knobs, mixin
-from test_knobs import moved  # a knob's value changed so that everything derived from it changes
 
 ROOT = knobs.REPO
 MIXIN = ROOT / "mixin"
@@ -45,6 +47,7 @@ def run(argv, timeout=600):
 
 
 # --- unit tier: the committed files ------------------------------------------------------------------
+
 
 def test_generated_mixin_is_current():
     run([sys.executable, MIXIN / "generate.py", "--check"])
@@ -77,9 +80,13 @@ def test_prometheus_rule_manifest():
     assert list(rule) == ["apiVersion", "kind", "metadata", "spec"]
     assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
     assert rule["metadata"]["name"] == "blockstack-merges"
-    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", rule["metadata"]["name"])  # a DNS-1123 name
+    assert re.fullmatch(
+        r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", rule["metadata"]["name"]
+    )  # a DNS-1123 name
     # kube-prometheus's Prometheus selects PrometheusRules labelled so (its ruleSelector)
-    assert {"prometheus": "k8s", "role": "alert-rules"}.items() <= rule["metadata"]["labels"].items()
+    assert {"prometheus": "k8s", "role": "alert-rules"}.items() <= rule["metadata"][
+        "labels"
+    ].items()
     assert list(rule["spec"]) == ["groups"]
     assert rule["spec"]["groups"] == sum((repo_rules(name)["groups"] for name in OUT), [])
 
@@ -87,7 +94,10 @@ def test_prometheus_rule_manifest():
 def test_rules_read_the_knobs_from_config():
     """The selectors appear in the rules only through _config: no selector's value is written out."""
     k = knobs.load()
-    text = "".join((MIXIN / f).read_text() for f in ("rules.libsonnet", "alerts.libsonnet", "dashboards.libsonnet"))
+    text = "".join(
+        (MIXIN / f).read_text()
+        for f in ("rules.libsonnet", "alerts.libsonnet", "dashboards.libsonnet")
+    )
     for name in ("node_selector", "blockstack_selector", "ebpf_selector"):
         assert k[name] not in text, f"{name}'s value {k[name]} written into the mixin"
         assert f"%({name})s" in text or f"$._config.{name}" in text, f"{name} never read"
@@ -104,7 +114,7 @@ def test_config_holds_the_knobs_the_rules_read():
         read |= set(re.findall(r"\$\{([a-z0-9_]+)\}", (knobs.TEMPLATES / template).read_text()))
     text = (MIXIN / "config.libsonnet").read_text()
     declared = dict(re.findall(r"^    ([a-z][a-z0-9_]*): (.+),(?:  //.*)?$", text, re.M))
-    assert read <= set(declared) <= set(k), (read ^ set(declared))
+    assert read <= set(declared) <= set(k), read ^ set(declared)
     for name, literal in declared.items():
         value = yaml.safe_load(literal)  # a jsonnet string or number literal is YAML too
         assert value == k[name] and type(value) is type(k[name]), (name, literal)
@@ -114,14 +124,20 @@ def test_config_holds_the_knobs_the_rules_read():
 # names are CamelCase; recording rules are named level:metric:operations), and unique names.
 def test_alerts_are_what_mixtool_lint_wants():
     names = []
-    for group, rule in mixin_rules():
+    for _group, rule in mixin_rules():
         if "alert" not in rule:
             continue
         names.append(rule["alert"])
-        assert re.fullmatch(r"[A-Z][a-z0-9]+(?:[A-Z0-9][a-z0-9]*)*", rule["alert"]), f"{rule['alert']}: not CamelCase"
-        assert rule.get("labels", {}).get("severity") in ("critical", "warning", "info"), rule["alert"]
+        assert re.fullmatch(r"[A-Z][a-z0-9]+(?:[A-Z0-9][a-z0-9]*)*", rule["alert"]), (
+            f"{rule['alert']}: not CamelCase"
+        )
+        assert rule.get("labels", {}).get("severity") in ("critical", "warning", "info"), rule[
+            "alert"
+        ]
         for key in ("summary", "description"):
-            assert rule.get("annotations", {}).get(key, "").strip(), f"{rule['alert']}: no {key} annotation"
+            assert rule.get("annotations", {}).get(key, "").strip(), (
+                f"{rule['alert']}: no {key} annotation"
+            )
     assert names and len(names) == len(set(names))
 
 
@@ -139,7 +155,9 @@ def test_every_rule_keeps_its_comment():
         rules = [i for i, line in enumerate(lines) if re.match(r"\s*(record|alert): '", line)]
         assert rules, name
         for i in rules:
-            assert lines[i - 1].strip() == "{" and lines[i - 2].strip().startswith("//"), f"{name}: {lines[i]}"
+            assert lines[i - 1].strip() == "{" and lines[i - 2].strip().startswith("//"), (
+                f"{name}: {lines[i]}"
+            )
 
 
 def test_group_names_are_unique():
@@ -156,6 +174,7 @@ def test_promtool_check_rules():
 
 # --- linters tier: go-jsonnet, pint, dashboard-linter, the rules' unit tests -------------------------
 
+
 def tool(name):
     path = BIN / name
     if not path.exists():
@@ -171,8 +190,15 @@ def evaluate(code):
 @pytest.mark.linters
 def test_jsonnetfmt_clean():
     assert JSONNET_SOURCES
-    r = subprocess.run([tool("jsonnetfmt"), "--test", *JSONNET_SOURCES], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"not as jsonnetfmt writes them (jsonnetfmt -i FILE; or the generator):\n{r.stderr}"
+    r = subprocess.run(
+        [tool("jsonnetfmt"), "--test", *JSONNET_SOURCES],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, (
+        f"not as jsonnetfmt writes them (jsonnetfmt -i FILE; or the generator):\n{r.stderr}"
+    )
 
 
 @pytest.mark.linters
@@ -180,7 +206,12 @@ def test_jsonnetfmt_reports_a_badly_formatted_file(tmp_path):
     """The check can fail."""
     bad = tmp_path / "bad.libsonnet"
     bad.write_text('{ a:   "x" }\n')
-    assert subprocess.run([tool("jsonnetfmt"), "--test", bad], capture_output=True, timeout=60).returncode != 0
+    assert (
+        subprocess.run(
+            [tool("jsonnetfmt"), "--test", bad], capture_output=True, timeout=60
+        ).returncode
+        != 0
+    )
 
 
 @pytest.mark.linters
@@ -214,7 +245,9 @@ def test_render_writes_the_committed_outputs(tmp_path):
     for name in OUT:
         assert load(tmp_path / name) == load(MIXIN / "out" / name), name
     assert load(tmp_path / "prometheus-rule.yaml") == load(MIXIN / "prometheus-rule.yaml")
-    assert json.loads((tmp_path / "block-stack-merges.json").read_text()) == json.loads(mixin.DASHBOARD.read_text())
+    assert json.loads((tmp_path / "block-stack-merges.json").read_text()) == json.loads(
+        mixin.DASHBOARD.read_text()
+    )
 
 
 @pytest.mark.linters
@@ -226,12 +259,18 @@ def test_config_overrides_move_the_rules_as_the_knobs_do():
     config = evaluate("(import 'mixin.libsonnet')._config")
     overrides = {name: moved(k[name]) for name in config}
     fields = [*OUT.values(), "grafanaDashboards"]
-    m = evaluate(f"local m = (import 'mixin.libsonnet') + {{ _config+:: {json.dumps(overrides)} }}; "
-                 f"{{ [f]: m[f] for f in {json.dumps(fields)} }}")
+    m = evaluate(
+        f"local m = (import 'mixin.libsonnet') + {{ _config+:: {json.dumps(overrides)} }}; "
+        f"{{ [f]: m[f] for f in {json.dumps(fields)} }}"
+    )
     for template, field, _ in mixin.PARTS:
-        expected = yaml.safe_load(knobs.render((knobs.TEMPLATES / template).read_text(), {**k, **overrides}))
+        expected = yaml.safe_load(
+            knobs.render((knobs.TEMPLATES / template).read_text(), {**k, **overrides})
+        )
         assert m[field] == expected, field
-        assert m[field] != repo_rules(template[:-len(".in")]), f"{field}: no override moved anything"
+        assert m[field] != repo_rules(template[: -len(".in")]), (
+            f"{field}: no override moved anything"
+        )
     # The dashboard: its selectors, windows and links move; its numbers are config.yml's.
     strings = {name: value for name, value in overrides.items() if isinstance(value, str)}
     dashboard = m["grafanaDashboards"]["block-stack-merges.json"]
@@ -243,12 +282,30 @@ def test_config_overrides_move_the_rules_as_the_knobs_do():
 def test_render_takes_a_mixin_with_overrides(tmp_path):
     """mixin/README.md's recipes: render.jsonnet with --tla-code, the pager group dropped."""
     knob = "node_selector"
-    code = (f'mixin=(import "mixin.libsonnet") + {{ _config+:: {{ {knob}: "job=\\"node-exporter\\"" }}, '
-            'prometheusAlerts+:: { groups: std.filter(function(g) g.name != "blockstack-pager", super.groups) } }')
-    run([tool("jsonnet"), "-J", MIXIN, "-S", "-m", tmp_path, "--tla-code", code, MIXIN / "render.jsonnet"], timeout=120)
+    code = (
+        f'mixin=(import "mixin.libsonnet") + {{ _config+:: {{ {knob}: "job=\\"node-exporter\\"" }}, '
+        'prometheusAlerts+:: { groups: std.filter(function(g) g.name != "blockstack-pager", super.groups) } }'
+    )
+    run(
+        [
+            tool("jsonnet"),
+            "-J",
+            MIXIN,
+            "-S",
+            "-m",
+            tmp_path,
+            "--tla-code",
+            code,
+            MIXIN / "render.jsonnet",
+        ],
+        timeout=120,
+    )
     alerts, recording = load(tmp_path / "alerts.rules.yml"), load(tmp_path / "recording.rules.yml")
-    assert [g["name"] for g in alerts["groups"]] == \
-        [g["name"] for g in repo_rules("alerts.rules.yml")["groups"] if g["name"] != "blockstack-pager"]
+    assert [g["name"] for g in alerts["groups"]] == [
+        g["name"]
+        for g in repo_rules("alerts.rules.yml")["groups"]
+        if g["name"] != "blockstack-pager"
+    ]
     exprs = " ".join(rule["expr"] for g in recording["groups"] for rule in g["rules"])
     assert 'job="node-exporter"' in exprs and 'job="node"' not in exprs
 
@@ -263,13 +320,33 @@ def test_prometheus_rule_jsonnet_is_the_committed_manifest():
 def test_the_mixin_rules_pass_pint(tmp_path):
     """cloudflare/pint with alerts/pint.hcl, as alerts/tests/test_pint.py runs it on alerts/*.rules.yml."""
     report = tmp_path / "pint.json"
-    done = subprocess.run([tool("pint"), "--offline", "--no-color", "--show-duplicates", "--config",
-                           ROOT / "alerts" / "pint.hcl", "lint", "--min-severity=info", "--fail-on=info",
-                           "--json", report, *sorted((MIXIN / "out").glob("*.yml"))],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            tool("pint"),
+            "--offline",
+            "--no-color",
+            "--show-duplicates",
+            "--config",
+            ROOT / "alerts" / "pint.hcl",
+            "lint",
+            "--min-severity=info",
+            "--fail-on=info",
+            "--json",
+            report,
+            *sorted((MIXIN / "out").glob("*.yml")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     problems = json.loads(report.read_text()) if report.exists() else []
-    assert done.returncode == 0 and not problems, f"pint (exit {done.returncode}): {done.stderr}\n" + "\n".join(
-        f"{p['path']}:{p['lines'][0]} {p['severity']} {p['reporter']}: {p['problem']}" for p in problems)
+    assert done.returncode == 0 and not problems, (
+        f"pint (exit {done.returncode}): {done.stderr}\n"
+        + "\n".join(
+            f"{p['path']}:{p['lines'][0]} {p['severity']} {p['reporter']}: {p['problem']}"
+            for p in problems
+        )
+    )
 
 
 @pytest.mark.linters
@@ -278,9 +355,22 @@ def test_the_mixin_dashboard_passes_dashboard_linter(tmp_path):
     path = tmp_path / "block-stack-merges.json"
     dashboards = evaluate("(import 'mixin.libsonnet').grafanaDashboards")
     path.write_text(json.dumps(dashboards["block-stack-merges.json"], indent=2))
-    done = subprocess.run([tool("dashboard-linter"), "lint", "--strict", "--config",
-                           ROOT / "dashboards" / ".lint", path], capture_output=True, text=True, timeout=120)
-    problems = [line for line in (done.stdout + done.stderr).splitlines() if "❌" in line or "⚠" in line]
+    done = subprocess.run(
+        [
+            tool("dashboard-linter"),
+            "lint",
+            "--strict",
+            "--config",
+            ROOT / "dashboards" / ".lint",
+            path,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    problems = [
+        line for line in (done.stdout + done.stderr).splitlines() if "❌" in line or "⚠" in line
+    ]
     assert done.returncode == 0 and not problems, "dashboard-linter:\n" + "\n".join(problems)
 
 
@@ -291,10 +381,16 @@ def test_the_mixin_dashboard_passes_dashboard_linter(tmp_path):
 @pytest.mark.parametrize("name", list(OUT))
 def test_promtool_unit_tests_on_the_mixin_output(name, tmp_path):
     source = ROOT / "alerts" / "tests" / name.replace(".rules.yml", ".test.yml")
-    text, count = re.subn(r"^(\s*- )\.\./([a-z]+\.rules\.yml)$",
-                          lambda m: m.group(1) + str(MIXIN / "out" / m.group(2)), source.read_text(), flags=re.M)
+    text, count = re.subn(
+        r"^(\s*- )\.\./([a-z]+\.rules\.yml)$",
+        lambda m: m.group(1) + str(MIXIN / "out" / m.group(2)),
+        source.read_text(),
+        flags=re.M,
+    )
     rule_files = load(source)["rule_files"]
-    assert count == len(rule_files) and all((MIXIN / "out" / f[3:]).exists() for f in rule_files), rule_files
+    assert count == len(rule_files) and all((MIXIN / "out" / f[3:]).exists() for f in rule_files), (
+        rule_files
+    )
     copy = tmp_path / source.name
     copy.write_text(text)
     out = run([stack.program("promtool", "debian"), "test", "rules", copy])

@@ -3,6 +3,7 @@ malformed JSON, 500 concurrent notifications, 8 MiB bodies, trickled requests. E
 the real receiver process on a free 127.0.0.1 port and stops it after (also on failure), and
 checks that the pages file's earlier bytes are exactly as they were and every line is whole JSON.
 """
+
 import contextlib
 import json
 import os
@@ -14,9 +15,9 @@ import time
 import urllib.error
 
 import abuse  # alerts/tests/abuse.py: the clients of the abuse benchmark
-import page_receiver  # for its limits only: every test talks to the process
 import pytest
 
+import page_receiver  # for its limits only: every test talks to the process
 from blockstack_deploy import procs
 from blockstack_lab import loop
 
@@ -39,14 +40,16 @@ def receiver_with_a_page(directory, *args, log_dir=None):
     with abuse.receiver(out, *args, log_path=log) as (port, proc):
         assert abuse.post(port, abuse.notification(alertname="First"))[0] == 200
         earlier = out.read_bytes()
-        assert [r["notification"]["alerts"][0]["labels"]["alertname"] for r in records(out)] == ["First"]
+        assert [r["notification"]["alerts"][0]["labels"]["alertname"] for r in records(out)] == [
+            "First"
+        ]
         yield port, proc, out, earlier
 
 
 def assert_appended(out, earlier, count):
     """The file is `earlier` unchanged plus `count` whole lines."""
     data = out.read_bytes()
-    assert data[:len(earlier)] == earlier, "an earlier line changed"
+    assert data[: len(earlier)] == earlier, "an earlier line changed"
     assert len(records(out)) == len(earlier.splitlines()) + count
 
 
@@ -56,11 +59,23 @@ def test_a_notification_becomes_one_line_and_only_webhook_posts_are_taken(tmp_pa
         assert abuse.post(port, body, path="/ticket") == (200, b"ok\n")
         for method, path in (("GET", "/"), ("GET", "/healthz")):
             assert abuse.post(port, None, path=path, method=method) == (200, b"ok\n")
-        refused = {(method, path): abuse.post(port, body, path=path, method=method)[0]
-                   for method, path in (("POST", "/"), ("POST", "/other"), ("GET", "/page"),
-                                        ("PUT", "/page"), ("DELETE", "/page"))}
-        assert refused == {("POST", "/"): 404, ("POST", "/other"): 404, ("GET", "/page"): 404,
-                           ("PUT", "/page"): 501, ("DELETE", "/page"): 501}
+        refused = {
+            (method, path): abuse.post(port, body, path=path, method=method)[0]
+            for method, path in (
+                ("POST", "/"),
+                ("POST", "/other"),
+                ("GET", "/page"),
+                ("PUT", "/page"),
+                ("DELETE", "/page"),
+            )
+        }
+        assert refused == {
+            ("POST", "/"): 404,
+            ("POST", "/other"): 404,
+            ("GET", "/page"): 404,
+            ("PUT", "/page"): 501,
+            ("DELETE", "/page"): 501,
+        }
         assert_appended(out, earlier, 1)
         last = records(out)[-1]
         assert last["notification"] == json.loads(body) and last["path"] == "/ticket"
@@ -70,14 +85,18 @@ def test_a_notification_becomes_one_line_and_only_webhook_posts_are_taken(tmp_pa
 def test_a_full_disk_answers_503_and_leaves_no_partial_line(tmp_path):
     if os.geteuid() != 0:
         pytest.fail("not root: this test mounts a 64 KiB tmpfs (sudo make test)")
-    with loop.mounted("tmpfs", "size=64k", fstype="tmpfs", directory=tmp_path) as mnt, \
-            receiver_with_a_page(mnt, log_dir=tmp_path) as (port, proc, out, earlier):
+    with (
+        loop.mounted("tmpfs", "size=64k", fstype="tmpfs", directory=tmp_path) as mnt,
+        receiver_with_a_page(mnt, log_dir=tmp_path) as (port, proc, out, earlier),
+    ):
         filler = pathlib.Path(abuse.fill(mnt, 64 << 10))
         # 16 KiB: the first ~3 KiB fit in the pages file's last 4 KiB page, the rest does not.
         assert abuse.post(port, abuse.notification(size=16 << 10))[0] == 503
         assert out.read_bytes() == earlier
         log = (tmp_path / "receiver.log").read_text()
-        assert re.search(r"wrote [1-9][0-9]* of 16[0-9]{3} bytes", log), "no partial write was undone:\n" + log
+        assert re.search(r"wrote [1-9][0-9]* of 16[0-9]{3} bytes", log), (
+            "no partial write was undone:\n" + log
+        )
         filler.unlink()
         big = abuse.notification(size=16 << 10)
         assert abuse.post(port, big)[0] == 200, "the retry of the page after space was freed"
@@ -102,10 +121,15 @@ BAD_BODIES = {
     "Infinity": b'{"receiver": "page", "status": "firing", "alerts": [], "x": Infinity}',
     "-Infinity": b'{"receiver": "page", "status": "firing", "alerts": [], "x": -Infinity}',
     "a float that overflows": b'{"receiver": "page", "status": "firing", "alerts": [], "x": 1e400}',
-    "an integer of 5000 digits": b'{"receiver": "page", "status": "firing", "alerts": [], "x": 1' + b"0" * 5000 + b"}",
+    "an integer of 5000 digits": b'{"receiver": "page", "status": "firing", "alerts": [], "x": 1'
+    + b"0" * 5000
+    + b"}",
     "100000 nested lists": b"[" * 100000 + b"]" * 100000,
     "50000 nested objects inside a notification": b'{"receiver": "page", "status": "firing", "alerts": [], "x": '
-                                                  + b'{"a": ' * 50000 + b"1" + b"}" * 50000 + b"}",
+    + b'{"a": ' * 50000
+    + b"1"
+    + b"}" * 50000
+    + b"}",
     "not JSON": b"not json",
     "not UTF-8": b'{"receiver": "\xff\xfe", "status": "firing", "alerts": []}',
     "empty": b"",
@@ -116,7 +140,7 @@ BAD_BODIES = {
     "receiver not a string": b'{"receiver": 1, "status": "firing", "alerts": []}',
     "an alert without labels": b'{"receiver": "page", "status": "firing", "alerts": [{"status": "firing"}]}',
     "a label not a string": b'{"receiver": "page", "status": "firing", "alerts": '
-                            b'[{"status": "firing", "labels": {"device": 0}}]}',
+    b'[{"status": "firing", "labels": {"device": 0}}]}',
 }
 
 
@@ -125,7 +149,9 @@ def test_non_standard_deeply_nested_and_malformed_bodies_are_answered_400(tmp_pa
         answers = {what: abuse.post(port, body) for what, body in BAD_BODIES.items()}
         answers["Content-Length -1"] = abuse.post(port, b"{}", headers={"Content-Length": "-1"})
         answers["Content-Length x"] = abuse.post(port, b"{}", headers={"Content-Length": "x"})
-        assert {what: status for what, (status, _) in answers.items()} == {what: 400 for what in answers}
+        assert {what: status for what, (status, _) in answers.items()} == {
+            what: 400 for what in answers
+        }
         assert all(answer.strip() for _, answer in answers.values()), "every 400 says why"
         assert out.read_bytes() == earlier
         assert abuse.post(port, abuse.notification())[0] == 200, "still serving"
@@ -134,9 +160,16 @@ def test_non_standard_deeply_nested_and_malformed_bodies_are_answered_400(tmp_pa
 
 def test_500_concurrent_notifications_are_all_answered_and_written(tmp_path):
     with receiver_with_a_page(tmp_path) as (port, proc, out, earlier):
-        listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True,
-                                   check=True, timeout=10).stdout.split()
-        assert int(listening[2]) >= 128, f"listen backlog {listening[2]}"  # State Recv-Q Send-Q(backlog) ...
+        listening = subprocess.run(
+            ["ss", "-Hltn", f"sport = :{port}"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.split()
+        assert int(listening[2]) >= 128, (
+            f"listen backlog {listening[2]}"
+        )  # State Recv-Q Send-Q(backlog) ...
         got = abuse.concurrently(port, [abuse.notification()] * 500)
         assert got == {200: 500}
         assert_appended(out, earlier, 500)
@@ -164,8 +197,10 @@ def test_trickled_requests_are_dropped_and_pages_still_get_through(tmp_path):
         def hold(what, head):
             results[what] = abuse.trickle(port, head, interval=0.1, limit=10)
 
-        holders = [threading.Thread(target=hold, args=("body", abuse.BODY_HEAD)),
-                   threading.Thread(target=hold, args=("headers", b"POST /page HTTP/1.1\r\nX-Slow: "))]
+        holders = [
+            threading.Thread(target=hold, args=("body", abuse.BODY_HEAD)),
+            threading.Thread(target=hold, args=("headers", b"POST /page HTTP/1.1\r\nX-Slow: ")),
+        ]
         for t in holders:
             t.start()
         assert abuse.post(port, abuse.notification())[0] == 200
@@ -201,24 +236,47 @@ def test_a_post_without_the_token_or_as_text_is_refused(tmp_path):
         origin = {"Origin": "http://evil.example"}
         answers = {
             "no token": abuse.post(port, body, headers={**origin, "Authorization": ""})[0],
-            "wrong token": abuse.post(port, body, headers={**origin, "Authorization": "Bearer wrong"})[0],
-            "basic auth": abuse.post(port, body, headers={"Authorization": "Basic " + abuse.TOKEN})[0],
-            "text/plain with the token": abuse.post(port, body, headers={**origin, "Content-Type": "text/plain"})[0],
-            "form with the token": abuse.post(port, body, headers={"Content-Type": "application/x-www-form-urlencoded"})[0],
+            "wrong token": abuse.post(
+                port, body, headers={**origin, "Authorization": "Bearer wrong"}
+            )[0],
+            "basic auth": abuse.post(port, body, headers={"Authorization": "Basic " + abuse.TOKEN})[
+                0
+            ],
+            "text/plain with the token": abuse.post(
+                port, body, headers={**origin, "Content-Type": "text/plain"}
+            )[0],
+            "form with the token": abuse.post(
+                port, body, headers={"Content-Type": "application/x-www-form-urlencoded"}
+            )[0],
             "no content type": abuse.post(port, body, headers={"Content-Type": ""})[0],
-            "watchdog without the token": abuse.post(port, body, path="/watchdog", headers={"Authorization": ""})[0],
+            "watchdog without the token": abuse.post(
+                port, body, path="/watchdog", headers={"Authorization": ""}
+            )[0],
         }
-        assert answers == {"no token": 401, "wrong token": 401, "basic auth": 401, "text/plain with the token": 415,
-                           "form with the token": 415, "no content type": 415, "watchdog without the token": 401}
+        assert answers == {
+            "no token": 401,
+            "wrong token": 401,
+            "basic auth": 401,
+            "text/plain with the token": 415,
+            "form with the token": 415,
+            "no content type": 415,
+            "watchdog without the token": 401,
+        }
         assert out.read_bytes() == earlier
-        assert abuse.post(port, body, headers={"Content-Type": "application/json; charset=utf-8"})[0] == 200
+        assert (
+            abuse.post(port, body, headers={"Content-Type": "application/json; charset=utf-8"})[0]
+            == 200
+        )
         assert_appended(out, earlier, 1)
 
 
 def metric(port, name):
     text = abuse.post(port, None, path="/metrics", method="GET")[1].decode()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith(name)}
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name)
+    }
 
 
 def test_metrics_tell_what_was_answered(tmp_path):
@@ -226,11 +284,16 @@ def test_metrics_tell_what_was_answered(tmp_path):
         assert abuse.post(port, b"x")[0] == 400
         assert metric(port, "blockstack_receiver_requests_total") == {
             'blockstack_receiver_requests_total{path="/page",code="200"}': 1,
-            'blockstack_receiver_requests_total{path="/page",code="400"}': 1}
+            'blockstack_receiver_requests_total{path="/page",code="400"}': 1,
+        }
         avail = metric(port, "blockstack_receiver_filesystem_avail_bytes")
         assert avail[f'blockstack_receiver_filesystem_avail_bytes{{path="{tmp_path}"}}'] > 0
-        assert metric(port, "blockstack_receiver_write_errors_total") == {"blockstack_receiver_write_errors_total": 0}
-        assert metric(port, "process_start_time_seconds")["process_start_time_seconds"] <= time.time()
+        assert metric(port, "blockstack_receiver_write_errors_total") == {
+            "blockstack_receiver_write_errors_total": 0
+        }
+        assert (
+            metric(port, "process_start_time_seconds")["process_start_time_seconds"] <= time.time()
+        )
 
 
 def test_the_watchdog_is_a_durable_heartbeat_that_pings_the_switch_only_once_written(tmp_path):
@@ -241,29 +304,59 @@ def test_the_watchdog_is_a_durable_heartbeat_that_pings_the_switch_only_once_wri
     if os.geteuid() != 0:
         pytest.fail("not root: this test mounts a 64 KiB tmpfs (sudo make test)")
     watchdog = abuse.notification(alertname="BlockStackWatchdog")
-    with abuse.dead_mans_switch(tmp_path / "switch", timeout=3) as (url, url_file, switch_port, events), \
-            loop.mounted("tmpfs", "size=64k", fstype="tmpfs", directory=tmp_path) as mnt, \
-            receiver_with_a_page(mnt, f"--heartbeat-url-file={url_file}", log_dir=tmp_path) as (port, proc, out, earlier):
+    with (
+        abuse.dead_mans_switch(tmp_path / "switch", timeout=3) as (
+            url,
+            url_file,
+            switch_port,
+            events,
+        ),
+        loop.mounted("tmpfs", "size=64k", fstype="tmpfs", directory=tmp_path) as mnt,
+        receiver_with_a_page(mnt, f"--heartbeat-url-file={url_file}", log_dir=tmp_path) as (
+            port,
+            proc,
+            out,
+            earlier,
+        ),
+    ):
         before = time.time()
         assert abuse.post(port, watchdog, path="/watchdog")[0] == 200
         assert out.read_bytes() == earlier, "the heartbeat went into the pages file"
         heartbeat = pathlib.Path(mnt) / page_receiver.HEARTBEAT_FILE
         assert [r["notification"] for r in records(heartbeat)] == [json.loads(watchdog)]
-        assert metric(port, "blockstack_receiver_watchdog_last_seconds")["blockstack_receiver_watchdog_last_seconds"] >= before
-        pinged = {'blockstack_receiver_heartbeat_pings_total{result="ok"}': 1.0,
-                  'blockstack_receiver_heartbeat_pings_total{result="failed"}': 0.0}
-        procs.wait_until("the ping", lambda: metric(port, "blockstack_receiver_heartbeat_pings_total") == pinged, 10, 0.1)
+        assert (
+            metric(port, "blockstack_receiver_watchdog_last_seconds")[
+                "blockstack_receiver_watchdog_last_seconds"
+            ]
+            >= before
+        )
+        pinged = {
+            'blockstack_receiver_heartbeat_pings_total{result="ok"}': 1.0,
+            'blockstack_receiver_heartbeat_pings_total{result="failed"}': 0.0,
+        }
+        procs.wait_until(
+            "the ping",
+            lambda: metric(port, "blockstack_receiver_heartbeat_pings_total") == pinged,
+            10,
+            0.1,
+        )
         assert abuse.switch_status(switch_port)["pings"] == 1
-        with pytest.raises(urllib.error.HTTPError, match="404"):  # the token is the ping URL's secret
+        with pytest.raises(
+            urllib.error.HTTPError, match="404"
+        ):  # the token is the ping URL's secret
             procs.http_get(url[:-1] + ("0" if url[-1] != "0" else "1"))
         assert abuse.switch_status(switch_port)["pings"] == 1
 
-        assert abuse.post(port, watchdog, path="/watchdog")[0] == 200  # a second: the first's block is free again
+        assert (
+            abuse.post(port, watchdog, path="/watchdog")[0] == 200
+        )  # a second: the first's block is free again
         filler = pathlib.Path(abuse.fill(mnt, 64 << 10))
         last = metric(port, "blockstack_receiver_watchdog_last_seconds")
         for _ in range(3):  # not once: each would free the block of the one before
             assert abuse.post(port, watchdog, path="/watchdog")[0] == 503
-        assert metric(port, "blockstack_receiver_write_errors_total") == {"blockstack_receiver_write_errors_total": 3}
+        assert metric(port, "blockstack_receiver_write_errors_total") == {
+            "blockstack_receiver_write_errors_total": 3
+        }
         assert metric(port, "blockstack_receiver_watchdog_last_seconds") == last
         down = procs.wait_until("the switch's page", lambda: abuse.switch_events(events), 10, 0.2)
         assert [e["state"] for e in down] == ["down"] and down[0]["silent_seconds"] >= 3
@@ -271,9 +364,13 @@ def test_the_watchdog_is_a_durable_heartbeat_that_pings_the_switch_only_once_wri
 
         filler.unlink()
         assert abuse.post(port, watchdog, path="/watchdog")[0] == 200
-        procs.wait_until("the switch's resolve", lambda: len(abuse.switch_events(events)) == 2, 10, 0.2)
+        procs.wait_until(
+            "the switch's resolve", lambda: len(abuse.switch_events(events)) == 2, 10, 0.2
+        )
         assert [e["state"] for e in abuse.switch_events(events)] == ["down", "up"]
-        assert len(records(heartbeat)) == 1 and not pathlib.Path(f"{heartbeat}.new").exists()  # replaced at every write
+        assert (
+            len(records(heartbeat)) == 1 and not pathlib.Path(f"{heartbeat}.new").exists()
+        )  # replaced at every write
         assert out.read_bytes() == earlier
 
 
@@ -281,7 +378,13 @@ def test_the_file_is_rotated_and_no_notification_is_lost(tmp_path):
     """64 notifications of ~1 KiB into a file rotated before it passes 8 KiB: every file whole
     lines and no larger, and received() reads every notification back in order."""
     from page_receiver import received
-    with receiver_with_a_page(tmp_path, "--max-bytes=8192", "--backups=20") as (port, proc, out, earlier):
+
+    with receiver_with_a_page(tmp_path, "--max-bytes=8192", "--backups=20") as (
+        port,
+        proc,
+        out,
+        earlier,
+    ):
         bodies = [abuse.notification(alertname=f"N{i}") for i in range(64)]
         for body in bodies:
             assert abuse.post(port, body)[0] == 200
@@ -294,22 +397,33 @@ def test_the_file_is_rotated_and_no_notification_is_lost(tmp_path):
         assert names == ["First"] + [f"N{i}" for i in range(64)]
 
 
-MALFORMED = {"a bad request line": b"POST /page HTTP/1.1 x\r\n\r\n",
-             "a control character in the path": b"POST /pa\x00ge HTTP/1.1\r\n\r\n",
-             "HTTP/0.9": b"GET /healthz\r\n\r\n",
-             "a bad header": abuse.BODY_HEAD.replace(b"Host: x", b"Host x")}
+MALFORMED = {
+    "a bad request line": b"POST /page HTTP/1.1 x\r\n\r\n",
+    "a control character in the path": b"POST /pa\x00ge HTTP/1.1\r\n\r\n",
+    "HTTP/0.9": b"GET /healthz\r\n\r\n",
+    "a bad header": abuse.BODY_HEAD.replace(b"Host: x", b"Host x"),
+}
 
 
 @pytest.mark.servers
-def test_malformed_and_cut_off_requests_write_nothing_and_the_receiver_keeps_serving(tmp_path, http_abuse):
+def test_malformed_and_cut_off_requests_write_nothing_and_the_receiver_keeps_serving(
+    tmp_path, http_abuse
+):
     """Old: HTTP/0.9 got "ok", and a bad request line its 400, as a bare body without status line
     or headers."""
     body = abuse.notification()
     with receiver_with_a_page(tmp_path) as (port, proc, out, earlier):
         for what, request_bytes in MALFORMED.items():
             assert http_abuse.raw(port, request_bytes + body).startswith(b"HTTP/1.0 400 "), what
-        whole = abuse.BODY_HEAD.replace(b"Content-Length: 1000", b"Content-Length: %d" % len(body)) + body
-        for cut in (len(whole) - 1, len(abuse.BODY_HEAD) - 2, 30):  # in the body, the headers, the request line
+        whole = (
+            abuse.BODY_HEAD.replace(b"Content-Length: 1000", b"Content-Length: %d" % len(body))
+            + body
+        )
+        for cut in (
+            len(whole) - 1,
+            len(abuse.BODY_HEAD) - 2,
+            30,
+        ):  # in the body, the headers, the request line
             assert not http_abuse.raw(port, whole[:cut], end=True).startswith(b"HTTP/1.0 200 "), cut
         assert out.read_bytes() == earlier
         assert http_abuse.raw(port, whole).startswith(b"HTTP/1.0 200 ")
@@ -321,13 +435,28 @@ def test_1000_held_connections_do_not_delay_a_page(tmp_path, http_abuse):
     """Old: --connections held connections blocked the accept loop: a page waited in the backlog
     until they were dropped (here 19.9 s: two rounds of the 10 s request timeout), and any local
     user can hold them."""
-    with receiver_with_a_page(tmp_path, "--connections=500", "--request-timeout=30") as (port, proc, out, earlier):
+    with receiver_with_a_page(tmp_path, "--connections=500", "--request-timeout=30") as (
+        port,
+        proc,
+        out,
+        earlier,
+    ):
         # what any local user can send: nothing, a request line, a whole request without the token whose body never comes
-        anonymous = abuse.BODY_HEAD.replace(b"Authorization: Bearer " + abuse.TOKEN.encode() + b"\r\n", b"")
+        anonymous = abuse.BODY_HEAD.replace(
+            b"Authorization: Bearer " + abuse.TOKEN.encode() + b"\r\n", b""
+        )
         held = http_abuse.hold(port, 1000, heads=(b"", b"POST /page HTTP/1.1\r\n", anonymous))
-        http_abuse.wait_closed(held, 500)  # every held connection taken: 500 served, the 500 oldest closed for them
-        p50, worst = http_abuse.timed(lambda: abuse.post(port, abuse.notification(), timeout=5)[0] == 200)
-        print(f"\nreceiver, 1,000 held connections (500 served at most): page p50 {p50 * 1000:.0f} ms, max {worst * 1000:.0f} ms")
+        http_abuse.wait_closed(
+            held, 500
+        )  # every held connection taken: 500 served, the 500 oldest closed for them
+        p50, worst = http_abuse.timed(
+            lambda: abuse.post(port, abuse.notification(), timeout=5)[0] == 200
+        )
+        print(
+            f"\nreceiver, 1,000 held connections (500 served at most): page p50 {p50 * 1000:.0f} ms, max {worst * 1000:.0f} ms"
+        )
         assert worst < 1, worst
-        assert http_abuse.closed(held) <= 510, "the held connections were not held"  # each request took the place of one
+        assert http_abuse.closed(held) <= 510, (
+            "the held connections were not held"
+        )  # each request took the place of one
         assert_appended(out, earlier, 10)

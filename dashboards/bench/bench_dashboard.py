@@ -12,6 +12,7 @@ The slowest panel query is the longest /api/ds/query round trip the page made (t
 request timing, what Grafana's query inspector shows as "Total request time"), named by the panel
 title Grafana sends with it (X-Panel-Title).
 """
+
 import argparse
 import os
 import statistics
@@ -28,12 +29,21 @@ def visit(lab):
     with Browser(lab.stack.url("grafana"), lab.grafana_password, viewport=VIEWPORT) as b:
         b.login()
         # the default time range (no from/to); auto-refresh pushed out of the measurement (1d)
-        params = {"orgId": 1, "var-host": lab.stack.host, "var-stack": lab.upper, "var-device": "$__all",
-                  "refresh": "1d"}
+        params = {
+            "orgId": 1,
+            "var-host": lab.stack.host,
+            "var-stack": lab.upper,
+            "var-device": "$__all",
+            "refresh": "1d",
+        }
         opened = b.open_dashboard(blockstack_dashboard.CONFIG["uid"], params)
         states = b.load_every_panel()
         seconds = max(s["loaded_at"] for s in states.values()) - opened
-        timed = [(q["ms"], q["request"].headers.get("x-panel-title") or "annotation") for q in b.queries if q.get("ms")]
+        timed = [
+            (q["ms"], q["request"].headers.get("x-panel-title") or "annotation")
+            for q in b.queries
+            if q.get("ms")
+        ]
         return seconds, max(timed), len(states), len(timed)
 
 
@@ -42,17 +52,27 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
     runs = []
-    with tempfile.TemporaryDirectory(prefix="blockstack-bench-dashboard-") as work, dashboard_lab.collapse(work) as lab:
-        print(f">> lab devices: {lab.upper} over {lab.lower}; load average {os.getloadavg()[0]:.1f}")
+    with (
+        tempfile.TemporaryDirectory(prefix="blockstack-bench-dashboard-") as work,
+        dashboard_lab.collapse(work) as lab,
+    ):
+        print(
+            f">> lab devices: {lab.upper} over {lab.lower}; load average {os.getloadavg()[0]:.1f}"
+        )
         for r in range(args.rounds):
             seconds, (ms, panel), panels, queries = visit(lab)
             runs.append((seconds, ms, panel))
-            print(f"round {r + 1}: {panels} panels, {queries} queries: every panel loaded {seconds:.1f} s after "
-                  f"opening; slowest query {ms:.0f} ms ({panel})")
+            print(
+                f"round {r + 1}: {panels} panels, {queries} queries: every panel loaded {seconds:.1f} s after "
+                f"opening; slowest query {ms:.0f} ms ({panel})"
+            )
     slowest = max(runs, key=lambda run: run[1])
-    print(f"\nmedians of {args.rounds} rounds (load average {os.getloadavg()[0]:.1f} at the end): every panel loaded "
-          f"{statistics.median(r[0] for r in runs):.1f} s; slowest query median "
-          f"{statistics.median(r[1] for r in runs):.0f} ms, max {slowest[1]:.0f} ms ({slowest[2]})")
+    print(
+        f"\nmedians of {args.rounds} rounds (load average {os.getloadavg()[0]:.1f} at the end): every panel loaded "
+        f"{statistics.median(r[0] for r in runs):.1f} s; slowest query median "
+        f"{statistics.median(r[1] for r in runs):.0f} ms, max {slowest[1]:.0f} ms ({slowest[2]})"
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,10 @@
 """Fixtures of the dashboard tests."""
+
 import json
 
-import blockstack_dashboard
 import pytest
+
+import blockstack_dashboard
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The committed dashboard through grafana/dashboard-linter (built by `make linters` into
 .build/bin/dashboard-linter), warnings included (--strict); exceptions in dashboards/.lint, each
 with a reason."""
+
 import json
 import os
 import shutil
@@ -22,8 +23,12 @@ def lint(path):
     """(exit status, the linter's report lines: one per failed check)."""
     if not os.access(LINTER, os.X_OK):
         pytest.fail(f"{LINTER} not built: run `make linters`", pytrace=False)
-    done = subprocess.run([LINTER, "lint", "--strict", "--config", CONFIG, path], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [LINTER, "lint", "--strict", "--config", CONFIG, path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     report = done.stdout + done.stderr
     return done.returncode, [line for line in report.splitlines() if "❌" in line or "⚠" in line]
 
@@ -53,7 +58,9 @@ def test_dashboard_linter_reports_a_broken_panel(tmp_path):
 def test_every_exception_has_a_reason():
     with open(CONFIG) as f:
         config = yaml.safe_load(f)
-    assert set(config) == {"exclusions"}, "warnings downgrade a rule: make it an exclusion with a reason"
+    assert set(config) == {"exclusions"}, (
+        "warnings downgrade a rule: make it an exclusion with a reason"
+    )
     for rule, exclusion in config["exclusions"].items():
         assert (exclusion or {}).get("reason", "").strip(), f"{rule}: an exception without a reason"
         for entry in exclusion.get("entries", []):

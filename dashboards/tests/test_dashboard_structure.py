@@ -1,4 +1,5 @@
 """Structural checks of the committed dashboard JSON and of the Grafana provisioning files."""
+
 import itertools
 import json
 import os
@@ -43,7 +44,10 @@ def test_every_panel_and_query_uses_the_datasource_variable(dashboard):
         assert p.get("datasource") == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
         assert p.get("targets"), f"{p['title']}: no query"
         for t in p["targets"]:
-            assert t.get("datasource") == {"type": "prometheus", "uid": "${datasource}"}, (p["title"], t["refId"])
+            assert t.get("datasource") == {"type": "prometheus", "uid": "${datasource}"}, (
+                p["title"],
+                t["refId"],
+            )
             assert t.get("expr", "").strip(), (p["title"], t["refId"])
         ref_ids = [t["refId"] for t in p["targets"]]
         assert len(ref_ids) == len(set(ref_ids)), p["title"]
@@ -61,10 +65,17 @@ def test_every_variable_is_used(dashboard):
     assert names == ["datasource", "host", "stack", "device"]
     for v in variables:
         pattern = re.compile(VARIABLE_USE.format(re.escape(v["name"])))
-        elsewhere = [json.dumps(p) for p in panels(dashboard)] + [json.dumps(a) for a in dashboard["annotations"]["list"]]
-        elsewhere += [json.dumps(o.get("query", "")) + json.dumps(o.get("datasource", "")) for o in variables
-                      if o is not v]
-        assert any(pattern.search(text) for text in elsewhere), f"variable ${v['name']} is never used"
+        elsewhere = [json.dumps(p) for p in panels(dashboard)] + [
+            json.dumps(a) for a in dashboard["annotations"]["list"]
+        ]
+        elsewhere += [
+            json.dumps(o.get("query", "")) + json.dumps(o.get("datasource", ""))
+            for o in variables
+            if o is not v
+        ]
+        assert any(pattern.search(text) for text in elsewhere), (
+            f"variable ${v['name']} is never used"
+        )
 
 
 # Panels about the host as a whole, whose queries follow $host only: which BPF programs its kernel runs.
@@ -78,7 +89,10 @@ def test_every_query_follows_host_and_device(dashboard):
         for t in p["targets"]:
             expr = t["expr"]
             assert '"$host"' in expr, (p["title"], t["refId"])
-            assert '"$device"' in expr or '"$stack"' in expr or p["title"] in HOST_WIDE, (p["title"], t["refId"])
+            assert '"$device"' in expr or '"$stack"' in expr or p["title"] in HOST_WIDE, (
+                p["title"],
+                t["refId"],
+            )
 
 
 def test_grid_positions_do_not_overlap(dashboard):
@@ -103,7 +117,11 @@ def test_heatmaps_read_histogram_buckets(dashboard):
     for p in data_panels(dashboard):
         if p["type"] == "heatmap":
             for t in p["targets"]:
-                assert t["format"] == "heatmap" and "_bucket" in t["expr"] and t["legendFormat"] == "{{le}}"
+                assert (
+                    t["format"] == "heatmap"
+                    and "_bucket" in t["expr"]
+                    and t["legendFormat"] == "{{le}}"
+                )
             assert p["options"]["calculate"] is False
 
 
@@ -113,8 +131,13 @@ def test_collapse_annotation_targets_the_lineup_panels(dashboard):
     titles = {p["id"]: p["title"] for p in data_panels(dashboard)}
     assert ann[0]["filter"]["exclude"] is False
     assert {titles[i] for i in ann[0]["filter"]["ids"]} == {
-        "Average request size per layer (upper vs lower)", "Refused merges per layer, peak per interval",
-        "Splits per layer, peak per interval", "IOPS per layer", "Throughput per layer", "Merge ratio per layer"}
+        "Average request size per layer (upper vs lower)",
+        "Refused merges per layer, peak per interval",
+        "Splits per layer, peak per interval",
+        "IOPS per layer",
+        "Throughput per layer",
+        "Merge ratio per layer",
+    }
     assert 'ALERTS{alertname=~"' in ann[0]["expr"] and "BlockStackMergeCollapse" in ann[0]["expr"]
 
 
@@ -127,10 +150,13 @@ def test_the_collapse_alert_names_exist_in_alerts():
                 for group in yaml.safe_load(f)["groups"]:
                     names.update(r["alert"] for r in group["rules"] if "alert" in r)
     pattern = re.compile(blockstack_dashboard.CONFIG["collapse_alerts"])
-    assert any(pattern.fullmatch(n) for n in names), f"no alert in alerts/ matches the annotation: {sorted(names)}"
+    assert any(pattern.fullmatch(n) for n in names), (
+        f"no alert in alerts/ matches the annotation: {sorted(names)}"
+    )
 
 
 # --- provisioning ---------------------------------------------------------------------------------
+
 
 def load(name):
     with open(os.path.join(PROVISIONING, name)) as f:
@@ -146,7 +172,9 @@ def test_datasource_provisioning(dashboard):
     assert re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", ds["uid"])  # Grafana's uid rule
     default = next(v for v in dashboard["templating"]["list"] if v["name"] == "datasource")
     # provisioned, the variable starts on the datasource of this name (the uid is the import's input)
-    assert default["current"]["text"] == ds["name"] == blockstack_dashboard.CONFIG["datasource_name"]
+    assert (
+        default["current"]["text"] == ds["name"] == blockstack_dashboard.CONFIG["datasource_name"]
+    )
     assert default["query"] == ds["type"]
     assert re.fullmatch(r"\d+s", ds["jsonData"]["timeInterval"])
 
@@ -156,8 +184,17 @@ def test_dashboard_provider_provisioning():
     assert doc["apiVersion"] == 1
     (p,) = doc["providers"]
     assert p["type"] == "file" and p["options"]["path"].startswith("/")
-    assert set(p) <= {"name", "orgId", "folder", "folderUid", "type", "disableDeletion", "allowUiUpdates",
-                      "updateIntervalSeconds", "options"}
+    assert set(p) <= {
+        "name",
+        "orgId",
+        "folder",
+        "folderUid",
+        "type",
+        "disableDeletion",
+        "allowUiUpdates",
+        "updateIntervalSeconds",
+        "options",
+    }
     assert set(p["options"]) <= {"path", "foldersFromFilesStructure"}
 
 
@@ -167,7 +204,9 @@ def test_variable_queries_are_one_line(dashboard):
     for v in dashboard["templating"]["list"]:
         if v["type"] == "query":
             query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
-            assert "\n" not in query and re.fullmatch(r"(query_result|label_values)\(.+\)", query), v["name"]
+            assert "\n" not in query and re.fullmatch(
+                r"(query_result|label_values)\(.+\)", query
+            ), v["name"]
 
 
 def test_the_datasource_is_an_import_input(dashboard):
@@ -179,9 +218,15 @@ def test_the_datasource_is_an_import_input(dashboard):
     default = next(v for v in dashboard["templating"]["list"] if v["name"] == "datasource")
     assert default["current"]["value"] == "${DS_PROMETHEUS}"
     names = {v["name"] for v in dashboard["templating"]["list"]}
-    used = set(re.findall(r"\$\{(\w+)", json.dumps({k: v for k, v in dashboard.items() if k != "__inputs"})))
+    used = set(
+        re.findall(
+            r"\$\{(\w+)", json.dumps({k: v for k, v in dashboard.items() if k != "__inputs"})
+        )
+    )
     assert used - names == {"DS_PROMETHEUS"}, used - names
-    assert {r["id"] for r in dashboard["__requires"] if r["type"] == "panel"} == {p["type"] for p in data_panels(dashboard)}
+    assert {r["id"] for r in dashboard["__requires"] if r["type"] == "panel"} == {
+        p["type"] for p in data_panels(dashboard)
+    }
 
 
 def test_histogram_quantiles_stay_inside_the_histogram(dashboard):
@@ -189,10 +234,14 @@ def test_histogram_quantiles_stay_inside_the_histogram(dashboard):
     for p in data_panels(dashboard):
         for t in p["targets"]:
             if "histogram_quantile" in t["expr"]:
-                assert re.search(r"histogram_quantile\(.*\)\s*<=\s*[\d.]+", t["expr"], re.S), (p["title"], t["expr"])
+                assert re.search(r"histogram_quantile\(.*\)\s*<=\s*[\d.]+", t["expr"], re.S), (
+                    p["title"],
+                    t["expr"],
+                )
 
 
 # --- colours: each setting as its finding's severity ------------------------------------------------
+
 
 def _panel(dashboard, title):
     return next(p for p in data_panels(dashboard) if p["title"] == title)
@@ -213,7 +262,9 @@ def _threshold_colour(thresholds, value):
 
 
 def _mapped_colour(props, value):
-    return next(m["options"][str(value)]["color"] for m in props["mappings"] if str(value) in m["options"])
+    return next(
+        m["options"][str(value)]["color"] for m in props["mappings"] if str(value) in m["options"]
+    )
 
 
 def test_settings_take_their_findings_colours(dashboard):
@@ -222,7 +273,9 @@ def test_settings_take_their_findings_colours(dashboard):
     the check finds something, green (or none on a time series) where it finds nothing. Red,
     the page's colour, only for a critical finding. Old: 4 KiB snapshot chunks red while the
     finding is info, nomerges 2 red while it is a warning."""
-    from blockstack_exporter import checks, knobs as finding_knobs
+    from blockstack_exporter import checks
+    from blockstack_exporter import knobs as finding_knobs
+
     k = finding_knobs.load(required=checks.KNOBS)
     colours = blockstack_dashboard.SEVERITY_COLOURS
 
@@ -245,41 +298,65 @@ def test_settings_take_their_findings_colours(dashboard):
     seen = []
     chunk = _panel(dashboard, "Snapshot chunk size")["fieldConfig"]["defaults"]["thresholds"]
     for size in (4096, 32768, 65536, 262144, 524288):
-        severity = judged("snapshot_chunk_small", devices={"dm-3": "dm"},
-                          snapshots={"dm-3": {"name": "vg-snap", "chunk": size, "origin": "dm-2"}})
+        severity = judged(
+            "snapshot_chunk_small",
+            devices={"dm-3": "dm"},
+            snapshots={"dm-3": {"name": "vg-snap", "chunk": size, "origin": "dm-2"}},
+        )
         seen.append(severity)
         assert _threshold_colour(chunk, size) == expect(severity), size
     use = _panel(dashboard, "Snapshot COW use")["fieldConfig"]["defaults"]["thresholds"]
     for ratio in (0.1, 0.39, 0.4, 0.8, 0.94, 0.95, 0.99):
-        severity = judged("snapshot_cow_filling", devices={"dm-3": "dm"},
-                          snapshots={"dm-3": {"name": "vg-snap", "used": ratio * 1000, "size": 1000}})
+        severity = judged(
+            "snapshot_cow_filling",
+            devices={"dm-3": "dm"},
+            snapshots={"dm-3": {"name": "vg-snap", "used": ratio * 1000, "size": 1000}},
+        )
         seen.append(severity)
         assert _threshold_colour(use, ratio) == expect(severity, "transparent"), ratio
     journal = _panel(dashboard, "ext4 journal size")["fieldConfig"]["defaults"]["thresholds"]
     for size in (4 << 20, 128 << 20, 1 << 30, 2 << 30):
-        severity = judged("ext4_journal_small", ext4={"sda": {"mountpoint": "/srv", "journal": size,
-                                                              "options": {"dioread_nolock": ""}}})
+        severity = judged(
+            "ext4_journal_small",
+            ext4={
+                "sda": {"mountpoint": "/srv", "journal": size, "options": {"dioread_nolock": ""}}
+            },
+        )
         assert _threshold_colour(journal, size) == expect(severity), size
     options = _field(_panel(dashboard, "ext4 effective mount options"), "option")
-    assert _mapped_colour(options, "dioread_nolock") == colours["info"]  # the finding's least severity
+    assert (
+        _mapped_colour(options, "dioread_nolock") == colours["info"]
+    )  # the finding's least severity
     stack = _panel(dashboard, "The stack at a glance: layers from top to physical disk")
     max_sectors = _field(stack, "max_sectors_kb")["thresholds"]
     for kb in (4, 32, 64, 127, 128, 512, 1280):
-        severity = judged("max_sectors_low", queue={"sda": {"max_sectors": kb * 1024, "max_hw_sectors": 32767 * 1024}})
+        severity = judged(
+            "max_sectors_low",
+            queue={"sda": {"max_sectors": kb * 1024, "max_hw_sectors": 32767 * 1024}},
+        )
         seen.append(severity)
         assert _threshold_colour(max_sectors, kb) == expect(severity), kb
     nomerges = _field(stack, "nomerges")
     for value in (0, 1, 2):
-        beneath = judged("nomerges_beneath_stack", devices={"dm-0": "dm", "sda": "disk"}, lower={"dm-0": ["sda"]},
-                         queue={"sda": {"nomerges": value}})
+        beneath = judged(
+            "nomerges_beneath_stack",
+            devices={"dm-0": "dm", "sda": "disk"},
+            lower={"dm-0": ["sda"]},
+            queue={"sda": {"nomerges": value}},
+        )
         alone = judged("nomerges", queue={"sda": {"nomerges": value}})
         seen += [beneath, alone]
-        assert _mapped_colour(nomerges, 10 + value) == expect(beneath), value  # the query adds 10 beneath a stack
+        assert _mapped_colour(nomerges, 10 + value) == expect(beneath), (
+            value
+        )  # the query adds 10 beneath a stack
         assert _mapped_colour(nomerges, value) == expect(alone), value
     state = _field(_panel(dashboard, "Snapshot state"), "state")
     for value in ("valid", "merging", "invalid", "overflow", "merge_failed"):
-        severity = judged("snapshot_invalid", devices={"dm-3": "dm"},
-                          snapshots={"dm-3": {"name": "vg-snap", "state": value}})
+        severity = judged(
+            "snapshot_invalid",
+            devices={"dm-3": "dm"},
+            snapshots={"dm-3": {"name": "vg-snap", "state": value}},
+        )
         seen.append(severity)
         assert _mapped_colour(state, value) == expect(severity), value
     assert {"info", "warning", "critical", None} <= set(seen)  # each colour was put to the test
@@ -288,12 +365,26 @@ def test_settings_take_their_findings_colours(dashboard):
 def promtool_eval(tmp_path, name, expr, series, expected):
     """Evaluate expr at 1m with promtool on input series {series: values}, expecting samples {labels: value}."""
     import subprocess
-    case = {"name": name, "interval": "5s", "input_series": [{"series": k, "values": v} for k, v in series.items()],
-            "promql_expr_test": [{"expr": expr, "eval_time": "1m",
-                                  "exp_samples": [{"labels": k, "value": v} for k, v in expected.items()]}]}
+
+    case = {
+        "name": name,
+        "interval": "5s",
+        "input_series": [{"series": k, "values": v} for k, v in series.items()],
+        "promql_expr_test": [
+            {
+                "expr": expr,
+                "eval_time": "1m",
+                "exp_samples": [{"labels": k, "value": v} for k, v in expected.items()],
+            }
+        ],
+    }
     path = tmp_path / "case.test.yml"
-    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "5s", "tests": [case]}))
-    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+    path.write_text(
+        yaml.safe_dump({"rule_files": [], "evaluation_interval": "5s", "tests": [case]})
+    )
+    r = subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -306,22 +397,41 @@ def test_the_nomerges_column_adds_10_beneath_a_stack(dashboard, tmp_path):
     expr = next(t["expr"] for t in stack["targets"] if t["refId"] == "B")
     expr = expr.replace("$host", "h").replace("$device", ".+")
     nomerges = {"dm-3": 0, "dm-0": 0, "dm-1": 0, "nvme1n1": 2, "sdb": 1}
-    beneath = [("dm-3", "dm-0", 1), ("dm-3", "dm-1", 1), ("dm-3", "nvme1n1", 2), ("dm-0", "nvme1n1", 1),
-               ("dm-1", "nvme1n1", 1)]
-    series = {f'blockstack_queue_nomerges{{job="blockstack",host="h",device="{d}"}}': f"{v}x20"
-              for d, v in nomerges.items()}
-    series.update({f'blockstack_device_beneath_info{{job="blockstack",host="h",device="{d}",lower="{low}",'
-                   f'depth="{depth}"}}': "1x20" for d, low, depth in beneath})
+    beneath = [
+        ("dm-3", "dm-0", 1),
+        ("dm-3", "dm-1", 1),
+        ("dm-3", "nvme1n1", 2),
+        ("dm-0", "nvme1n1", 1),
+        ("dm-1", "nvme1n1", 1),
+    ]
+    series = {
+        f'blockstack_queue_nomerges{{job="blockstack",host="h",device="{d}"}}': f"{v}x20"
+        for d, v in nomerges.items()
+    }
+    series.update(
+        {
+            f'blockstack_device_beneath_info{{job="blockstack",host="h",device="{d}",lower="{low}",'
+            f'depth="{depth}"}}': "1x20"
+            for d, low, depth in beneath
+        }
+    )
     expected = {"dm-3": 0, "dm-0": 10, "dm-1": 10, "nvme1n1": 12, "sdb": 1}
-    promtool_eval(tmp_path, "nomerges column", expr, series,
-                  {f'{{host="h",device="{d}"}}': v for d, v in expected.items()})
+    promtool_eval(
+        tmp_path,
+        "nomerges column",
+        expr,
+        series,
+        {f'{{host="h",device="{d}"}}': v for d, v in expected.items()},
+    )
 
 
 # --- truthful at every range (issue 31) -------------------------------------------------------------
 
 # A recording rule's series computed from counters over the rules' 20 s window (level:metric:operation
 # with a node_disk_ or ebpf_ metric): one window in every step of a long range, unless summarised.
-WINDOWED = re.compile(r"(?:(\w+)\()?\b(\w+:(?:node_disk|ebpf)_\w+:\w+)\{[^}]*\}(\[[^\]]*\](?: offset -?\$?\w+)?)?")
+WINDOWED = re.compile(
+    r"(?:(\w+)\()?\b(\w+:(?:node_disk|ebpf)_\w+:\w+)\{[^}]*\}(\[[^\]]*\](?: offset -?\$?\w+)?)?"
+)
 SUMMARIES = {"max_over_time", "avg_over_time", "sum_over_time"}
 
 
@@ -340,11 +450,17 @@ def test_windowed_rules_are_summarised_over_each_interval(dashboard):
         for t in p["targets"]:
             expr = t["expr"]
             for fn, name, window in WINDOWED.findall(expr):
-                assert fn in SUMMARIES and window == "[$__interval] offset -$__interval", (p["title"], name, fn, window)
+                assert fn in SUMMARIES and window == "[$__interval] offset -$__interval", (
+                    p["title"],
+                    name,
+                    fn,
+                    window,
+                )
             for window in re.findall(r"\brate\([^\[]*\[([^\]]+)\]", expr):
                 assert window == "$__rate_interval" or (
-                    f"[$__interval:{window}] offset -$__interval)" in expr and p.get("interval") == window), \
-                    (p["title"], window, p.get("interval"))
+                    f"[$__interval:{window}] offset -$__interval)" in expr
+                    and p.get("interval") == window
+                ), (p["title"], window, p.get("interval"))
             if "max_over_time(" in expr:
                 assert "peak per interval" in p["title"], p["title"]
 
@@ -355,9 +471,13 @@ def test_every_empty_panel_says_so_in_words(dashboard):
     for p in data_panels(dashboard):
         if p["type"] == "heatmap":
             for t in p["targets"]:
-                assert re.search(r'and on \(\) \(sum\(.*le="\+Inf".*\) > 0\)', t["expr"], re.S), p["title"]
+                assert re.search(r'and on \(\) \(sum\(.*le="\+Inf".*\) > 0\)', t["expr"], re.S), p[
+                    "title"
+                ]
         else:
-            assert re.search(r"[A-Za-z]{2}", p["fieldConfig"]["defaults"].get("noValue", "")), p["title"]
+            assert re.search(r"[A-Za-z]{2}", p["fieldConfig"]["defaults"].get("noValue", "")), p[
+                "title"
+            ]
 
 
 REDS = re.compile(r"(red|#(?:f2495c|e02f44|c4162a|ff7383|e24d42|bf1b00))$", re.I)
@@ -369,23 +489,38 @@ def test_red_is_for_alarms_only(dashboard):
     for p in data_panels(dashboard):
         if p["type"] != "timeseries":
             continue
-        colour = p["fieldConfig"]["defaults"].get("color", {"mode": "palette-classic", "fixedColor": ""})
-        assert colour["mode"] in ("shades", "fixed") and not REDS.search(colour["fixedColor"]), (p["title"], colour)
+        colour = p["fieldConfig"]["defaults"].get(
+            "color", {"mode": "palette-classic", "fixedColor": ""}
+        )
+        assert colour["mode"] in ("shades", "fixed") and not REDS.search(colour["fixedColor"]), (
+            p["title"],
+            colour,
+        )
         for o in p["fieldConfig"]["overrides"]:
             for prop in o["properties"]:
                 if prop["id"] == "color":
                     assert not REDS.search(prop["value"].get("fixedColor", "")), (p["title"], o)
     alerts = _panel(dashboard, "Firing alerts")
     severity = _field(alerts, "severity")
-    assert _mapped_colour(severity, "critical") == "red" and _mapped_colour(severity, "warning") != "red"
+    assert (
+        _mapped_colour(severity, "critical") == "red"
+        and _mapped_colour(severity, "warning") != "red"
+    )
     assert severity["custom.cellOptions"]["applyToRow"] is True
     # the longest alert name of alerts/ fits, at 8 px a character
     names = set()
     for path in os.listdir(os.path.join(REPO, "alerts")):
         if path.endswith(".rules.yml"):
             with open(os.path.join(REPO, "alerts", path)) as f:
-                names.update(r["alert"] for g in yaml.safe_load(f)["groups"] for r in g["rules"] if "alert" in r)
-    assert _field(alerts, "alertname")["custom.minWidth"] >= 8 * max(map(len, names)), max(names, key=len)
+                names.update(
+                    r["alert"]
+                    for g in yaml.safe_load(f)["groups"]
+                    for r in g["rules"]
+                    if "alert" in r
+                )
+    assert _field(alerts, "alertname")["custom.minWidth"] >= 8 * max(map(len, names)), max(
+        names, key=len
+    )
 
 
 def test_every_axis_has_a_unit(dashboard):
@@ -393,9 +528,13 @@ def test_every_axis_has_a_unit(dashboard):
     on its y axis and on its cells (the tables of settings carry their unit in the column's name)."""
     for p in data_panels(dashboard):
         if p["type"] in ("timeseries", "stat"):
-            assert p["fieldConfig"]["defaults"].get("unit") not in (None, "", "none", "short"), p["title"]
+            assert p["fieldConfig"]["defaults"].get("unit") not in (None, "", "none", "short"), p[
+                "title"
+            ]
         if p["type"] == "heatmap":
-            assert p["options"]["yAxis"].get("unit") and p["options"]["cellValues"].get("unit"), p["title"]
+            assert p["options"]["yAxis"].get("unit") and p["options"]["cellValues"].get("unit"), p[
+                "title"
+            ]
 
 
 def test_every_series_has_a_legend_row(dashboard):
@@ -406,7 +545,11 @@ def test_every_series_has_a_legend_row(dashboard):
     for p in data_panels(dashboard):
         if p["type"] == "timeseries":
             legend = p["options"]["legend"]
-            assert legend["showLegend"] and legend["displayMode"] == "table" and legend["placement"] == "right", p["title"]
+            assert (
+                legend["showLegend"]
+                and legend["displayMode"] == "table"
+                and legend["placement"] == "right"
+            ), p["title"]
             assert "max" in legend["calcs"], p["title"]
             assert p["gridPos"]["w"] >= 12 and p["gridPos"]["h"] >= 9, (p["title"], p["gridPos"])
 
@@ -417,14 +560,33 @@ def test_the_ext4_incident_options_come_first(dashboard, tmp_path):
     options = _panel(dashboard, "ext4 effective mount options")
     (target,) = options["targets"]
     expr = target["expr"].replace("$host", "h").replace("$device", ".+")
-    present = {"rw": "", "dioread_nolock": "", "nodelalloc": "", "data": "ordered", "commit": "5", "barrier": "",
-               "errors": "remount-ro"}
-    series = {f'blockstack_ext4_option_info{{job="blockstack",host="h",device="loop1",mountpoint="/srv",'
-              f'option="{o}",value="{v}"}}': "1x20" for o, v in present.items()}
+    present = {
+        "rw": "",
+        "dioread_nolock": "",
+        "nodelalloc": "",
+        "data": "ordered",
+        "commit": "5",
+        "barrier": "",
+        "errors": "remount-ro",
+    }
+    series = {
+        f'blockstack_ext4_option_info{{job="blockstack",host="h",device="loop1",mountpoint="/srv",'
+        f'option="{o}",value="{v}"}}': "1x20"
+        for o, v in present.items()
+    }
     rank = {"dioread_nolock": 4, "nodelalloc": 3, "data": 2, "commit": 2}
-    promtool_eval(tmp_path, "ext4 options ranked", expr, series, {  # an empty label is no label
-        f'{{host="h",device="loop1",mountpoint="/srv",option="{o}"{f",value={v!r}" if v else ""}}}'.replace("'", '"'):
-            rank.get(o, 1) for o, v in present.items()})
+    promtool_eval(
+        tmp_path,
+        "ext4 options ranked",
+        expr,
+        series,
+        {  # an empty label is no label
+            f'{{host="h",device="loop1",mountpoint="/srv",option="{o}"{f",value={v!r}" if v else ""}}}'.replace(
+                "'", '"'
+            ): rank.get(o, 1)
+            for o, v in present.items()
+        },
+    )
     (sort,) = [t for t in options["transformations"] if t["id"] == "sortBy"]
     assert sort["options"]["sort"] == [{"field": "ext4 incident", "desc": True}]
 
@@ -434,6 +596,7 @@ def test_the_provisioned_copy_queries_the_provisioned_datasource(dashboard, tmp_
     queried whichever datasource was the default. Provisioning writes a copy with the import input
     resolved to the provisioned datasource's uid, as an import does."""
     from blockstack_deploy import grafana
+
     (ds,) = load("datasources/blockstack.yml")["datasources"]
     dest = grafana.provisioned_dashboards(str(tmp_path), [(ds["type"], ds["uid"])])
     with open(os.path.join(dest, os.path.basename(blockstack_dashboard.OUTPUT))) as f:

@@ -17,6 +17,7 @@ $__rate_interval are left to the backend as the frontend leaves them.
 Screenshots of the browser visit go to $ARTIFACTS_DIR (default .artifacts/ in the repository,
 gitignored), on success and on failure.
 """
+
 import json
 import math
 import os
@@ -27,11 +28,11 @@ import types
 import pytest
 
 import blockstack_dashboard
-from blockstack_rules import knobs
 from blockstack_deploy.stack import SERVERS
 from blockstack_lab import dashboard_lab
 from blockstack_lab.api import request
 from blockstack_lab.grafana_browser import Browser
+from blockstack_rules import knobs
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
@@ -42,8 +43,10 @@ LINEUP_SIZE = "Average request size per layer (upper vs lower)"
 
 # Panels that cannot have data on this machine, each with the reason. Their queries must still run
 # without error; an empty result is allowed for them and for nothing else.
-NO_DM = ("this kernel has no device-mapper (no dm-* in /sys/block, no dm_snapshot), so the dm collector "
-         "publishes no snapshot series")
+NO_DM = (
+    "this kernel has no device-mapper (no dm-* in /sys/block, no dm_snapshot), so the dm collector "
+    "publishes no snapshot series"
+)
 EXPECTED_EMPTY = {
     "Snapshot COW use": NO_DM,
     "Snapshot COW bytes used / size": NO_DM,
@@ -55,7 +58,7 @@ EXPECTED_EMPTY = {
 # its own neutral empty state (checked in the browser).
 MAY_BE_EMPTY = {
     "Findings": "blockstack_finding comes from the exporter's checks (blockstack-doctor's table); without them, "
-                "or with no misconfiguration found, the panel lists nothing",
+    "or with no misconfiguration found, the panel lists nothing",
 }
 # What may be red on the page during the lab collapse: the alarm, and nothing else. {panel title:
 # (why, a test of one red element (its text, the text of its table row) and the lab)}.
@@ -63,7 +66,10 @@ MAY_BE_EMPTY = {
 # max_sectors_kb=4: info, blue), never red.
 RED_ALARMS = {
     "Findings": ("a critical finding", lambda text, row, lab: text == "critical"),
-    "Firing alerts": ("a critical alert's row", lambda text, row, lab: "critical" in row.split(" | ")),
+    "Firing alerts": (
+        "a critical alert's row",
+        lambda text, row, lab: "critical" in row.split(" | "),
+    ),
 }
 LATENCY = "Latency p50 / p99 per layer, peak per interval"
 REFUSED = "Refused merges per layer, peak per interval"
@@ -77,7 +83,9 @@ def lab(request, tmp_path_factory):
     why = dashboard_lab.missing_requirements()
     if why:  # a core test: fail loudly rather than skip (make test installs and builds all of it)
         pytest.fail(f"lab run impossible here: {why}")
-    with dashboard_lab.collapse(str(tmp_path_factory.mktemp(f"grafana-lab-{request.param}")), servers=request.param) as run:
+    with dashboard_lab.collapse(
+        str(tmp_path_factory.mktemp(f"grafana-lab-{request.param}")), servers=request.param
+    ) as run:
         assert run.stack.servers == request.param
         yield run
 
@@ -88,8 +96,14 @@ def visit(lab):
     with Browser(lab.stack.url("grafana"), lab.grafana_password) as b:
         try:
             b.login()
-            params = {"orgId": 1, "from": int((lab.start - 30) * 1000), "to": "now", "var-host": lab.stack.host,
-                      "var-device": "$__all", "refresh": "1d"}
+            params = {
+                "orgId": 1,
+                "from": int((lab.start - 30) * 1000),
+                "to": "now",
+                "var-host": lab.stack.host,
+                "var-device": "$__all",
+                "refresh": "1d",
+            }
             b.open_dashboard(UID, params)
             # the stack picked in its variable's drop-down, from the options Grafana queried (tops only)
             # (the queries recorded before the choice stay: if the stack was already the first option
@@ -103,7 +117,9 @@ def visit(lab):
             screenshot(b, f"grafana-dashboard-{lab.stack.servers}-FAILED.png")
             raise
         loaded = max(s["loaded_at"] for s in states.values())
-        print(f"\nbrowser: {len(states)} panels loaded {loaded - opened:.1f} s after choosing the stack")
+        print(
+            f"\nbrowser: {len(states)} panels loaded {loaded - opened:.1f} s after choosing the stack"
+        )
         yield types.SimpleNamespace(browser=b, states=states, seconds=loaded - opened)
 
 
@@ -115,8 +131,13 @@ def screenshot(browser, name):
 
 
 def api(lab, path, body=None, method=None):
-    status, text = request(lab.stack.url("grafana") + path, ("admin", lab.grafana_password), body=body,
-                           method=method, timeout=60)
+    status, text = request(
+        lab.stack.url("grafana") + path,
+        ("admin", lab.grafana_password),
+        body=body,
+        method=method,
+        timeout=60,
+    )
     return status, json.loads(text)
 
 
@@ -124,7 +145,9 @@ def values(result):
     """Every finite number in a /api/ds/query result's frames."""
     out = []
     for frame in result.get("frames", []):
-        for field, column in zip(frame["schema"]["fields"], frame.get("data", {}).get("values", [])):
+        for field, column in zip(
+            frame["schema"]["fields"], frame.get("data", {}).get("values", [])
+        ):
             if field.get("type") == "number":
                 out += [v for v in column if isinstance(v, (int, float)) and math.isfinite(v)]
     return out
@@ -138,10 +161,16 @@ def shape(result, lab):
     """What must not depend on the Prometheus version: label names, lab devices by role, and
     histogram bounds as numbers (Prometheus 3 stores le="512" as le="512.0")."""
     roles = {lab.upper: "upper", lab.lower: "lower"}
-    labels = [field.get("labels") or {} for frame in result.get("frames", []) for field in frame["schema"]["fields"]]
-    return (frozenset(name for ls in labels for name in ls),
-            frozenset(roles[ls["device"]] for ls in labels if ls.get("device") in roles),
-            frozenset(float(ls["le"]) for ls in labels if "le" in ls))
+    labels = [
+        field.get("labels") or {}
+        for frame in result.get("frames", [])
+        for field in frame["schema"]["fields"]
+    ]
+    return (
+        frozenset(name for ls in labels for name in ls),
+        frozenset(roles[ls["device"]] for ls in labels if ls.get("device") in roles),
+        frozenset(float(ls["le"]) for ls in labels if "le" in ls),
+    )
 
 
 def expected_titles(dashboard, devices):
@@ -161,18 +190,30 @@ def expected_titles(dashboard, devices):
 def test_every_panel_query_and_the_annotation_through_grafanas_api(lab, visit):
     status, found = api(lab, f"/api/dashboards/uid/{UID}")
     assert status == 200, found
-    assert found["meta"]["provisioned"] and found["dashboard"]["title"] == blockstack_dashboard.CONFIG["title"]
+    assert (
+        found["meta"]["provisioned"]
+        and found["dashboard"]["title"] == blockstack_dashboard.CONFIG["title"]
+    )
     dashboard = found["dashboard"]
     with open(os.path.join(lab.stack.workdir, "grafana.log")) as f:
         log = f.read()
-    assert 'logger=provisioning.dashboard' in log and 'msg="finished to provision dashboards"' in log
-    problems = [line for line in log.splitlines()
-                if line.startswith("logger=provisioning") and re.search(r"level=(error|warn)", line)]
+    assert (
+        "logger=provisioning.dashboard" in log and 'msg="finished to provision dashboards"' in log
+    )
+    problems = [
+        line
+        for line in log.splitlines()
+        if line.startswith("logger=provisioning") and re.search(r"level=(error|warn)", line)
+    ]
     assert not problems, "provisioning errors in Grafana's log:\n" + "\n".join(problems)
 
     (ds,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
-    assert ds["current"]["value"] == blockstack_dashboard.CONFIG["datasource_uid"], ds["current"]  # resolved
-    status, health = api(lab, f"/api/datasources/uid/{blockstack_dashboard.CONFIG['datasource_uid']}/health")
+    assert ds["current"]["value"] == blockstack_dashboard.CONFIG["datasource_uid"], ds[
+        "current"
+    ]  # resolved
+    status, health = api(
+        lab, f"/api/datasources/uid/{blockstack_dashboard.CONFIG['datasource_uid']}/health"
+    )
     assert status == 200 and health["status"] == "OK", health
 
     # the frontend's requests, by the panel title Grafana sends with them (X-Panel-Title: a repeated
@@ -189,22 +230,36 @@ def test_every_panel_query_and_the_annotation_through_grafanas_api(lab, visit):
     checked = 0
     for title, (panel, device) in expected_titles(dashboard, devices).items():
         for target in panel["targets"]:
-            mine = [(b, q) for b, q in sent.get((panel["title"], target["refId"]), [])
-                    if device is None or f'device=~"{device}"' in q["expr"]]
-            assert mine, f"the frontend never queried {title} {target['refId']}; it queried {sorted(map(str, sent))}"
+            mine = [
+                (b, q)
+                for b, q in sent.get((panel["title"], target["refId"]), [])
+                if device is None or f'device=~"{device}"' in q["expr"]
+            ]
+            assert mine, (
+                f"the frontend never queried {title} {target['refId']}; it queried {sorted(map(str, sent))}"
+            )
             body, query = mine[-1]
             expr = query["expr"]
-            assert "$" not in re.sub(r"\$__(rate_)?interval\b", "", expr.replace('"$1"', "")), f"{title}: unexpanded {expr}"
+            assert "$" not in re.sub(r"\$__(rate_)?interval\b", "", expr.replace('"$1"', "")), (
+                f"{title}: unexpanded {expr}"
+            )
             assert f'host="{lab.stack.host}"' in expr, f"{title}: {expr}"
             selected = re.findall(r'device=~"([^"]*)"', expr)
             if device:
                 assert selected and all(s == device for s in selected), f"{title}: {expr}"
             elif selected:
                 assert all(lab.upper in s and lab.lower in s for s in selected), f"{title}: {expr}"
-            status, answer = api(lab, "/api/ds/query", {"queries": [query], "from": body["from"], "to": body["to"]})
-            result = answer.get("results", {}).get(target["refId"], {}) if isinstance(answer, dict) else {}
-            assert status == 200 and result.get("status", 200) == 200 and not result.get("error"), \
+            status, answer = api(
+                lab, "/api/ds/query", {"queries": [query], "from": body["from"], "to": body["to"]}
+            )
+            result = (
+                answer.get("results", {}).get(target["refId"], {})
+                if isinstance(answer, dict)
+                else {}
+            )
+            assert status == 200 and result.get("status", 200) == 200 and not result.get("error"), (
                 f"{title} {target['refId']}: HTTP {status} {answer}"
+            )
             if title in MAY_BE_EMPTY:
                 pass
             elif title in EXPECTED_EMPTY:
@@ -215,21 +270,36 @@ def test_every_panel_query_and_the_annotation_through_grafanas_api(lab, visit):
                     role = {lab.upper: "upper", lab.lower: "lower"}.get(device, device)
                     shapes = SHAPES.setdefault((panel["title"], role, target["refId"]), {})
                     shapes[lab.stack.servers] = shape(result, lab)
-                    assert len(set(shapes.values())) == 1, f"{title}: the answer differs between servers: {shapes}"
+                    assert len(set(shapes.values())) == 1, (
+                        f"{title}: the answer differs between servers: {shapes}"
+                    )
             checked += 1
-    print(f"\napi: {checked} panel queries answered with data or expected empty ({len(EXPECTED_EMPTY)} panels)")
+    print(
+        f"\napi: {checked} panel queries answered with data or expected empty ({len(EXPECTED_EMPTY)} panels)"
+    )
 
     # the collapse annotation: the frontend's query (refId Anno), answered with the page's event
     body, query = sent[(None, "Anno")][-1]
-    status, answer = api(lab, "/api/ds/query", {"queries": [query], "from": body["from"], "to": body["to"]})
+    status, answer = api(
+        lab, "/api/ds/query", {"queries": [query], "from": body["from"], "to": body["to"]}
+    )
     assert status == 200, answer
-    events = [(f["schema"]["fields"][1].get("labels", {}), f["data"]["values"][0])
-              for f in answer["results"]["Anno"].get("frames", []) if f.get("data", {}).get("values")]
-    pages = [times for labels, times in events if labels.get("device") == lab.lower
-             and labels.get("alertname", "").startswith("BlockStackMergeCollapse")]
+    events = [
+        (f["schema"]["fields"][1].get("labels", {}), f["data"]["values"][0])
+        for f in answer["results"]["Anno"].get("frames", [])
+        if f.get("data", {}).get("values")
+    ]
+    pages = [
+        times
+        for labels, times in events
+        if labels.get("device") == lab.lower
+        and labels.get("alertname", "").startswith("BlockStackMergeCollapse")
+    ]
     assert pages, f"no collapse page for {lab.lower} in the annotation query's answer: {events}"
     collapsed_at = lab.phases["collapsed"][0] * 1000
-    assert collapsed_at <= min(min(t) for t in pages) <= lab.paged * 1000 + 16000  # the annotation's 15 s step
+    assert (
+        collapsed_at <= min(min(t) for t in pages) <= lab.paged * 1000 + 16000
+    )  # the annotation's 15 s step
 
 
 def test_every_panel_in_the_browser(lab, visit):
@@ -238,8 +308,11 @@ def test_every_panel_in_the_browser(lab, visit):
         states = visit.states
         errors = {t: s["error"] for t, s in states.items() if s["error"]}
         assert not errors, f"panels in error: {errors}"
-        empty = {t: s["no_data"] for t, s in states.items()
-                 if s["no_data"] and t not in EXPECTED_EMPTY and t not in MAY_BE_EMPTY}
+        empty = {
+            t: s["no_data"]
+            for t, s in states.items()
+            if s["no_data"] and t not in EXPECTED_EMPTY and t not in MAY_BE_EMPTY
+        }
         assert not empty, f"panels without data where the lab makes some: {empty}"
         for title in EXPECTED_EMPTY:
             assert title in states, f"{title} never rendered"
@@ -248,15 +321,22 @@ def test_every_panel_in_the_browser(lab, visit):
         legend = b.legend(LINEUP_SIZE)
         upper = [v for k, v in legend.items() if k == f"L0 {lab.upper} read"]
         lower = [v for k, v in legend.items() if k == f"L1 {lab.lower} read"]
-        assert upper and lower, f"lineup legend lacks L0 {lab.upper} read / L1 {lab.lower} read: {legend}"
+        assert upper and lower, (
+            f"lineup legend lacks L0 {lab.upper} read / L1 {lab.lower} read: {legend}"
+        )
         last_upper, last_lower = _number(upper[0][-1]), _number(lower[0][-1])  # "256 sectors"
-        assert last_upper >= 128, f"upper {lab.upper}: {last_upper} sectors per request, expected >= 128"
-        assert last_lower <= knobs.load()["collapse_max_sectors"], \
+        assert last_upper >= 128, (
+            f"upper {lab.upper}: {last_upper} sectors per request, expected >= 128"
+        )
+        assert last_lower <= knobs.load()["collapse_max_sectors"], (
             f"lower {lab.lower}: {last_lower} sectors per request, expected <= 16 (collapsed)"
+        )
         iops = b.legend("IOPS per layer")
         up_iops = _number(iops[f"L0 {lab.upper} read"][-1])
         low_iops = _number(iops[f"L1 {lab.lower} read"][-1])
-        assert low_iops > 8 * up_iops, f"lower {low_iops} IOPS vs upper {up_iops}: the collapse should multiply them"
+        assert low_iops > 8 * up_iops, (
+            f"lower {low_iops} IOPS vs upper {up_iops}: the collapse should multiply them"
+        )
         # the collapse annotation drawn on the lineup panels
         b.panel(LINEUP_SIZE).scroll_into_view_if_needed()
         assert b.annotations(LINEUP_SIZE) >= 1, "no collapse annotation on the lineup panel"
@@ -284,14 +364,17 @@ def test_what_a_reader_sees(lab, visit):
     for q in b.queries:
         for ref, result in ((q.get("response") or {}).get("results") or {}).items():
             answered.setdefault(q["request"].headers.get("x-panel-title"), {})[ref] = sum(
-                len((f.get("data", {}).get("values") or [[]])[0]) for f in result.get("frames", []))
+                len((f.get("data", {}).get("values") or [[]])[0]) for f in result.get("frames", [])
+            )
     problems = []
     try:
         for title in [REFUSED, SPLITS, "Findings"]:
             if title not in visit.states:
                 problems.append(f"no panel {title!r}")
-        for title, state in visit.states.items():
-            panel = panels.get(title) or next(p for p in panels.values() if title.startswith(p["title"].split("$")[0]))
+        for title, _state in visit.states.items():
+            panel = panels.get(title) or next(
+                p for p in panels.values() if title.startswith(p["title"].split("$")[0])
+            )
             b.panel(title).scroll_into_view_if_needed()
             rows = sum(answered.get(panel["title"], {}).values())
             neutral = panel.get("fieldConfig", {}).get("defaults", {}).get("noValue")
@@ -300,22 +383,30 @@ def test_what_a_reader_sees(lab, visit):
             if title in EXPECTED_EMPTY or (title in MAY_BE_EMPTY and not rows):
                 text = b.panel(title).inner_text()
                 if not neutral or neutral not in text:
-                    problems.append(f"{title}: empty, shows {text!r} instead of its own empty state ({neutral!r})")
+                    problems.append(
+                        f"{title}: empty, shows {text!r} instead of its own empty state ({neutral!r})"
+                    )
             why = RED_ALARMS.get(title)
             for text, row in b.red(title):
                 if not why or not why[1](text, row, lab):
                     problems.append(f"{title}: {text!r} (row {row!r}) is red and is no alarm")
 
         # quantiles: only layers with traffic, never at the histogram's top
-        top = blockstack_dashboard.histogram_top(blockstack_dashboard.BLOCK_IO, "block_rq_latency_seconds")
+        top = blockstack_dashboard.histogram_top(
+            blockstack_dashboard.BLOCK_IO, "block_rq_latency_seconds"
+        )
         legend = b.legend(LATENCY)
         if f"p99 service L1 {lab.lower}" not in legend:
             problems.append(f"{LATENCY}: no p99 service line for {lab.lower}: {sorted(legend)}")
         if len(legend) > 3 * len({name.split(" L", 1)[-1] for name in legend}) or len(legend) > 9:
-            problems.append(f"{LATENCY}: {len(legend)} lines, more than 3 per layer of the 3-layer lab: {sorted(legend)}")
+            problems.append(
+                f"{LATENCY}: {len(legend)} lines, more than 3 per layer of the 3-layer lab: {sorted(legend)}"
+            )
         for name, cells in legend.items():
             if _seconds(cells[1]) > top:  # Max
-                problems.append(f"{LATENCY}: {name} reaches {cells[1]}, beyond the histogram's top bucket ({top:g} s)")
+                problems.append(
+                    f"{LATENCY}: {name} reaches {cells[1]}, beyond the histogram's top bucket ({top:g} s)"
+                )
 
         # the lineup's refused merges and splits: the collapsed device is there, splitting
         for title in [REFUSED, SPLITS]:
@@ -324,10 +415,17 @@ def test_what_a_reader_sees(lab, visit):
         if SPLITS in visit.states:
             last = b.legend(SPLITS).get(f"L1 {lab.lower} read", ["0"] * 3)[-1]
             if _number(last) <= 0:
-                problems.append(f"{SPLITS}: L1 {lab.lower} read at {last}; max_sectors_kb=4 splits every bio")
+                problems.append(
+                    f"{SPLITS}: L1 {lab.lower} read at {last}; max_sectors_kb=4 splits every bio"
+                )
         # the page's row in red, its name in full
-        if not any("BlockStackMergeCollapse" in row and lab.lower in row for _, row in b.red("Firing alerts")):
-            problems.append(f"Firing alerts: the collapse page's row is not red: {b.table_rows('Firing alerts')}")
+        if not any(
+            "BlockStackMergeCollapse" in row and lab.lower in row
+            for _, row in b.red("Firing alerts")
+        ):
+            problems.append(
+                f"Firing alerts: the collapse page's row is not red: {b.table_rows('Firing alerts')}"
+            )
         problems += [f"Firing alerts: {name!r} truncated" for name in b.truncated("Firing alerts")]
         problems += defects(b, visit.states, panels)
         assert not problems, "what a reader sees:\n" + "\n".join(problems)
@@ -356,20 +454,30 @@ def defects(b, states, panels, since=0):
     problems = []
     answered = series_answered(b, since)
     for title, state in states.items():
-        panel = panels.get(title) or next(p for p in panels.values() if title.startswith(p["title"].split("$")[0]))
+        panel = panels.get(title) or next(
+            p for p in panels.values() if title.startswith(p["title"].split("$")[0])
+        )
         b.panel(title).scroll_into_view_if_needed()
         text = b.panel(title).inner_text()
-        problems += [f"{title}: shows {word!r}: {text[:200]!r}" for word in ("undefined", "∞", "NaN") if word in text]
+        problems += [
+            f"{title}: shows {word!r}: {text[:200]!r}"
+            for word in ("undefined", "∞", "NaN")
+            if word in text
+        ]
         if state["no_data"] is not None and not re.search(r"[A-Za-z]{2}", state["no_data"]):
             problems.append(f"{title}: empty, and says {state['no_data']!r}")
         if panel["type"] != "timeseries" or state["no_data"]:
             continue
         legend = b.legend(title)
         if len(legend) != answered.get(panel["title"], 0):
-            problems.append(f"{title}: {len(legend)} legend rows for {answered.get(panel['title'])} series")
+            problems.append(
+                f"{title}: {len(legend)} legend rows for {answered.get(panel['title'])} series"
+            )
         hidden = b.legend_hidden(title)
         if hidden:
-            problems.append(f"{title}: {len(hidden)} of {len(legend)} legend rows out of sight: {hidden}")
+            problems.append(
+                f"{title}: {len(hidden)} of {len(legend)} legend rows out of sight: {hidden}"
+            )
         for name, cells in legend.items():
             unit = re.sub(r"^\s*-?[\d.,]+\s*", "", cells[1]).strip()  # Max without its number
             if unit in ("", "K", "M", "G", "k", "m", "µ", "n"):
@@ -382,8 +490,18 @@ def peaks(b, lab, titles):
     RANGES, as a reader opening the dashboard at that range reads it."""
     out = {}
     for name, start in RANGES.items():
-        b.open_dashboard(UID, {"orgId": 1, "from": start, "to": "now", "var-host": lab.stack.host,
-                               "var-stack": lab.upper, "var-device": "$__all", "refresh": ""})
+        b.open_dashboard(
+            UID,
+            {
+                "orgId": 1,
+                "from": start,
+                "to": "now",
+                "var-host": lab.stack.host,
+                "var-stack": lab.upper,
+                "var-device": "$__all",
+                "refresh": "",
+            },
+        )
         for title in titles:
             panel = b.panel(title)
             panel.scroll_into_view_if_needed()
@@ -403,8 +521,15 @@ def test_imported_into_a_grafana_whose_prometheus_has_another_name_and_uid(lab, 
     module's browser leaves the dashboard they read."""
     # the default datasource now: the provisioned copy must still query its own (its $datasource
     # resolved at provisioning), not whichever is the default
-    other = {"name": "Another Prometheus", "uid": "another-prometheus", "type": "prometheus", "access": "proxy",
-             "url": lab.stack.url("prometheus"), "jsonData": {"timeInterval": "2s"}, "isDefault": True}
+    other = {
+        "name": "Another Prometheus",
+        "uid": "another-prometheus",
+        "type": "prometheus",
+        "access": "proxy",
+        "url": lab.stack.url("prometheus"),
+        "jsonData": {"timeInterval": "2s"},
+        "isDefault": True,
+    }
     imported_uid = UID + "-imported"
     status, answer = api(lab, "/api/datasources", other)
     assert status == 200, answer
@@ -412,17 +537,35 @@ def test_imported_into_a_grafana_whose_prometheus_has_another_name_and_uid(lab, 
         with open(blockstack_dashboard.OUTPUT) as f:
             dashboard = json.load(f)
         assert [i["name"] for i in dashboard["__inputs"]] == ["DS_PROMETHEUS"]
-        dashboard["uid"] = imported_uid  # this Grafana holds the provisioned copy under the real uid
+        dashboard["uid"] = (
+            imported_uid  # this Grafana holds the provisioned copy under the real uid
+        )
         dashboard["title"] += " (imported)"
-        status, answer = api(lab, "/api/dashboards/import", {
-            "dashboard": dashboard, "overwrite": True, "folderUid": "",
-            "inputs": [{"name": "DS_PROMETHEUS", "type": "datasource", "pluginId": "prometheus", "value": other["uid"]}]})
+        status, answer = api(
+            lab,
+            "/api/dashboards/import",
+            {
+                "dashboard": dashboard,
+                "overwrite": True,
+                "folderUid": "",
+                "inputs": [
+                    {
+                        "name": "DS_PROMETHEUS",
+                        "type": "datasource",
+                        "pluginId": "prometheus",
+                        "value": other["uid"],
+                    }
+                ],
+            },
+        )
         assert status == 200 and answer.get("imported"), answer
         status, found = api(lab, f"/api/dashboards/uid/{imported_uid}")
         assert status == 200, found
         assert "${DS_" not in json.dumps(found["dashboard"]), "an input left unreplaced"
         assert queried_datasources(visit.browser, lab, imported_uid) == {other["uid"]}
-        assert queried_datasources(visit.browser, lab, UID) == {blockstack_dashboard.CONFIG["datasource_uid"]}
+        assert queried_datasources(visit.browser, lab, UID) == {
+            blockstack_dashboard.CONFIG["datasource_uid"]
+        }
     finally:
         api(lab, f"/api/dashboards/uid/{imported_uid}", method="DELETE")
         api(lab, f"/api/datasources/uid/{other['uid']}", method="DELETE")
@@ -447,7 +590,9 @@ def test_the_collapses_keep_their_peaks_at_24h(lab, visit):
         during = peaks(b, lab, [REFUSED])
     time.sleep(dashboard_lab.SETTLE)  # and empty again: the collapses are only in the past
     after = peaks(b, lab, [REFUSED, SPLITS])
-    print(f"\npeaks of L1 {lab.lower} read during the refused-merges collapse: {during}; after both: {after}")
+    print(
+        f"\npeaks of L1 {lab.lower} read during the refused-merges collapse: {during}; after both: {after}"
+    )
     problems = []
     for when, found in (("during", during), ("after", after)):
         for title, floor in ((REFUSED, k["missed_merges_min_rate"]), (SPLITS, k["split_min_rate"])):
@@ -455,21 +600,37 @@ def test_the_collapses_keep_their_peaks_at_24h(lab, visit):
                 continue
             short, day = found["15 min", title], found["24 h", title]
             if short < floor:
-                problems.append(f"{title} {when}: 15 min peak {short}/s, below the page's floor {floor}/s: no collapse")
+                problems.append(
+                    f"{title} {when}: 15 min peak {short}/s, below the page's floor {floor}/s: no collapse"
+                )
             if title == SPLITS:
                 # Splits at 24 h read 91.9K/s against 133K/s at 15 min in one of four runs (a loaded
                 # make test; refused merges equal in the same run, 122K): not understood yet, so
                 # asserted as the defect the audit found (splits 0 at 24 h), not to within 10 %.
                 if day < floor:
-                    problems.append(f"{title} {when}: 24 h peak {day}/s, below the page's floor {floor}/s (15 min: {short}/s)")
+                    problems.append(
+                        f"{title} {when}: 24 h peak {day}/s, below the page's floor {floor}/s (15 min: {short}/s)"
+                    )
             elif abs(day - short) > 0.1 * short:
                 problems.append(f"{title} {when}: 24 h peak {day}/s, 15 min peak {short}/s")
 
     since = len(b.queries)
-    b.open_dashboard(UID, {"orgId": 1, "from": int(lab.phases["collapsed"][0] * 1000), "to": "now",
-                           "var-host": lab.stack.host, "var-stack": lab.upper, "var-device": "$__all", "refresh": ""})
+    b.open_dashboard(
+        UID,
+        {
+            "orgId": 1,
+            "from": int(lab.phases["collapsed"][0] * 1000),
+            "to": "now",
+            "var-host": lab.stack.host,
+            "var-stack": lab.upper,
+            "var-device": "$__all",
+            "refresh": "",
+        },
+    )
     states = b.load_every_panel()
-    panels = {p["title"]: p for p in api(lab, f"/api/dashboards/uid/{UID}")[1]["dashboard"]["panels"]}
+    panels = {
+        p["title"]: p for p in api(lab, f"/api/dashboards/uid/{UID}")[1]["dashboard"]["panels"]
+    }
     problems += defects(b, states, panels, since)
     print(f"24 h test: {time.monotonic() - started:.0f} s")
     if problems:
@@ -481,20 +642,45 @@ def queried_datasources(b, lab, uid):
     """The datasource uids of the queries the dashboard `uid` sends once opened in the browser `b` (the
     module's, logged in; one playwright per thread) until its first row has loaded (the alert tables)."""
     start = len(b.queries)
-    b.open_dashboard(uid, {"orgId": 1, "from": int((lab.start - 30) * 1000), "to": "now",
-                           "var-host": lab.stack.host, "var-stack": lab.upper, "refresh": ""})
+    b.open_dashboard(
+        uid,
+        {
+            "orgId": 1,
+            "from": int((lab.start - 30) * 1000),
+            "to": "now",
+            "var-host": lab.stack.host,
+            "var-stack": lab.upper,
+            "refresh": "",
+        },
+    )
     b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + 60)
     assert not b.failed, f"failed requests: {b.failed}"
-    return {query["datasource"]["uid"] for q in b.queries[start:] for query in q["body"]["queries"]
-            if query.get("datasource", {}).get("type") == "prometheus"}
+    return {
+        query["datasource"]["uid"]
+        for q in b.queries[start:]
+        for query in q["body"]["queries"]
+        if query.get("datasource", {}).get("type") == "prometheus"
+    }
 
 
 def _seconds(text):
     """'1.67 mins' -> 100.2, '2.05 ms' -> 0.00205 (Grafana's time units)."""
     m = re.match(r"\s*([-\d.]+)\s*(ns|µs|us|ms|s|mins?|hours?|days?)?\s*$", text)
     assert m, f"not a duration: {text!r}"
-    scale = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1, None: 1, "min": 60, "mins": 60,
-             "hour": 3600, "hours": 3600, "day": 86400, "days": 86400}[m.group(2)]
+    scale = {
+        "ns": 1e-9,
+        "µs": 1e-6,
+        "us": 1e-6,
+        "ms": 1e-3,
+        "s": 1,
+        None: 1,
+        "min": 60,
+        "mins": 60,
+        "hour": 3600,
+        "hours": 3600,
+        "day": 86400,
+        "days": 86400,
+    }[m.group(2)]
     return float(m.group(1)) * scale
 
 
@@ -502,4 +688,3 @@ def _number(text):
     """'1.52 K io/s' -> 1520.0 (Grafana's SI prefixes)."""
     m = re.match(r"\s*([-\d.]+)\s*([kKMG]?)", text)
     return float(m.group(1)) * {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)]
-

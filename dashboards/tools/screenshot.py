@@ -20,6 +20,7 @@ to a PNG. Two labs:
 both over), the top of the dashboard down to the lineup at the last 15 minutes and at the last 24
 hours: each collapse at the same peak in both (the lineup's peak panels; test_grafana.py checks it).
 """
+
 import argparse
 import contextlib
 import os
@@ -36,8 +37,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DEFAULT_OUTPUT = os.path.join(REPO, "docs", "dashboard.png")
 VM_OUTPUT = os.path.join(REPO, "docs", "dashboard-vm.png")
 WIDTH, HEIGHT = 1500, 1900
-LAST_ROW = "Merge ratio per layer"  # the loop lab's picture ends below this panel: the lineup row's last
-VM_LAST_ROW = "Snapshot state"      # the VM lab's: below the snapshot panels
+LAST_ROW = (
+    "Merge ratio per layer"  # the loop lab's picture ends below this panel: the lineup row's last
+)
+VM_LAST_ROW = "Snapshot state"  # the VM lab's: below the snapshot panels
 
 
 @contextlib.contextmanager
@@ -45,9 +48,17 @@ def loop_lab(work):
     """(Grafana URL, admin password, dashboard URL parameters, last panel) during a loop-lab collapse."""
     with dashboard_lab.collapse(work) as lab:
         # from the lab's start: the healthy, fsync and collapsed phases fill the width
-        yield lab.stack.url("grafana"), lab.grafana_password, {
-            "from": int((lab.start - 20) * 1000), "var-host": lab.stack.host,
-            "var-stack": lab.upper, "var-device": [lab.upper, lab.lower]}, LAST_ROW
+        yield (
+            lab.stack.url("grafana"),
+            lab.grafana_password,
+            {
+                "from": int((lab.start - 20) * 1000),
+                "var-host": lab.stack.host,
+                "var-stack": lab.upper,
+                "var-device": [lab.upper, lab.lower],
+            },
+            LAST_ROW,
+        )
 
 
 @contextlib.contextmanager
@@ -56,9 +67,17 @@ def vm_lab(work, kernel):
     vm.sweep_stale()
     with vm.Guest(kernel, nvme=1) as guest, vm_scenarios.nvme_collapse(guest, work) as lab:
         # from the reads' start: the healthy and the collapsed phases side by side
-        yield lab.stack.url("grafana"), secret(lab.stack.grafana_password_file), {
-            "from": int((lab.start - 20) * 1000), "var-host": lab.stack.host,
-            "var-stack": "vg0-snap", "var-device": [lab.snap, "nvme0n1"]}, VM_LAST_ROW
+        yield (
+            lab.stack.url("grafana"),
+            secret(lab.stack.grafana_password_file),
+            {
+                "from": int((lab.start - 20) * 1000),
+                "var-host": lab.stack.host,
+                "var-stack": "vg0-snap",
+                "var-device": [lab.snap, "nvme0n1"],
+            },
+            VM_LAST_ROW,
+        )
 
 
 RANGES = {"15m": "now-15m", "24h": "now-24h"}
@@ -66,7 +85,9 @@ RANGES = {"15m": "now-15m", "24h": "now-24h"}
 
 def shoot(b, params, last_row, output):
     """Open the dashboard with params, every panel loaded, and write its top down to last_row."""
-    b.open_dashboard(blockstack_dashboard.CONFIG["uid"], {"orgId": 1, "to": "now", "refresh": "", **params})
+    b.open_dashboard(
+        blockstack_dashboard.CONFIG["uid"], {"orgId": 1, "to": "now", "refresh": "", **params}
+    )
     b.page.set_viewport_size({"width": WIDTH, "height": HEIGHT})
     states = b.load_every_panel()
     bad = {t: s for t, s in states.items() if s["error"]}
@@ -75,11 +96,15 @@ def shoot(b, params, last_row, output):
     b.page.mouse.wheel(0, -100000)
     b.page.wait_for_timeout(2000)
     box = b.panel(last_row).bounding_box()
-    if box["y"] + box["height"] + 8 > HEIGHT:  # Grafana draws only what is in view: the viewport down to it
+    if (
+        box["y"] + box["height"] + 8 > HEIGHT
+    ):  # Grafana draws only what is in view: the viewport down to it
         b.page.set_viewport_size({"width": WIDTH, "height": int(box["y"] + box["height"] + 8)})
         b.page.wait_for_timeout(5000)
         box = b.panel(last_row).bounding_box()
-    b.page.screenshot(path=output, clip={"x": 0, "y": 0, "width": WIDTH, "height": box["y"] + box["height"] + 8})
+    b.page.screenshot(
+        path=output, clip={"x": 0, "y": 0, "width": WIDTH, "height": box["y"] + box["height"] + 8}
+    )
     print(f">> wrote {os.path.relpath(output)}")
 
 
@@ -91,18 +116,35 @@ def ranges(work):
         time.sleep(dashboard_lab.SETTLE)  # and empty again: both collapses are over
         with Browser(lab.stack.url("grafana"), lab.grafana_password, viewport=(WIDTH, HEIGHT)) as b:
             b.login()
-            b.page.evaluate("localStorage.setItem('grafana.navigation.docked', 'false')")  # no side menu
+            b.page.evaluate(
+                "localStorage.setItem('grafana.navigation.docked', 'false')"
+            )  # no side menu
             for name, start in RANGES.items():
-                shoot(b, {"from": start, "var-host": lab.stack.host, "var-stack": lab.upper,
-                          "var-device": [lab.upper, lab.lower]}, LAST_ROW,
-                      os.path.join(REPO, "docs", f"dashboard-{name}.png"))
+                shoot(
+                    b,
+                    {
+                        "from": start,
+                        "var-host": lab.stack.host,
+                        "var-stack": lab.upper,
+                        "var-device": [lab.upper, lab.lower],
+                    },
+                    LAST_ROW,
+                    os.path.join(REPO, "docs", f"dashboard-{name}.png"),
+                )
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vm", metavar="KERNEL", help="the VM lab's NVMe incident on Debian's KERNEL (5.10, 6.1, 6.12 or sid)")
-    ap.add_argument("--ranges", action="store_true", help="after the loop lab's collapses: docs/dashboard-15m.png "
-                    "and docs/dashboard-24h.png")
+    ap.add_argument(
+        "--vm",
+        metavar="KERNEL",
+        help="the VM lab's NVMe incident on Debian's KERNEL (5.10, 6.1, 6.12 or sid)",
+    )
+    ap.add_argument(
+        "--ranges",
+        action="store_true",
+        help="after the loop lab's collapses: docs/dashboard-15m.png and docs/dashboard-24h.png",
+    )
     ap.add_argument("--output")
     args = ap.parse_args(argv)
     if args.ranges:
@@ -110,11 +152,15 @@ def main(argv=None):
             ranges(work)
         return
     output = args.output or (VM_OUTPUT if args.vm else DEFAULT_OUTPUT)
-    with tempfile.TemporaryDirectory(prefix="blockstack-screenshot-") as work, \
-            (vm_lab(work, args.vm) if args.vm else loop_lab(work)) as (url, password, params, last_row), \
-            Browser(url, password, viewport=(WIDTH, HEIGHT)) as b:
+    with (
+        tempfile.TemporaryDirectory(prefix="blockstack-screenshot-") as work,
+        vm_lab(work, args.vm) if args.vm else loop_lab(work) as (url, password, params, last_row),
+        Browser(url, password, viewport=(WIDTH, HEIGHT)) as b,
+    ):
         b.login()
-        b.page.evaluate("localStorage.setItem('grafana.navigation.docked', 'false')")  # no side menu
+        b.page.evaluate(
+            "localStorage.setItem('grafana.navigation.docked', 'false')"
+        )  # no side menu
         shoot(b, params, last_row, output)
 
 

@@ -28,6 +28,7 @@ malformed request line or header, no HTTP/0.9; nothing is forwarded for a reques
 closed for a new one, so connections held open do not delay a push. Standard library only
 (blockstack_http is too; it runs as a script under its own user).
 """
+
 import argparse
 import base64
 import hashlib
@@ -62,7 +63,9 @@ class Credentials:
         if not authorization or not authorization.startswith("Basic "):
             return None
         try:
-            user, _, password = base64.b64decode(authorization[6:], validate=True).decode().partition(":")
+            user, _, password = (
+                base64.b64decode(authorization[6:], validate=True).decode().partition(":")
+            )
         except (ValueError, UnicodeDecodeError):
             return None
         expected = self._hashes().get(user)
@@ -111,7 +114,9 @@ class Gate(blockstack_http.Handler):
         if not 0 <= length <= MAX_BODY:
             self.drain()
             return self.answer(413, "too large\n")
-        body = self.rfile.read(length)  # within the request's time, or TimeoutError: closed unanswered
+        body = self.rfile.read(
+            length
+        )  # within the request's time, or TimeoutError: closed unanswered
         self.arrived()
         if len(body) < length:  # cut off: nothing is forwarded
             return self.answer(400, "body shorter than Content-Length\n")
@@ -132,7 +137,9 @@ class Gate(blockstack_http.Handler):
         return host
 
     def unauthorized(self):
-        self.answer(401, "unauthorized\n", {"WWW-Authenticate": 'Basic realm="blockstack alert gate"'})
+        self.answer(
+            401, "unauthorized\n", {"WWW-Authenticate": 'Basic realm="blockstack alert gate"'}
+        )
 
     def refuse(self):
         """Anything but a push: 401 without a valid host credential, 403 with one."""
@@ -153,9 +160,15 @@ class Gate(blockstack_http.Handler):
         self.arrived()
 
     def forward(self, body):
-        req = urllib.request.Request(self.server.upstream + PUSH_PATH, data=body, method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": self.server.admin_authorization()})
+        req = urllib.request.Request(
+            self.server.upstream + PUSH_PATH,
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": self.server.admin_authorization(),
+            },
+        )
         try:
             with urllib.request.urlopen(req, timeout=20) as r:
                 self.answer(r.status, r.read().decode(errors="replace"))
@@ -167,8 +180,11 @@ class Gate(blockstack_http.Handler):
     def answer(self, status, text, headers=None):
         data = text.encode()
         self.send_response(status)
-        for k, v in {"Content-Type": "text/plain; charset=utf-8", "Content-Length": str(len(data)),
-                     **(headers or {})}.items():
+        for k, v in {
+            "Content-Type": "text/plain; charset=utf-8",
+            "Content-Length": str(len(data)),
+            **(headers or {}),
+        }.items():
             self.send_header(k, v)
         self.end_headers()
         if self.command != "HEAD":
@@ -180,8 +196,16 @@ class Gate(blockstack_http.Handler):
 
 
 class Server(blockstack_http.Server):
-    def __init__(self, address, upstream, credentials, admin_password_file, tls=None,
-                 max_connections=blockstack_http.MAX_CONNECTIONS, request_seconds=blockstack_http.REQUEST_SECONDS):
+    def __init__(
+        self,
+        address,
+        upstream,
+        credentials,
+        admin_password_file,
+        tls=None,
+        max_connections=blockstack_http.MAX_CONNECTIONS,
+        request_seconds=blockstack_http.REQUEST_SECONDS,
+    ):
         """tls: (certificate file, key file); the handshake is done in the connection's own thread,
         within request_seconds (blockstack_http.Server.tls)."""
         if tls:
@@ -189,7 +213,9 @@ class Server(blockstack_http.Server):
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.load_cert_chain(*tls)
             self.tls = context
-        super().__init__(address, Gate, max_connections=max_connections, request_seconds=request_seconds)
+        super().__init__(
+            address, Gate, max_connections=max_connections, request_seconds=request_seconds
+        )
         self.upstream, self.credentials = upstream.rstrip("/"), Credentials(credentials)
         self.admin_password_file = admin_password_file
 
@@ -199,22 +225,45 @@ class Server(blockstack_http.Server):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--listen", required=True, metavar="ADDR:PORT")
-    p.add_argument("--alertmanager", required=True, metavar="URL", help="the Alertmanager behind the gate")
-    p.add_argument("--credentials", required=True, help="JSON {host: sha256 hex of its push secret}")
-    p.add_argument("--admin-password-file", required=True, help="Alertmanager's admin password (user admin)")
+    p.add_argument(
+        "--alertmanager", required=True, metavar="URL", help="the Alertmanager behind the gate"
+    )
+    p.add_argument(
+        "--credentials", required=True, help="JSON {host: sha256 hex of its push secret}"
+    )
+    p.add_argument(
+        "--admin-password-file", required=True, help="Alertmanager's admin password (user admin)"
+    )
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
-    p.add_argument("--connections", type=int, default=blockstack_http.MAX_CONNECTIONS,
-                   help="connections held at once (default %(default)s)")
-    p.add_argument("--request-timeout", type=float, default=blockstack_http.REQUEST_SECONDS,
-                   help="seconds for a whole request, TLS handshake included, to arrive (default %(default)s)")
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=blockstack_http.MAX_CONNECTIONS,
+        help="connections held at once (default %(default)s)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=blockstack_http.REQUEST_SECONDS,
+        help="seconds for a whole request, TLS handshake included, to arrive (default %(default)s)",
+    )
     args = p.parse_args(argv)
     addr, _, port = args.listen.rpartition(":")
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    server = Server((addr.strip("[]"), int(port)), args.alertmanager, args.credentials, args.admin_password_file, tls,
-                    args.connections, args.request_timeout)
+    server = Server(
+        (addr.strip("[]"), int(port)),
+        args.alertmanager,
+        args.credentials,
+        args.admin_password_file,
+        tls,
+        args.connections,
+        args.request_timeout,
+    )
     server.serve_forever()
 
 

@@ -1,4 +1,5 @@
 """Writing the rendered configuration: only what changed, secrets 0600."""
+
 import os
 import secrets
 

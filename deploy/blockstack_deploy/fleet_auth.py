@@ -18,6 +18,7 @@ On the central machine, in the fleet secrets directory (0700; default STATE/secr
 An agent's secrets directory is a copy of its hosts/HOST/ (HostSecrets). Revoking a host: delete
 its entry from push-credentials.json (the gates re-read it) and its line from the inventory.
 """
+
 import json
 import os
 import shutil
@@ -67,7 +68,9 @@ class CentralSecrets(pki.Secrets):
         with open(self.push_credentials) as f:
             hashes = json.load(f)
         hashes[host] = digest(secret(bundle.push_password_file))
-        write_if_changed(self.push_credentials, json.dumps(hashes, indent=1, sort_keys=True) + "\n", private=True)
+        write_if_changed(
+            self.push_credentials, json.dumps(hashes, indent=1, sort_keys=True) + "\n", private=True
+        )
         return bundle
 
 
@@ -94,7 +97,9 @@ class HostSecrets:
 
     def files(self, secure):
         """What must be here: the push secret, the scrape hash; with a listener beyond loopback also TLS."""
-        return [self.push_password_file, self.scrape_hash_file] + ([self.ca, *self.cert(self.host)] if secure else [])
+        return [self.push_password_file, self.scrape_hash_file] + (
+            [self.ca, *self.cert(self.host)] if secure else []
+        )
 
     def push_client(self, tls):
         """The alerting block of the agent's Prometheus: its own push secret, to the gates."""
@@ -111,6 +116,14 @@ class HostSecrets:
         config = {"basic_auth_users": {SCRAPE_USER: hashed}}
         if tls:
             crt, key = self.cert(self.host)
-            config["tls_server_config"] = {"cert_file": crt, "key_file": key, "min_version": "TLS12"}
-        write_if_changed(path, "# rendered by blockstack_deploy/fleet_auth.py: the central's scrape user, TLS\n"
-                         + yaml.safe_dump(config, sort_keys=False), private=True)
+            config["tls_server_config"] = {
+                "cert_file": crt,
+                "key_file": key,
+                "min_version": "TLS12",
+            }
+        write_if_changed(
+            path,
+            "# rendered by blockstack_deploy/fleet_auth.py: the central's scrape user, TLS\n"
+            + yaml.safe_dump(config, sort_keys=False),
+            private=True,
+        )

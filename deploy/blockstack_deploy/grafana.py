@@ -12,6 +12,7 @@ Where Grafana comes from, in this order:
    (sha256 checked against the .sha256 file beside it) into .build/grafana-VERSION/.
 Nothing is ever downloaded.
 """
+
 import hashlib
 import json
 import os
@@ -24,15 +25,20 @@ import yaml
 
 from .files import secret, write_if_changed, write_yaml
 from .paths import BUILD, REPO, SHARED
-VERSION = "12.4.0"  # the build in ../shared/grafana, and the only version the tests have run against
+
+VERSION = (
+    "12.4.0"  # the build in ../shared/grafana, and the only version the tests have run against
+)
 TARBALL = os.path.join(SHARED, "grafana", f"grafana-{VERSION}.linux-amd64.tar.xz")
 CACHE = os.path.join(BUILD, f"grafana-{VERSION}")
 APT_HOME = "/usr/share/grafana"
 PROVISIONING = os.path.join(REPO, "deploy", "grafana", "provisioning")
 DASHBOARDS = os.path.join(REPO, "dashboards")
-HINT = (f"Grafana not found: set GRAFANA_HOME to an unpacked Grafana tarball, install the `grafana` package "
-        f"from Grafana's APT repository (https://apt.grafana.com), or put {os.path.basename(TARBALL)} and its "
-        f".sha256 in {os.path.normpath(os.path.dirname(TARBALL))}")
+HINT = (
+    f"Grafana not found: set GRAFANA_HOME to an unpacked Grafana tarball, install the `grafana` package "
+    f"from Grafana's APT repository (https://apt.grafana.com), or put {os.path.basename(TARBALL)} and its "
+    f".sha256 in {os.path.normpath(os.path.dirname(TARBALL))}"
+)
 
 
 def find(unpack_shared=True):
@@ -51,7 +57,9 @@ def find(unpack_shared=True):
     binary = os.path.join(CACHE, "bin", "grafana")
     if os.access(binary, os.X_OK):
         if os.stat(CACHE).st_mode & 0o777 != 0o755 and os.geteuid() == os.stat(CACHE).st_uid:
-            os.chmod(CACHE, 0o755)  # unpacked 0700 by an older version: Grafana's own user must get in
+            os.chmod(
+                CACHE, 0o755
+            )  # unpacked 0700 by an older version: Grafana's own user must get in
         return binary, CACHE
     if unpack_shared and os.path.exists(TARBALL):
         unpack(TARBALL, CACHE)
@@ -74,7 +82,9 @@ def unpack(tarball, dest):
         expected = f.read().split()[0]
     actual = sha256(tarball)
     if actual != expected:
-        raise RuntimeError(f"{tarball}: sha256 {actual}, expected {expected} (from its .sha256 file)")
+        raise RuntimeError(
+            f"{tarball}: sha256 {actual}, expected {expected} (from its .sha256 file)"
+        )
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=os.path.basename(dest) + ".", dir=os.path.dirname(dest))
     try:
@@ -89,13 +99,21 @@ def unpack(tarball, dest):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def ini(port, data_dir, provisioning, password_file, listen="127.0.0.1", tls=None, secret_key_file=None):
+def ini(
+    port, data_dir, provisioning, password_file, listen="127.0.0.1", tls=None, secret_key_file=None
+):
     """grafana.ini: our paths and port, a generated admin password and secret_key (Grafana's
     public default would decrypt the datasource password in grafana.db), no anonymous access,
     strict same-site cookies and a CSP (secure cookies and HSTS with https), and every feature
     that calls out to the internet turned off (a monitoring host may have no internet)."""
-    https = ("cookie_secure = true\nstrict_transport_security = true\n"
-             "strict_transport_security_max_age_seconds = 31536000\n") if tls else ""
+    https = (
+        (
+            "cookie_secure = true\nstrict_transport_security = true\n"
+            "strict_transport_security_max_age_seconds = 31536000\n"
+        )
+        if tls
+        else ""
+    )
     return f"""# rendered by blockstack_deploy/grafana.py: edit the source, not this file
 [paths]
 data = {data_dir}
@@ -152,8 +170,17 @@ mode = console
 """
 
 
-def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0.0.1", scrape_interval=None,
-           tls=None, datasource_auth=None):
+def render(
+    workdir,
+    port,
+    data_dir,
+    datasource_url,
+    password_file,
+    listen="127.0.0.1",
+    scrape_interval=None,
+    tls=None,
+    datasource_auth=None,
+):
     """Write workdir/grafana.ini and workdir/grafana-provisioning/ (deploy/grafana/provisioning as
     shipped, pointed at datasource_url and at dashboards/); True if any of them changed (Grafana
     reads them only at start). tls: (cert, key) to serve https; datasource_auth: (user,
@@ -163,7 +190,12 @@ def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0
     secret_key_file = os.path.join(os.path.dirname(password_file), "grafana-secret-key")
     secret(secret_key_file)
     prov = os.path.join(workdir, "grafana-provisioning")
-    for kind in ("plugins", "alerting", "datasources", "dashboards"):  # Grafana logs an error when one is missing
+    for kind in (
+        "plugins",
+        "alerting",
+        "datasources",
+        "dashboards",
+    ):  # Grafana logs an error when one is missing
         os.makedirs(os.path.join(prov, kind), exist_ok=True)
     changed = False
     datasources = []
@@ -179,13 +211,25 @@ def render(workdir, port, data_dir, datasource_url, password_file, listen="127.0
                 if datasource_auth:
                     _add_auth(ds, *datasource_auth)
             for provider in config.get("providers", []):
-                provider["options"]["path"] = provisioned_dashboards(os.path.join(workdir, "grafana-dashboards"),
-                                                                     datasources)
+                provider["options"]["path"] = provisioned_dashboards(
+                    os.path.join(workdir, "grafana-dashboards"), datasources
+                )
             # private: the datasource may hold a password
-            changed |= write_yaml(os.path.join(prov, kind, name), config, f"blockstack_deploy/grafana.py from "
-                                  f"deploy/grafana/provisioning/{kind}/{name}", private=True)
+            changed |= write_yaml(
+                os.path.join(prov, kind, name),
+                config,
+                f"blockstack_deploy/grafana.py from deploy/grafana/provisioning/{kind}/{name}",
+                private=True,
+            )
     path = os.path.join(workdir, "grafana.ini")
-    return write_if_changed(path, ini(port, data_dir, prov, password_file, listen, tls, secret_key_file), private=True) or changed
+    return (
+        write_if_changed(
+            path,
+            ini(port, data_dir, prov, password_file, listen, tls, secret_key_file),
+            private=True,
+        )
+        or changed
+    )
 
 
 def provisioned_dashboards(dest, datasources):
@@ -223,7 +267,11 @@ def command(binary, home, ini_path, port, scheme="http", host="127.0.0.1"):
     """(argv, env, health_url) for the supervisor or procs.running."""
     argv = [binary] + (["server"] if os.path.basename(binary) == "grafana" else [])
     argv += [f"--homepath={home}", f"--config={ini_path}"]
-    env = {} if os.path.isdir("/usr/share/zoneinfo") else {"ZONEINFO": os.path.join(home, "tools", "zoneinfo.zip")}
+    env = (
+        {}
+        if os.path.isdir("/usr/share/zoneinfo")
+        else {"ZONEINFO": os.path.join(home, "tools", "zoneinfo.zip")}
+    )
     return argv, env, f"{scheme}://{host}:{port}/api/health"
 
 

@@ -23,6 +23,7 @@ be had, one log line.
 
 Standard library only (blockstack_http is too; it runs as a script under its own user).
 """
+
 import argparse
 import http.client
 import os
@@ -35,7 +36,9 @@ import blockstack_http
 FD = 3  # systemd's SD_LISTEN_FDS_START
 PATHS = ("/metrics", "/")
 REQUEST_SECONDS = 10.0  # for the request line and headers; Prometheus sends them in one go
-EXPORTER_SECONDS = 30.0  # for the exporter's answer (a scrape of node_exporter takes well under 1 s)
+EXPORTER_SECONDS = (
+    30.0  # for the exporter's answer (a scrape of node_exporter takes well under 1 s)
+)
 
 
 def exec_with_socket(path, argv):
@@ -69,15 +72,26 @@ class Front(blockstack_http.Handler):
             return
         conn = UnixConnection(self.server.socket_path, timeout=EXPORTER_SECONDS)
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() in ("accept", "accept-encoding", "user-agent")}
+            headers = {
+                k: v
+                for k, v in self.headers.items()
+                if k.lower() in ("accept", "accept-encoding", "user-agent")
+            }
             conn.request("GET", self.path, headers=headers)
             r = conn.getresponse()
             body = r.read()
         except (OSError, http.client.HTTPException) as e:
-            return self.answer(502, f"exporter unreachable: {e}\n".encode(), "text/plain; charset=utf-8")
+            return self.answer(
+                502, f"exporter unreachable: {e}\n".encode(), "text/plain; charset=utf-8"
+            )
         finally:
             conn.close()
-        self.answer(r.status, body, r.getheader("Content-Type", "text/plain"), r.getheader("Content-Encoding"))
+        self.answer(
+            r.status,
+            body,
+            r.getheader("Content-Type", "text/plain"),
+            r.getheader("Content-Encoding"),
+        )
 
     def do_other(self):
         self.answer(404, b"only GET /metrics\n", "text/plain; charset=utf-8")
@@ -100,8 +114,13 @@ class Front(blockstack_http.Handler):
 
 
 class Server(blockstack_http.Server):
-    def __init__(self, address, socket_path, max_connections=blockstack_http.MAX_CONNECTIONS,
-                 request_seconds=REQUEST_SECONDS):
+    def __init__(
+        self,
+        address,
+        socket_path,
+        max_connections=blockstack_http.MAX_CONNECTIONS,
+        request_seconds=REQUEST_SECONDS,
+    ):
         super().__init__(address, Front, max_connections, request_seconds)
         self.socket_path = socket_path
 
@@ -115,13 +134,23 @@ def main(argv=None):
         args = p.parse_args(argv[1:])
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         return exec_with_socket(args.socket, command)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("mode", choices=["serve"])
     p.add_argument("--route", action="append", required=True, metavar="ADDR:PORT=SOCKET")
-    p.add_argument("--connections", type=int, default=blockstack_http.MAX_CONNECTIONS,
-                   help="connections served at once per route (default %(default)s)")
-    p.add_argument("--request-timeout", type=float, default=REQUEST_SECONDS,
-                   help="seconds for a request line and headers to arrive (default %(default)s)")
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=blockstack_http.MAX_CONNECTIONS,
+        help="connections served at once per route (default %(default)s)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=REQUEST_SECONDS,
+        help="seconds for a request line and headers to arrive (default %(default)s)",
+    )
     args = p.parse_args(argv)
     threading.stack_size(256 << 10)  # a thread per connection: 1,024 held ones stay small
     servers = []
@@ -131,7 +160,9 @@ def main(argv=None):
         if not (addr and path and port.isdigit()):
             p.error(f"--route {route}: not ADDR:PORT=SOCKET")
         try:
-            servers.append(Server((addr.strip("[]"), int(port)), path, args.connections, args.request_timeout))
+            servers.append(
+                Server((addr.strip("[]"), int(port)), path, args.connections, args.request_timeout)
+            )
         except ValueError as e:  # --connections or --request-timeout not positive
             p.error(str(e))
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]

@@ -17,10 +17,13 @@ programs (blockstack-exporter, supervisord, the receiver's interpreter) are the 
 beside the interpreter that runs this package; where no `python` is beside it (Debian's
 /usr/bin/python3, the Debian package: packaging/), that interpreter itself runs the servers.
 """
+
 import os
 import sys
 
-REPO = os.path.abspath(os.environ.get("BLOCKSTACK_HOME") or os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO = os.path.abspath(
+    os.environ.get("BLOCKSTACK_HOME") or os.path.join(os.path.dirname(__file__), "..", "..")
+)
 BUILD = os.path.abspath(os.environ.get("BLOCKSTACK_BUILD") or os.path.join(REPO, ".build"))
 SHARED = os.path.abspath(os.environ.get("SHARED_DIR") or os.path.join(REPO, "..", "shared"))
 VENV_BIN = os.environ.get("BLOCKSTACK_BIN") or os.path.dirname(sys.executable)

@@ -8,6 +8,7 @@ the fleet CA signed (Thanos Query's client certificate). `make up-agent`, `make 
 `make up --listen/--auth` and the fleet test use these helpers; on real
 hosts use your own CA the same way (docs/fleet.md).
 """
+
 import ipaddress
 import os
 import secrets as random
@@ -39,12 +40,36 @@ def make_ca(directory, name=None, permitted=()):
     os.makedirs(directory, mode=0o700, exist_ok=True)
     crt, key = os.path.join(directory, "ca.crt"), os.path.join(directory, "ca.key")
     if not (os.path.exists(crt) and os.path.exists(key)):
-        ext = ["-addext", "basicConstraints=critical,CA:TRUE,pathlen:0", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]
+        ext = [
+            "-addext",
+            "basicConstraints=critical,CA:TRUE,pathlen:0",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]
         if permitted:
-            ext += ["-addext", "nameConstraints=critical," + ",".join(f"permitted;{n}" for n in _constraints(permitted))]
-        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-keyout", key, "-out", crt, "-subj", f"/CN={name or 'blockstack-ca-' + random.token_hex(6)}",
-                 "-days", str(CA_DAYS), *ext)
+            ext += [
+                "-addext",
+                "nameConstraints=critical,"
+                + ",".join(f"permitted;{n}" for n in _constraints(permitted)),
+            ]
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            crt,
+            "-subj",
+            f"/CN={name or 'blockstack-ca-' + random.token_hex(6)}",
+            "-days",
+            str(CA_DAYS),
+            *ext,
+        )
         os.chmod(key, 0o600)
     return crt
 
@@ -71,8 +96,11 @@ def make_cert(directory, name, hosts=(), client=False):
             sans.append(f"IP:{h}")
         except ValueError:
             sans.append(f"DNS:{h}")
-    ext = ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
-           f"extendedKeyUsage={'clientAuth' if client else 'serverAuth'}"]
+    ext = [
+        "basicConstraints=CA:FALSE",
+        "keyUsage=critical,digitalSignature,keyEncipherment",
+        f"extendedKeyUsage={'clientAuth' if client else 'serverAuth'}",
+    ]
     if sans:
         ext.append("subjectAltName=" + ",".join(sans))
     with tempfile.NamedTemporaryFile("w", suffix=".ext", dir=directory, delete=False) as f:
@@ -80,12 +108,39 @@ def make_cert(directory, name, hosts=(), client=False):
         extfile = f.name
     csr = os.path.join(directory, f"{name}.csr")
     try:
-        _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-keyout", key, "-out", csr, "-subj", f"/CN={name}")
+        _openssl(
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            csr,
+            "-subj",
+            f"/CN={name}",
+        )
         os.chmod(key, 0o600)
-        _openssl("x509", "-req", "-in", csr, "-CA", os.path.join(directory, "ca.crt"),
-                 "-CAkey", os.path.join(directory, "ca.key"), "-CAcreateserial", "-out", crt,
-                 "-days", str(DAYS), "-extfile", extfile)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            os.path.join(directory, "ca.crt"),
+            "-CAkey",
+            os.path.join(directory, "ca.key"),
+            "-CAcreateserial",
+            "-out",
+            crt,
+            "-days",
+            str(DAYS),
+            "-extfile",
+            extfile,
+        )
     finally:
         for p in (extfile, csr):
             if os.path.exists(p):
@@ -95,8 +150,13 @@ def make_cert(directory, name, hosts=(), client=False):
 
 def cert_names(crt):
     """The subjectAltName entries of a certificate ("IP Address:127.0.0.1", "DNS:localhost", ...)."""
-    out = subprocess.run(["openssl", "x509", "-in", crt, "-noout", "-ext", "subjectAltName"],
-                         check=True, capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        ["openssl", "x509", "-in", crt, "-noout", "-ext", "subjectAltName"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     return {n.strip() for line in out.splitlines()[1:] for n in line.split(",") if n.strip()}
 
 
@@ -127,9 +187,17 @@ class Secrets:
     def hashed(self):
         """bcrypt of the password, made once (bcrypt is slow on purpose; the servers cache it)."""
         import bcrypt
+
         path = os.path.join(self.dir, f"{self.user}-password.bcrypt")
-        if not os.path.exists(path) or f"${BCRYPT_COST:02d}$" not in open(path).read(30):  # made at another cost
-            write_private(path, bcrypt.hashpw(self.password().encode(), bcrypt.gensalt(rounds=BCRYPT_COST)).decode())
+        if not os.path.exists(path) or f"${BCRYPT_COST:02d}$" not in open(path).read(
+            30
+        ):  # made at another cost
+            write_private(
+                path,
+                bcrypt.hashpw(
+                    self.password().encode(), bcrypt.gensalt(rounds=BCRYPT_COST)
+                ).decode(),
+            )
         with open(path) as f:
             return f.read().strip()
 
@@ -149,8 +217,15 @@ class Secrets:
                 for f in self.cert(n):
                     if os.path.exists(f):
                         os.unlink(f)
-        if missing or not single_use:  # a single-use CA with every certificate signed has no key left
-            make_ca(self.dir, permitted=[h for hosts in server_names.values() for h in hosts] if single_use else ())
+        if (
+            missing or not single_use
+        ):  # a single-use CA with every certificate signed has no key left
+            make_ca(
+                self.dir,
+                permitted=[h for hosts in server_names.values() for h in hosts]
+                if single_use
+                else (),
+            )
         for name, hosts in server_names.items():
             make_cert(self.dir, name, hosts)
         for name in client_names:
@@ -166,9 +241,17 @@ class Secrets:
         config = {"basic_auth_users": {self.user: self.hashed()}}
         if cert_name:
             crt, key = self.cert(cert_name)
-            config["tls_server_config"] = {"cert_file": crt, "key_file": key, "min_version": "TLS12"}
-        write_if_changed(path, f"# rendered by blockstack_deploy/pki.py: basic auth (user {self.user}) and TLS for "
-                         "listeners beyond loopback\n" + yaml.safe_dump(config, sort_keys=False), private=True)
+            config["tls_server_config"] = {
+                "cert_file": crt,
+                "key_file": key,
+                "min_version": "TLS12",
+            }
+        write_if_changed(
+            path,
+            f"# rendered by blockstack_deploy/pki.py: basic auth (user {self.user}) and TLS for "
+            "listeners beyond loopback\n" + yaml.safe_dump(config, sort_keys=False),
+            private=True,
+        )
 
     def client_http(self, tls=True):
         """The `basic_auth` (+ `tls_config`) block of a Prometheus scrape or alerting config."""

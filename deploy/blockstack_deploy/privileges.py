@@ -39,6 +39,7 @@ directories 0750, the logs too); the servers share the group `blockstack`, which
 state directory's secrets (0640) and rendered configuration. Not root: everything runs as the
 invoking user, as before.
 """
+
 import grp
 import os
 import pwd
@@ -48,6 +49,8 @@ import subprocess
 
 GROUP = "blockstack"
 FRONT = "blockstack-front"  # its group alone enters the exporters' socket directories
+
+
 def _before(major, minor):
     """Whether this host's kernel is older than major.minor."""
     m = re.match(r"(\d+)\.(\d+)", os.uname().release)
@@ -60,7 +63,11 @@ IDENTITIES = {
     "blockstack": ("blockstack-exporter", ("disk",), ()),
     "dm": ("blockstack-dm", (), ("sys_admin",)),  # dm_helper.py
     # before 5.11 BPF maps count against RLIMIT_MEMLOCK, which libbpf raises: CAP_SYS_RESOURCE
-    "ebpf": ("blockstack-ebpf", (), ("bpf", "perfmon", *(("sys_resource",) if _before(5, 11) else ()))),
+    "ebpf": (
+        "blockstack-ebpf",
+        (),
+        ("bpf", "perfmon", *(("sys_resource",) if _before(5, 11) else ())),
+    ),
     "prometheus": ("blockstack-prometheus", (GROUP,), ()),
     "watcher": ("blockstack-prometheus", (GROUP,), ()),
     "sidecar": ("blockstack-prometheus", (GROUP,), ()),  # reads its Prometheus's TSDB
@@ -103,9 +110,15 @@ def wrap(program, argv):
         return list(argv)
     user, groups, caps = identity(program)
     caps_list = ",".join(f"+{c}" for c in caps)
-    prefix = ["setpriv", "--no-new-privs", "--inh-caps=-all" + ("," + caps_list if caps else ""),
-              "--bounding-set=-all" + ("," + caps_list if caps else ""),
-              f"--reuid={user}", f"--regid={user}", "--groups=" + ",".join(groups) if groups else "--clear-groups"]
+    prefix = [
+        "setpriv",
+        "--no-new-privs",
+        "--inh-caps=-all" + ("," + caps_list if caps else ""),
+        "--bounding-set=-all" + ("," + caps_list if caps else ""),
+        f"--reuid={user}",
+        f"--regid={user}",
+        "--groups=" + ",".join(groups) if groups else "--clear-groups",
+    ]
     if caps:  # ambient: a program without file capabilities keeps them across exec only so
         prefix.append(f"--ambient-caps={caps_list}")
     return prefix + ["--", *argv]
@@ -121,8 +134,21 @@ def ensure_users():
         try:
             pwd.getpwnam(user)
         except KeyError:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
-                            "--shell", "/usr/sbin/nologin", "--user-group", user], check=True, timeout=60)
+            subprocess.run(
+                [
+                    "useradd",
+                    "--system",
+                    "--no-create-home",
+                    "--home-dir",
+                    "/nonexistent",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    "--user-group",
+                    user,
+                ],
+                check=True,
+                timeout=60,
+            )
 
 
 def chown(path, user, group=None, recursive=False):
@@ -140,7 +166,9 @@ def private(path):
     UMASK) left world-readable."""
     if not os.path.isdir(path):
         return
-    for p in [path] + [os.path.join(top, n) for top, dirs, files in os.walk(path) for n in dirs + files]:
+    for p in [path] + [
+        os.path.join(top, n) for top, dirs, files in os.walk(path) for n in dirs + files
+    ]:
         mode = os.lstat(p).st_mode
         if mode & 0o007 and not stat.S_ISLNK(mode) and not stat.S_ISSOCK(mode):
             os.chmod(p, stat.S_IMODE(mode) & ~0o007)
@@ -163,9 +191,9 @@ def apply(role):
         for arg in argv:
             for flag in WRITES:
                 if arg.startswith(flag) and name.split("-")[0] != "sidecar":
-                    os.makedirs(arg[len(flag):], exist_ok=True)
-                    chown(arg[len(flag):], user, recursive=True)
-                    private(arg[len(flag):])
+                    os.makedirs(arg[len(flag) :], exist_ok=True)
+                    chown(arg[len(flag) :], user, recursive=True)
+                    private(arg[len(flag) :])
     for name, path in role.owned:
         os.makedirs(path, exist_ok=True)
         chown(path, identity(name)[0], recursive=True)
@@ -173,7 +201,12 @@ def apply(role):
     private(os.path.join(state, "logs"))
     for name, path in role.sockets:
         os.makedirs(path, exist_ok=True)
-        chown(path, identity(name)[0], group=SOCKET_CLIENTS.get(name.split("-")[0], FRONT), recursive=True)
+        chown(
+            path,
+            identity(name)[0],
+            group=SOCKET_CLIENTS.get(name.split("-")[0], FRONT),
+            recursive=True,
+        )
         os.chmod(path, 0o750)
     if "dm" in commands and os.path.exists(DM_CONTROL):
         # root's 0600 otherwise; opening it gives nothing without CAP_SYS_ADMIN (dm-ioctl.c ctl_ioctl)
@@ -184,15 +217,19 @@ def apply(role):
         os.chown(role.data, 0, gid)
         os.chmod(role.data, 0o750)
     secrets = getattr(role, "secrets", None)
-    for top in [os.path.join(state, "secrets"), os.path.join(state, "config")] + ([secrets.dir] if secrets else []):
+    for top in [os.path.join(state, "secrets"), os.path.join(state, "config")] + (
+        [secrets.dir] if secrets else []
+    ):
         if not os.path.isdir(top):
             continue
-        for d, dirs, files in os.walk(top):
+        for d, _dirs, files in os.walk(top):
             os.chown(d, 0, gid)
             os.chmod(d, 0o750)
             for f in files:
                 p = os.path.join(d, f)
-                if os.stat(p).st_uid == 0 and f != "ca.key":  # no server signs; a server's own files stay its
+                if (
+                    os.stat(p).st_uid == 0 and f != "ca.key"
+                ):  # no server signs; a server's own files stay its
                     os.chown(p, 0, gid)
                     os.chmod(p, os.stat(p).st_mode & 0o750 | 0o040)
     os.chmod(state, 0o755)

@@ -1,5 +1,6 @@
 """Servers started without a supervisor (Stack.running, the tests, the lab): free loopback ports,
 health waits, sure stops."""
+
 import contextlib
 import os
 import signal
@@ -47,7 +48,9 @@ def wait_until(what, predicate, timeout, interval=1.0):
         if value:
             return value
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f": {last}" if last else ""))
+    raise TimeoutError(
+        f"timed out after {timeout}s waiting for {what}" + (f": {last}" if last else "")
+    )
 
 
 def wait_http(url, timeout=30, proc=None):
@@ -71,8 +74,9 @@ def running(argv, env=None, health_url=None, log_path=None, timeout=30):
     """Start argv in its own process group; wait for health_url; kill the group on exit."""
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     full_env = dict(os.environ, **(env or {}))
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+    )
     try:
         if health_url:
             wait_http(health_url, timeout=timeout, proc=proc)

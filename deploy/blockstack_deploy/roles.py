@@ -28,6 +28,7 @@ restart: both Thanos Query and the watcher re-read it):
     - targets: ["10.0.0.11:10901"]                   # the sidecar's gRPC StoreAPI
       labels: {host: db1, replica: A, __http_address__: "10.0.0.11:10902"}   # its HTTP /metrics
 """
+
 import base64
 import os
 import shutil
@@ -43,7 +44,17 @@ from blockstack_rules import knobs
 
 from . import alert_gate, fleet_auth, grafana, pki, privileges
 from .files import secret, write_if_changed, write_yaml
-from .stack import BUILD, COMPONENTS, CORS_ORIGIN, RETENTION, RETENTION_SIZE, Stack, program, servers_name, which
+from .stack import (
+    BUILD,
+    COMPONENTS,
+    CORS_ORIGIN,
+    RETENTION,
+    RETENTION_SIZE,
+    Stack,
+    program,
+    servers_name,
+    which,
+)
 
 THANOS = os.path.join(BUILD, "bin", "thanos")
 GRAFANA_HINT = grafana.HINT + "; everything else runs, and `make up` picks Grafana up next time."
@@ -66,7 +77,9 @@ def probe(url, auth=None, ca=None, timeout=2):
         ctx = ssl.create_default_context(cafile=ca) if ca else ssl._create_unverified_context()
     req = urllib.request.Request(url)
     if auth:
-        req.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+        req.add_header(
+            "Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        )
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:
             r.read()
@@ -77,13 +90,13 @@ def probe(url, auth=None, ca=None, timeout=2):
         return False
 
 
-
 def self_pages_dir(state):
     """The second notifier's directory, off the state's disk: /run (tmpfs) as root, one directory
     per state directory; inside the state without root."""
     if os.geteuid() != 0:
         return os.path.join(state, "run", "self-pages")
     return os.path.join("/run", "blockstack-merges", state.strip("/").replace("/", "-"))
+
 
 class Role:
     """One way to run the stack on a host, on a state directory (configuration in STATE/config,
@@ -106,7 +119,10 @@ class Role:
     def __init__(self, state, ports=None, listen="127.0.0.1", grafana_server=None):
         """grafana_server: (binary, home) of the Grafana that runs with the role (grafana.find())."""
         self.state = os.path.abspath(state)
-        self.config, self.data = os.path.join(self.state, "config"), os.path.join(self.state, "data")
+        self.config, self.data = (
+            os.path.join(self.state, "config"),
+            os.path.join(self.state, "data"),
+        )
         self.ports = {**self.PORTS, **(ports or {})}
         self.listen, self.grafana = listen, grafana_server
 
@@ -115,8 +131,14 @@ class Role:
         their ports answered by metrics_front.py with /metrics only: Go's /debug/pprof/ has no
         off switch and ebpf_exporter no web config (basic auth)."""
         stack.metrics_socket_dir = os.path.join(self.state, "run")
-        self.sockets = [(c, os.path.dirname(stack.metrics_socket(c))) for c in ("node", "ebpf") if c in stack.components]
-        if "blockstack" in stack.components and privileges.device_mapper():  # else nothing holds CAP_SYS_ADMIN
+        self.sockets = [
+            (c, os.path.dirname(stack.metrics_socket(c)))
+            for c in ("node", "ebpf")
+            if c in stack.components
+        ]
+        if (
+            "blockstack" in stack.components and privileges.device_mapper()
+        ):  # else nothing holds CAP_SYS_ADMIN
             stack.dm_helper_socket = os.path.join(self.state, "run", "dm", "helper.sock")
             self.sockets.append(("dm", os.path.dirname(stack.dm_helper_socket)))
 
@@ -126,16 +148,28 @@ class Role:
 
     def _grafana_command(self, scheme="http", host="127.0.0.1"):
         binary, home = self.grafana
-        return grafana.command(binary, home, os.path.join(self.config, "grafana.ini"), self.ports["grafana"],
-                               scheme=scheme, host=host)
+        return grafana.command(
+            binary,
+            home,
+            os.path.join(self.config, "grafana.ini"),
+            self.ports["grafana"],
+            scheme=scheme,
+            host=host,
+        )
 
     def _render_grafana(self, datasource_url, **auth):
         """grafana.ini and provisioning in STATE/config, Grafana's database in STATE/grafana."""
         if not self.grafana:
             return []
-        changed = grafana.render(self.config, self.ports["grafana"], os.path.join(self.state, "grafana", "data"),
-                                 datasource_url, os.path.join(self.state, "secrets", "grafana-admin-password"),
-                                 listen=self.listen, **auth)
+        changed = grafana.render(
+            self.config,
+            self.ports["grafana"],
+            os.path.join(self.state, "grafana", "data"),
+            datasource_url,
+            os.path.join(self.state, "secrets", "grafana-admin-password"),
+            listen=self.listen,
+            **auth,
+        )
         return ["grafana"] if changed else []
 
 
@@ -143,12 +177,28 @@ class Standalone(Role):
     """The single-host stack (stack.Stack) and Grafana; TLS + basic auth beyond loopback or with auth."""
 
     name = "standalone"
-    PORTS = {"prometheus": 9090, "alertmanager": 9093, "node": 9100, "blockstack": 9363,
-             "ebpf": 9435, "receiver": 9466, "receiver-self": 9467, "grafana": 3000}
+    PORTS = {
+        "prometheus": 9090,
+        "alertmanager": 9093,
+        "node": 9100,
+        "blockstack": 9363,
+        "ebpf": 9435,
+        "receiver": 9466,
+        "receiver-self": 9467,
+        "grafana": 3000,
+    }
     reloads = ("prometheus",)  # no --web.enable-lifecycle: any local user could POST /-/quit
 
-    def __init__(self, state, ports=None, listen="127.0.0.1", auth=False, tls=None, grafana_server=None,
-                 ebpf_configs=None):
+    def __init__(
+        self,
+        state,
+        ports=None,
+        listen="127.0.0.1",
+        auth=False,
+        tls=None,
+        grafana_server=None,
+        ebpf_configs=None,
+    ):
         """tls: the operator's (cert, key, ca) instead of the generated ones, copied into STATE/secrets."""
         super().__init__(state, ports, listen, grafana_server)
         self.web = None  # basic auth + TLS on Prometheus, Alertmanager and Grafana (user admin)
@@ -157,16 +207,26 @@ class Standalone(Role):
             self.web = self.admin
         self.tls = tls
         self.cert_name = "operator" if tls else "server"
-        self.stack = Stack(self.config, components=COMPONENTS, ports={c: self.ports[c] for c in COMPONENTS},
-                           ebpf_configs=ebpf_configs, ebpf_cache=os.path.join(self.state, "ebpf-configs.txt"),
-                           data_dir=self.data)
+        self.stack = Stack(
+            self.config,
+            components=COMPONENTS,
+            ports={c: self.ports[c] for c in COMPONENTS},
+            ebpf_configs=ebpf_configs,
+            ebpf_cache=os.path.join(self.state, "ebpf-configs.txt"),
+            data_dir=self.data,
+        )
         self.stack.receiver_token_file = os.path.join(self.state, "secrets", "receiver-token")
         self.stack.pages_file = os.path.join(self.state, "pages", "pages.jsonl")
         run = self_pages_dir(self.state)
         self.stack.self_pages_file = os.path.join(run, "pages.jsonl")
-        self.stack.heartbeat_url_file = os.path.join(self.state, "secrets", "heartbeat-url")  # when the operator made it
-        self.owned = [("receiver", os.path.dirname(self.stack.pages_file)), ("receiver-self", run),
-                      ("grafana", os.path.join(self.state, "grafana"))]
+        self.stack.heartbeat_url_file = os.path.join(
+            self.state, "secrets", "heartbeat-url"
+        )  # when the operator made it
+        self.owned = [
+            ("receiver", os.path.dirname(self.stack.pages_file)),
+            ("receiver-self", run),
+            ("grafana", os.path.join(self.state, "grafana")),
+        ]
         # Prometheus takes the admin password, Alertmanager its own (self.silencer), in every mode (plain HTTP on loopback
         # by default); the exporters with a /debug/pprof/ answer /metrics only (metrics_front.py)
         self.stack.loopback_web_config = os.path.join(self.config, "loopback-web.yml")
@@ -194,14 +254,23 @@ class Standalone(Role):
         else:
             os.makedirs(self.config, exist_ok=True)
             self.admin.web_config(self.stack.loopback_web_config, cert_name=None)
-        self.silencer.web_config(self.stack.alertmanager_auth[0], cert_name=self.cert_name if self.web else None)
+        self.silencer.web_config(
+            self.stack.alertmanager_auth[0], cert_name=self.cert_name if self.web else None
+        )
         if self.grafana:  # Prometheus scrapes Grafana's /metrics too (BlockStackGrafanaDown)
-            self.stack.also_scrape["grafana"] = (f"{self.stack.address('grafana')}:{self.ports['grafana']}",
-                                                 "https" if self.web else "http")
+            self.stack.also_scrape["grafana"] = (
+                f"{self.stack.address('grafana')}:{self.ports['grafana']}",
+                "https" if self.web else "http",
+            )
         self.stack.render()
-        auth = {"datasource_auth": (self.admin.user, self.admin.password_file, None)}  # Prometheus's basic auth
+        auth = {
+            "datasource_auth": (self.admin.user, self.admin.password_file, None)
+        }  # Prometheus's basic auth
         if self.web:
-            auth = {"tls": self.web.cert(self.cert_name), "datasource_auth": (self.web.user, self.web.password_file, self.ca)}
+            auth = {
+                "tls": self.web.cert(self.cert_name),
+                "datasource_auth": (self.web.user, self.web.password_file, self.ca),
+            }
         return self._render_grafana(self.stack.url("prometheus"), **auth)
 
     def _render_web_auth(self):
@@ -216,10 +285,15 @@ class Standalone(Role):
                     write_if_changed(dst, f.read(), private=True)
         else:
             one = self.listen not in ("0.0.0.0", "::")
-            names = ["127.0.0.1", "localhost", socket.gethostname()] + ([self.listen] if one else [])
+            names = ["127.0.0.1", "localhost", socket.gethostname()] + (
+                [self.listen] if one else []
+            )
             crt, _ = self.web.cert("server")
-            if one and os.path.exists(crt) and \
-                    not {f"IP Address:{self.listen}", f"DNS:{self.listen}"} & pki.cert_names(crt):  # for another --listen
+            if (
+                one
+                and os.path.exists(crt)
+                and not {f"IP Address:{self.listen}", f"DNS:{self.listen}"} & pki.cert_names(crt)
+            ):  # for another --listen
                 os.unlink(crt)
             self.web.ensure(server_names={"server": list(dict.fromkeys(names))}, single_use=True)
         os.makedirs(self.config, exist_ok=True)
@@ -228,31 +302,43 @@ class Standalone(Role):
     def commands(self):
         cmds = self.stack.commands()
         if self.grafana:
-            cmds["grafana"] = self._grafana_command("https" if self.web else "http", self.stack.address("grafana"))
+            cmds["grafana"] = self._grafana_command(
+                "https" if self.web else "http", self.stack.address("grafana")
+            )
         return cmds
 
     def summary(self, elapsed):
         host = "127.0.0.1" if self.listen in ("127.0.0.1", "0.0.0.0") else self.listen
         scheme = "https" if self.web else "http"
         p = self.ports
-        lines = [f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}, servers: {servers_name()}",
-                 f"  Prometheus     {scheme}://{host}:{p['prometheus']}/   (alerts: /alerts; admin, password in {self.admin.password_file})",
-                 f"  Alertmanager   {scheme}://{host}:{p['alertmanager']}/   (alertmanager, password in {self.silencer.password_file})",
-                 f"  pages file     {self.stack.pages_file}",
-                 f"  pager's own    {self.stack.self_pages_file}   (the second notifier: the pager's own failures)"]
-        for name, label in (("node", "node_exporter"), ("blockstack", "blockstack-exporter"), ("ebpf", "ebpf_exporter")):
+        lines = [
+            f"Block Stack Merges is up ({elapsed:.1f} s), state in {self.state}, servers: {servers_name()}",
+            f"  Prometheus     {scheme}://{host}:{p['prometheus']}/   (alerts: /alerts; admin, password in {self.admin.password_file})",
+            f"  Alertmanager   {scheme}://{host}:{p['alertmanager']}/   (alertmanager, password in {self.silencer.password_file})",
+            f"  pages file     {self.stack.pages_file}",
+            f"  pager's own    {self.stack.self_pages_file}   (the second notifier: the pager's own failures)",
+        ]
+        for name, label in (
+            ("node", "node_exporter"),
+            ("blockstack", "blockstack-exporter"),
+            ("ebpf", "ebpf_exporter"),
+        ):
             if name != "ebpf" or self.stack.runs_ebpf:
                 lines.append(f"  {label:<14} http://127.0.0.1:{p[name]}/metrics")
         lines += ebpf_summary(self.stack)
         lines.append(f"  {'page receiver':<14} http://127.0.0.1:{p['receiver']}/")
         if self.grafana:
-            lines.append(f"  Grafana        {scheme}://{host}:{p['grafana']}/d/blockstack-merges  "
-                         f"(admin, password in {self.state}/secrets/grafana-admin-password)")
+            lines.append(
+                f"  Grafana        {scheme}://{host}:{p['grafana']}/d/blockstack-merges  "
+                f"(admin, password in {self.state}/secrets/grafana-admin-password)"
+            )
         else:
             lines.append(GRAFANA_HINT)
         if self.web:
-            lines.append(f"  TLS + basic auth: admin / password in {self.web.password_file} (alertmanager / "
-                         f"{self.silencer.password_file} on Alertmanager), CA {self.ca}")
+            lines.append(
+                f"  TLS + basic auth: admin / password in {self.web.password_file} (alertmanager / "
+                f"{self.silencer.password_file} on Alertmanager), CA {self.ca}"
+            )
         return lines
 
 
@@ -270,9 +356,13 @@ def ebpf_summary(stack):
         if not chosen:
             blind = " (the collapse page cannot fire on this host)" if name == "block" else ""
             failures = "; ".join(f"{variant}: {error}" for variant, error in errors.items())
-            lines.append(f"  WARNING: no {name} BPF programs load on this kernel{blind}: {failures}")
+            lines.append(
+                f"  WARNING: no {name} BPF programs load on this kernel{blind}: {failures}"
+            )
     if not stack.runs_ebpf:
-        lines.append(f"  {'ebpf_exporter':<14} not started: nothing to load ({stack.ebpf_status_file})")
+        lines.append(
+            f"  {'ebpf_exporter':<14} not started: nothing to load ({stack.ebpf_status_file})"
+        )
     return lines
 
 
@@ -282,7 +372,9 @@ class FleetRole(Role):
     extra = ()  # lines the role adds to the summary
 
     def summary(self, elapsed):
-        lines = [f"Block Stack Merges {self.name} role is up ({elapsed:.1f} s), state in {self.state}"]
+        lines = [
+            f"Block Stack Merges {self.name} role is up ({elapsed:.1f} s), state in {self.state}"
+        ]
         lines += [f"  {name:<22} {url}" for name, (_, _, url) in self.commands().items()]
         lines += self.extra
         return lines
@@ -297,17 +389,35 @@ class Agent(FleetRole):
 
     name = "agent"
     # Per host: the sidecar ports are the ones the central inventory names.
-    PORTS = {"node": 9100, "blockstack": 9363, "ebpf": 9435,
-             "prometheus-A": 9090, "prometheus-B": 9091,
-             "sidecar-A-grpc": 10901, "sidecar-A-http": 10902,
-             "sidecar-B-grpc": 10911, "sidecar-B-http": 10912}
+    PORTS = {
+        "node": 9100,
+        "blockstack": 9363,
+        "ebpf": 9435,
+        "prometheus-A": 9090,
+        "prometheus-B": 9091,
+        "sidecar-A-grpc": 10901,
+        "sidecar-A-http": 10902,
+        "sidecar-B-grpc": 10911,
+        "sidecar-B-http": 10912,
+    }
 
     @property
     def extra(self):
         return ebpf_summary(self.exporters)
 
-    def __init__(self, state, host, alertmanagers, secrets=None, replicas=("A",), listen="127.0.0.1",
-                 ports=None, devices=None, scrape_interval="5s", ebpf_configs=None):
+    def __init__(
+        self,
+        state,
+        host,
+        alertmanagers,
+        secrets=None,
+        replicas=("A",),
+        listen="127.0.0.1",
+        ports=None,
+        devices=None,
+        scrape_interval="5s",
+        ebpf_configs=None,
+    ):
         """alertmanagers: ["ADDR:PORT", ...] every central alert gate. secrets: this host's
         fleet_auth.HostSecrets (its push secret; its certificate and the scrape user's hash when
         listen is not loopback). devices: a regex
@@ -315,15 +425,24 @@ class Agent(FleetRole):
         fleet test), real hosts own every device they see."""
         super().__init__(state, ports, listen)
         if secrets is None:
-            raise ValueError("an agent needs its fleet secrets (fleet_auth.HostSecrets: push secret, scrape hash)")
+            raise ValueError(
+                "an agent needs its fleet secrets (fleet_auth.HostSecrets: push secret, scrape hash)"
+            )
         self.host, self.replicas = host, list(replicas)
         self.alertmanagers, self.secrets, self.devices = list(alertmanagers), secrets, devices
         self.reloads = tuple(f"prometheus-{r}" for r in self.replicas)
         exporters = ("node", "blockstack", "ebpf")
-        self.exporters = Stack(self.config, host=host, components=exporters, scrape_interval=scrape_interval,
-                               evaluation_interval=scrape_interval, ebpf_configs=ebpf_configs,
-                               ebpf_cache=os.path.join(self.state, "ebpf-configs.txt"),
-                               ports={c: self.ports[c] for c in exporters}, data_dir=self.data)
+        self.exporters = Stack(
+            self.config,
+            host=host,
+            components=exporters,
+            scrape_interval=scrape_interval,
+            evaluation_interval=scrape_interval,
+            ebpf_configs=ebpf_configs,
+            ebpf_cache=os.path.join(self.state, "ebpf-configs.txt"),
+            ports={c: self.ports[c] for c in exporters},
+            data_dir=self.data,
+        )
         self._front_exporters(self.exporters)
         # The replicas' Prometheus (and its /debug/pprof/) behind a password of this host's own,
         # which only the sidecars send (prometheus-client.yml); it never leaves the host.
@@ -332,10 +451,17 @@ class Agent(FleetRole):
     def inventory_entries(self, address=None):
         """This agent's lines for the central inventory."""
         address = address or self.listen
-        return [{"targets": [f"{address}:{self.ports[f'sidecar-{r}-grpc']}"],
-                 "labels": {"host": self.host, "replica": r,
-                            "__http_address__": f"{address}:{self.ports[f'sidecar-{r}-http']}"}}
-                for r in self.replicas]
+        return [
+            {
+                "targets": [f"{address}:{self.ports[f'sidecar-{r}-grpc']}"],
+                "labels": {
+                    "host": self.host,
+                    "replica": r,
+                    "__http_address__": f"{address}:{self.ports[f'sidecar-{r}-http']}",
+                },
+            }
+            for r in self.replicas
+        ]
 
     def prometheus_config(self, replica):
         base = self.exporters.prometheus_config()
@@ -344,15 +470,19 @@ class Agent(FleetRole):
             # Simulated hosts share one kernel: keep only this host's devices (and series that
             # have no device label at all).
             for sc in scrape_configs:
-                sc["metric_relabel_configs"] = [{"source_labels": ["device"], "regex": f"({self.devices})?",
-                                                 "action": "keep"}]
+                sc["metric_relabel_configs"] = [
+                    {"source_labels": ["device"], "regex": f"({self.devices})?", "action": "keep"}
+                ]
         am = {"static_configs": [{"targets": self.alertmanagers}], "timeout": "10s"}
         if self.secrets:
             # The gates take this host's push secret, over TLS whenever they listen beyond loopback.
             central_secure = not all(loopback(a.rsplit(":", 1)[0]) for a in self.alertmanagers)
             am.update(self.secrets.push_client(tls=central_secure))
         return {
-            "global": {**base["global"], "external_labels": {"host": self.host, "replica": replica}},
+            "global": {
+                **base["global"],
+                "external_labels": {"host": self.host, "replica": replica},
+            },
             "rule_files": base["rule_files"],
             "scrape_configs": scrape_configs,
             "alerting": {
@@ -367,10 +497,19 @@ class Agent(FleetRole):
         os.makedirs(self.config, exist_ok=True)
         self._make_socket_dirs()
         for r in self.replicas:
-            write_yaml(os.path.join(self.config, f"prometheus-{r}.yml"), self.prometheus_config(r), SOURCE)
+            write_yaml(
+                os.path.join(self.config, f"prometheus-{r}.yml"), self.prometheus_config(r), SOURCE
+            )
         self.admin.web_config(os.path.join(self.config, "prometheus-web.yml"), cert_name=None)
-        write_yaml(os.path.join(self.config, "prometheus-client.yml"), self.admin.client_http(tls=False), SOURCE, private=True)
-        self.secrets.sidecar_web_config(os.path.join(self.config, "web-config.yml"), tls=self.secure)
+        write_yaml(
+            os.path.join(self.config, "prometheus-client.yml"),
+            self.admin.client_http(tls=False),
+            SOURCE,
+            private=True,
+        )
+        self.secrets.sidecar_web_config(
+            os.path.join(self.config, "web-config.yml"), tls=self.secure
+        )
         return []
 
     def commands(self):
@@ -379,28 +518,49 @@ class Agent(FleetRole):
         for r in self.replicas:
             prom = self.ports[f"prometheus-{r}"]
             cmds[f"prometheus-{r}"] = (
-                [program("prometheus"), f"--config.file={w}/prometheus-{r}.yml",
-                 f"--storage.tsdb.path={d}/prometheus-{r}", f"--storage.tsdb.retention.time={RETENTION}",
-                 f"--storage.tsdb.retention.size={RETENTION_SIZE}",
-                 # Thanos: fixed 2 h blocks, so a sidecar with an object store uploads every block.
-                 "--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h",
-                 # no --web.enable-lifecycle: POST /-/quit exits 0, which Restart=on-failure does
-                 # not restart; reloads are SIGHUP (self.reloads)
-                 f"--web.listen-address=127.0.0.1:{prom}", f"--web.cors.origin={CORS_ORIGIN}",
-                 f"--web.config.file={w}/prometheus-web.yml"],
-                {}, f"http://127.0.0.1:{prom}/-/ready")
-            argv = [thanos(), "sidecar", f"--prometheus.url=http://127.0.0.1:{prom}",
-                    f"--prometheus.http-client-file={w}/prometheus-client.yml", f"--tsdb.path={d}/prometheus-{r}",
-                    f"--grpc-address={self.listen}:{self.ports[f'sidecar-{r}-grpc']}",
-                    f"--http-address={self.listen}:{self.ports[f'sidecar-{r}-http']}",
-                    f"--http.config={w}/web-config.yml", "--log.level=warn"]
+                [
+                    program("prometheus"),
+                    f"--config.file={w}/prometheus-{r}.yml",
+                    f"--storage.tsdb.path={d}/prometheus-{r}",
+                    f"--storage.tsdb.retention.time={RETENTION}",
+                    f"--storage.tsdb.retention.size={RETENTION_SIZE}",
+                    # Thanos: fixed 2 h blocks, so a sidecar with an object store uploads every block.
+                    "--storage.tsdb.min-block-duration=2h",
+                    "--storage.tsdb.max-block-duration=2h",
+                    # no --web.enable-lifecycle: POST /-/quit exits 0, which Restart=on-failure does
+                    # not restart; reloads are SIGHUP (self.reloads)
+                    f"--web.listen-address=127.0.0.1:{prom}",
+                    f"--web.cors.origin={CORS_ORIGIN}",
+                    f"--web.config.file={w}/prometheus-web.yml",
+                ],
+                {},
+                f"http://127.0.0.1:{prom}/-/ready",
+            )
+            argv = [
+                thanos(),
+                "sidecar",
+                f"--prometheus.url=http://127.0.0.1:{prom}",
+                f"--prometheus.http-client-file={w}/prometheus-client.yml",
+                f"--tsdb.path={d}/prometheus-{r}",
+                f"--grpc-address={self.listen}:{self.ports[f'sidecar-{r}-grpc']}",
+                f"--http-address={self.listen}:{self.ports[f'sidecar-{r}-http']}",
+                f"--http.config={w}/web-config.yml",
+                "--log.level=warn",
+            ]
             scheme = "http"
             if self.secure:
                 crt, key = self.secrets.cert(self.host)
-                argv += [f"--grpc-server-tls-cert={crt}", f"--grpc-server-tls-key={key}",
-                         f"--grpc-server-tls-client-ca={self.secrets.ca}"]
+                argv += [
+                    f"--grpc-server-tls-cert={crt}",
+                    f"--grpc-server-tls-key={key}",
+                    f"--grpc-server-tls-client-ca={self.secrets.ca}",
+                ]
                 scheme = "https"
-            cmds[f"sidecar-{r}"] = (argv, {}, f"{scheme}://{self.listen}:{self.ports[f'sidecar-{r}-http']}/-/ready")
+            cmds[f"sidecar-{r}"] = (
+                argv,
+                {},
+                f"{scheme}://{self.listen}:{self.ports[f'sidecar-{r}-http']}/-/ready",
+            )
         return cmds
 
 
@@ -410,12 +570,35 @@ class Central(FleetRole):
 
     name = "central"
     # gate-N: what agents push to (the fleet address); alertmanager-N: the peer's web, 127.0.0.1
-    PORTS = {"receiver": 9466, "query-http": 10904, "query-grpc": 10903, "watcher-A": 9089, "watcher-B": 9088,
-             "gate-1": 9093, "alertmanager-1": 9193, "alertmanager-1-cluster": 9094,
-             "gate-2": 9095, "alertmanager-2": 9195, "alertmanager-2-cluster": 9096, "grafana": 3000}
+    PORTS = {
+        "receiver": 9466,
+        "query-http": 10904,
+        "query-grpc": 10903,
+        "watcher-A": 9089,
+        "watcher-B": 9088,
+        "gate-1": 9093,
+        "alertmanager-1": 9193,
+        "alertmanager-1-cluster": 9094,
+        "gate-2": 9095,
+        "alertmanager-2": 9195,
+        "alertmanager-2-cluster": 9096,
+        "grafana": 3000,
+    }
 
-    def __init__(self, state, inventory, secrets, listen="127.0.0.1", ports=None, peers=2, cluster_peers=(),
-                 watchers=("A",), scrape_interval="5s", host_down_for=None, grafana_server=None):
+    def __init__(
+        self,
+        state,
+        inventory,
+        secrets,
+        listen="127.0.0.1",
+        ports=None,
+        peers=2,
+        cluster_peers=(),
+        watchers=("A",),
+        scrape_interval="5s",
+        host_down_for=None,
+        grafana_server=None,
+    ):
         """inventory: the file_sd file of every agent sidecar. secrets: fleet_auth.CentralSecrets.
         listen: the address agents reach the alert gates on (TLS when not loopback). cluster_peers: Alertmanager
         peers on other machines (ADDR:PORT of their cluster listener)."""
@@ -430,10 +613,19 @@ class Central(FleetRole):
             self.ports.setdefault(f"alertmanager-{i}-cluster", 9094 + 2 * (i - 1))
         for r in self.watchers:
             self.ports.setdefault(f"watcher-{r}", 9089 - (ord(r) - ord("A")))
-        self.receiver_stack = Stack(self.config, components=("receiver", "alertmanager"),
-                                    ports={"receiver": self.ports["receiver"], "alertmanager": self.ports["alertmanager-1"]})
+        self.receiver_stack = Stack(
+            self.config,
+            components=("receiver", "alertmanager"),
+            ports={
+                "receiver": self.ports["receiver"],
+                "alertmanager": self.ports["alertmanager-1"],
+            },
+        )
         self.receiver_stack.pages_file = os.path.join(self.state, "pages", "pages.jsonl")
-        self.owned = [("receiver", os.path.dirname(self.pages_file)), ("grafana", os.path.join(self.state, "grafana"))]
+        self.owned = [
+            ("receiver", os.path.dirname(self.pages_file)),
+            ("grafana", os.path.join(self.state, "grafana")),
+        ]
 
     @property
     def pages_file(self):
@@ -451,23 +643,44 @@ class Central(FleetRole):
             "job_name": "fleet-agent",
             "scrape_interval": self.scrape_interval,
             "file_sd_configs": [{"files": [self.inventory], "refresh_interval": "1m"}],
-            "relabel_configs": [{"source_labels": ["__http_address__"], "target_label": "__address__"}],
+            "relabel_configs": [
+                {"source_labels": ["__http_address__"], "target_label": "__address__"}
+            ],
             # `up` is what the watcher is for; of the sidecar's own few hundred series keep only
             # whether it reaches its Prometheus (a few series per replica at 1,000 hosts).
-            "metric_relabel_configs": [{"source_labels": ["__name__"], "regex": "thanos_sidecar_prometheus_up",
-                                        "action": "keep"}],
+            "metric_relabel_configs": [
+                {
+                    "source_labels": ["__name__"],
+                    "regex": "thanos_sidecar_prometheus_up",
+                    "action": "keep",
+                }
+            ],
         }
         agent_job.update(self.secrets.scrape.client_http(tls=self.secure))
-        am = {"static_configs": [{"targets": [f"127.0.0.1:{self.ports[f'alertmanager-{i}']}"
-                                              for i in range(1, self.peers + 1)]}],
-              "timeout": "10s", **self.secrets.client_http(tls=False)}
+        am = {
+            "static_configs": [
+                {
+                    "targets": [
+                        f"127.0.0.1:{self.ports[f'alertmanager-{i}']}"
+                        for i in range(1, self.peers + 1)
+                    ]
+                }
+            ],
+            "timeout": "10s",
+            **self.secrets.client_http(tls=False),
+        }
         return {
-            "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval,
-                       "external_labels": {"watcher": replica}},
+            "global": {
+                "scrape_interval": self.scrape_interval,
+                "evaluation_interval": self.scrape_interval,
+                "external_labels": {"watcher": replica},
+            },
             "rule_files": [os.path.join(self.config, "fleet.rules.yml")],
             "scrape_configs": [agent_job],
-            "alerting": {"alert_relabel_configs": [{"action": "labeldrop", "regex": "watcher"}],
-                         "alertmanagers": [am]},
+            "alerting": {
+                "alert_relabel_configs": [{"action": "labeldrop", "regex": "watcher"}],
+                "alertmanagers": [am],
+            },
         }
 
     def render(self):
@@ -475,56 +688,107 @@ class Central(FleetRole):
         if not os.path.exists(self.inventory):
             os.makedirs(os.path.dirname(self.inventory), exist_ok=True)
             with open(self.inventory, "w") as f:
-                f.write("# Fleet inventory (file_sd): one entry per agent Prometheus replica's Thanos sidecar.\n"
-                        "# Thanos Query and the watcher re-read this file on change; see docs/fleet.md.\n[]\n")
+                f.write(
+                    "# Fleet inventory (file_sd): one entry per agent Prometheus replica's Thanos sidecar.\n"
+                    "# Thanos Query and the watcher re-read this file on change; see docs/fleet.md.\n[]\n"
+                )
         secret(self.receiver_stack.receiver_token_file)
-        write_yaml(os.path.join(self.config, "alertmanager.yml"), self.receiver_stack.alertmanager_config(), SOURCE)
+        write_yaml(
+            os.path.join(self.config, "alertmanager.yml"),
+            self.receiver_stack.alertmanager_config(),
+            SOURCE,
+        )
         # the fleet test waits less for a host down than the knob says
         overrides = {"fleet_host_down_for": self.host_down_for} if self.host_down_for else {}
-        write_if_changed(os.path.join(self.config, "fleet.rules.yml"),
-                         knobs.rule_files(knobs.load(), **overrides)[knobs.FLEET_RULES])
+        write_if_changed(
+            os.path.join(self.config, "fleet.rules.yml"),
+            knobs.rule_files(knobs.load(), **overrides)[knobs.FLEET_RULES],
+        )
         for r in self.watchers:
-            write_yaml(os.path.join(self.config, f"watcher-{r}.yml"), self.watcher_config(r), SOURCE)
+            write_yaml(
+                os.path.join(self.config, f"watcher-{r}.yml"), self.watcher_config(r), SOURCE
+            )
         # the Alertmanager peers, the watchers and Thanos Query (and their /debug/pprof/): the admin password
         self.secrets.web_config(os.path.join(self.config, "admin-web.yml"), cert_name=None)
-        return self._render_grafana(self.query_url(), datasource_auth=(self.secrets.user, self.secrets.password_file, None))
+        return self._render_grafana(
+            self.query_url(), datasource_auth=(self.secrets.user, self.secrets.password_file, None)
+        )
 
     def commands(self):
         w, d, p = self.config, self.data, self.ports
         cmds = {"receiver": self.receiver_stack.commands()["receiver"]}
         for i in range(1, self.peers + 1):
-            argv = [program("alertmanager"), f"--config.file={w}/alertmanager.yml",
-                    f"--storage.path={d}/alertmanager-{i}", f"--web.listen-address=127.0.0.1:{p[f'alertmanager-{i}']}",
-                    f"--web.config.file={w}/admin-web.yml",
-                    f"--cluster.listen-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
-                    f"--cluster.advertise-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
-                    "--cluster.settle-timeout=15s"]
-            argv += [f"--cluster.peer=127.0.0.1:{p[f'alertmanager-{j}-cluster']}"
-                     for j in range(1, self.peers + 1) if j != i]
+            argv = [
+                program("alertmanager"),
+                f"--config.file={w}/alertmanager.yml",
+                f"--storage.path={d}/alertmanager-{i}",
+                f"--web.listen-address=127.0.0.1:{p[f'alertmanager-{i}']}",
+                f"--web.config.file={w}/admin-web.yml",
+                f"--cluster.listen-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
+                f"--cluster.advertise-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
+                "--cluster.settle-timeout=15s",
+            ]
+            argv += [
+                f"--cluster.peer=127.0.0.1:{p[f'alertmanager-{j}-cluster']}"
+                for j in range(1, self.peers + 1)
+                if j != i
+            ]
             argv += [f"--cluster.peer={peer}" for peer in self.cluster_peers]
-            cmds[f"alertmanager-{i}"] = (argv, {}, f"http://127.0.0.1:{p[f'alertmanager-{i}']}/-/healthy")
-            gate = [program("gate"), alert_gate.__file__, f"--listen={self.listen}:{p[f'gate-{i}']}",
-                    f"--alertmanager=http://127.0.0.1:{p[f'alertmanager-{i}']}",
-                    f"--credentials={self.secrets.push_credentials}", f"--admin-password-file={self.secrets.password_file}"]
+            cmds[f"alertmanager-{i}"] = (
+                argv,
+                {},
+                f"http://127.0.0.1:{p[f'alertmanager-{i}']}/-/healthy",
+            )
+            gate = [
+                program("gate"),
+                alert_gate.__file__,
+                f"--listen={self.listen}:{p[f'gate-{i}']}",
+                f"--alertmanager=http://127.0.0.1:{p[f'alertmanager-{i}']}",
+                f"--credentials={self.secrets.push_credentials}",
+                f"--admin-password-file={self.secrets.password_file}",
+            ]
             if self.secure:
                 crt, key = self.secrets.cert("central")
                 gate += [f"--tls-cert={crt}", f"--tls-key={key}"]
-            cmds[f"gate-{i}"] = (gate, {}, f"{'https' if self.secure else 'http'}://{self.listen}:{p[f'gate-{i}']}/-/healthy")
+            cmds[f"gate-{i}"] = (
+                gate,
+                {},
+                f"{'https' if self.secure else 'http'}://{self.listen}:{p[f'gate-{i}']}/-/healthy",
+            )
         for r in self.watchers:
-            cmds[f"watcher-{r}"] = ([program("prometheus"), f"--config.file={w}/watcher-{r}.yml",
-                                     f"--storage.tsdb.path={d}/watcher-{r}", f"--storage.tsdb.retention.time={RETENTION}",
-                                     f"--storage.tsdb.retention.size={RETENTION_SIZE}",
-                                     f"--web.listen-address=127.0.0.1:{p[f'watcher-{r}']}", f"--web.cors.origin={CORS_ORIGIN}",
-                                     f"--web.config.file={w}/admin-web.yml"],
-                                    {}, f"http://127.0.0.1:{p[f'watcher-{r}']}/-/ready")
-        argv = [thanos(), "query", f"--http-address=127.0.0.1:{p['query-http']}",
-                f"--grpc-address=127.0.0.1:{p['query-grpc']}", "--query.replica-label=replica",
-                f"--store.sd-files={self.inventory}", "--store.sd-interval=1m", f"--http.config={w}/admin-web.yml",
-                "--log.level=warn"]
+            cmds[f"watcher-{r}"] = (
+                [
+                    program("prometheus"),
+                    f"--config.file={w}/watcher-{r}.yml",
+                    f"--storage.tsdb.path={d}/watcher-{r}",
+                    f"--storage.tsdb.retention.time={RETENTION}",
+                    f"--storage.tsdb.retention.size={RETENTION_SIZE}",
+                    f"--web.listen-address=127.0.0.1:{p[f'watcher-{r}']}",
+                    f"--web.cors.origin={CORS_ORIGIN}",
+                    f"--web.config.file={w}/admin-web.yml",
+                ],
+                {},
+                f"http://127.0.0.1:{p[f'watcher-{r}']}/-/ready",
+            )
+        argv = [
+            thanos(),
+            "query",
+            f"--http-address=127.0.0.1:{p['query-http']}",
+            f"--grpc-address=127.0.0.1:{p['query-grpc']}",
+            "--query.replica-label=replica",
+            f"--store.sd-files={self.inventory}",
+            "--store.sd-interval=1m",
+            f"--http.config={w}/admin-web.yml",
+            "--log.level=warn",
+        ]
         if self.secure:
             crt, key = self.secrets.cert("query")
-            argv += ["--grpc-client-tls-secure", f"--grpc-client-tls-cert={crt}", f"--grpc-client-tls-key={key}",
-                     f"--grpc-client-tls-ca={self.secrets.ca}"]
+            argv += [
+                "--grpc-client-tls-secure",
+                f"--grpc-client-tls-cert={crt}",
+                f"--grpc-client-tls-key={key}",
+                f"--grpc-client-tls-ca={self.secrets.ca}",
+            ]
         cmds["query"] = (argv, {}, self.query_url("/-/ready"))
         if self.grafana:
             cmds["grafana"] = self._grafana_command()
@@ -532,43 +796,79 @@ class Central(FleetRole):
 
     @property
     def extra(self):
-        return [f"  pages file             {self.pages_file}",
-                f"  inventory              {self.inventory}  (add hosts here; no restart)",
-                f"  Grafana datasource     {self.query_url()}  (Thanos Query, replica label `replica`; "
-                f"admin, password in {self.secrets.password_file})",
-                *([] if self.grafana else [GRAFANA_HINT])]
+        return [
+            f"  pages file             {self.pages_file}",
+            f"  inventory              {self.inventory}  (add hosts here; no restart)",
+            f"  Grafana datasource     {self.query_url()}  (Thanos Query, replica label `replica`; "
+            f"admin, password in {self.secrets.password_file})",
+            *([] if self.grafana else [GRAFANA_HINT]),
+        ]
 
 
 ROLES = {"standalone": Standalone, "agent": Agent, "central": Central}
 
 
-def make(name, state, ports=None, listen="127.0.0.1", auth=False, tls=None, host=None, replicas=(),
-         alertmanagers=(), secrets=None, inventory=None, cluster_peers=()):
+def make(
+    name,
+    state,
+    ports=None,
+    listen="127.0.0.1",
+    auth=False,
+    tls=None,
+    host=None,
+    replicas=(),
+    alertmanagers=(),
+    secrets=None,
+    inventory=None,
+    cluster_peers=(),
+):
     """The role `name` on state, from the options of `stackctl.py up` (docs/fleet.md)."""
     if name == "standalone":
         return Standalone(state, ports, listen, auth=auth, tls=tls, grafana_server=grafana.find())
     secrets_dir = secrets or os.path.join(state, "secrets", "fleet")
     if name == "agent":
         if not alertmanagers:
-            raise SystemExit("--role agent needs --alertmanager ADDR:PORT for every central alert gate")
+            raise SystemExit(
+                "--role agent needs --alertmanager ADDR:PORT for every central alert gate"
+            )
         host = host or os.uname().nodename
         host_secrets = fleet_auth.HostSecrets(secrets_dir, host)
         for f in host_secrets.files(secure=not loopback(listen)):
             if not os.path.exists(f):
-                raise SystemExit(f"{f} missing: on the central side run `stackctl.py fleet-cert --host {host} "
-                                 f"--address {listen}` and copy the directory it names here (docs/fleet.md)")
-        return Agent(state, host, alertmanagers, host_secrets, replicas=replicas or ("A",), listen=listen, ports=ports)
+                raise SystemExit(
+                    f"{f} missing: on the central side run `stackctl.py fleet-cert --host {host} "
+                    f"--address {listen}` and copy the directory it names here (docs/fleet.md)"
+                )
+        return Agent(
+            state,
+            host,
+            alertmanagers,
+            host_secrets,
+            replicas=replicas or ("A",),
+            listen=listen,
+            ports=ports,
+        )
     fleet_secrets = fleet_auth.CentralSecrets(secrets_dir).ensure(
-        server_names={"central": [listen, "127.0.0.1"]}, client_names=["query"])
-    return Central(state, inventory or os.path.join(state, "inventory.yml"), fleet_secrets, listen=listen, ports=ports,
-                   cluster_peers=cluster_peers or (), grafana_server=grafana.find())
+        server_names={"central": [listen, "127.0.0.1"]}, client_names=["query"]
+    )
+    return Central(
+        state,
+        inventory or os.path.join(state, "inventory.yml"),
+        fleet_secrets,
+        listen=listen,
+        ports=ports,
+        cluster_peers=cluster_peers or (),
+        grafana_server=grafana.find(),
+    )
 
 
 def write_inventory(path, entries):
     """Replace the inventory atomically (rename), so a reader never sees half a file."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        f.write("# Fleet inventory (file_sd): one entry per agent Prometheus replica's Thanos sidecar.\n")
+        f.write(
+            "# Fleet inventory (file_sd): one entry per agent Prometheus replica's Thanos sidecar.\n"
+        )
         yaml.safe_dump(entries, f, sort_keys=False)
     os.replace(tmp, path)
 

@@ -4,6 +4,7 @@ configuration rendered into one directory and the command line of each program, 
 (roles.py) hand these commands to supervisord (`make up`) or systemd (systemd.py); the tests and
 the lab start them directly (Stack.running).
 """
+
 import contextlib
 import glob
 import os
@@ -21,6 +22,7 @@ from blockstack_rules import knobs
 from . import grafana, metrics_front, privileges, procs
 from .files import secret, write_yaml
 from .paths import BUILD, PYTHON, REPO, VENV_BIN
+
 EBPF_EXPORTER = os.path.join(BUILD, "bin", "ebpf_exporter")
 EBPF_CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
 # node_exporter's default --collector.diskstats.device-exclude drops loop devices and
@@ -28,7 +30,15 @@ EBPF_CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
 DISKSTATS_EXCLUDE = r"^(ram|fd|sr)\d+$"
 # receiver-self: the second notifier, a page receiver of the pager's own alerts that shares
 # neither the page receiver's process nor its disk (alerts/alertmanager.yml `pagerself`)
-COMPONENTS = ("node", "blockstack", "ebpf", "receiver", "receiver-self", "alertmanager", "prometheus")
+COMPONENTS = (
+    "node",
+    "blockstack",
+    "ebpf",
+    "receiver",
+    "receiver-self",
+    "alertmanager",
+    "prometheus",
+)
 # The local webhooks of alerts/alertmanager.yml by port: the component each goes to.
 LOCAL_WEBHOOKS = {9466: "receiver", 9467: "receiver-self"}
 RETENTION = "15d"
@@ -79,9 +89,12 @@ SERVERS = {
     },
     "upstream": {
         tool: ((os.path.join(BUILD, "bin", f"{tool}-{version}"),), "upstream-servers")
-        for tool, version in (("prometheus", PROMETHEUS3_VERSION), ("promtool", PROMETHEUS3_VERSION),
-                              ("alertmanager", ALERTMANAGER_UPSTREAM_VERSION),
-                              ("amtool", ALERTMANAGER_UPSTREAM_VERSION))
+        for tool, version in (
+            ("prometheus", PROMETHEUS3_VERSION),
+            ("promtool", PROMETHEUS3_VERSION),
+            ("alertmanager", ALERTMANAGER_UPSTREAM_VERSION),
+            ("amtool", ALERTMANAGER_UPSTREAM_VERSION),
+        )
     },
 }
 
@@ -142,9 +155,19 @@ def _probe_identity():
 
 def _select_configs(status_file=None):
     env = dict(os.environ, SELECT_CONFIGS_AS=" ".join(_probe_identity()))
-    r = subprocess.run([os.path.join(REPO, "ebpf-configs", "select-configs.sh"), EBPF_EXPORTER, EBPF_CONFIG_DIR,
-                        *([status_file] if status_file else [])], check=True, capture_output=True, text=True,
-                       timeout=600, env=env)
+    r = subprocess.run(
+        [
+            os.path.join(REPO, "ebpf-configs", "select-configs.sh"),
+            EBPF_EXPORTER,
+            EBPF_CONFIG_DIR,
+            *([status_file] if status_file else []),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     if r.stderr.strip():
         print(r.stderr.strip(), file=sys.stderr)
     return r.stdout.strip()
@@ -177,8 +200,19 @@ def _mtime(path):
 class Stack:
     """Configuration and commands for one stack in `workdir`, every port on 127.0.0.1."""
 
-    def __init__(self, workdir, host=None, components=COMPONENTS, scrape_interval="5s",
-                 evaluation_interval="5s", ports=None, ebpf_configs=None, data_dir=None, servers=None, ebpf_cache=None):
+    def __init__(
+        self,
+        workdir,
+        host=None,
+        components=COMPONENTS,
+        scrape_interval="5s",
+        evaluation_interval="5s",
+        ports=None,
+        ebpf_configs=None,
+        data_dir=None,
+        servers=None,
+        ebpf_cache=None,
+    ):
         self.servers = servers_name(servers)  # debian or upstream: see SERVERS
         self.workdir = os.path.abspath(workdir)
         self.data_dir = os.path.abspath(data_dir or workdir)  # TSDB and Alertmanager state
@@ -192,8 +226,12 @@ class Stack:
         # select-configs.sh's status of each set of BPF programs, which blockstack-exporter
         # publishes (blockstack_ebpf_set_loaded): written when the stack probes the kernel, beside
         # the cache or in workdir; where the configs are given, a status file put there (or none)
-        self.ebpf_status_file = ebpf_status_file(ebpf_cache or os.path.join(self.workdir, "ebpf-configs.txt"))
-        self.kernel_release = os.uname().release  # the kernel ebpf_exporter runs on (the VM lab: a guest's)
+        self.ebpf_status_file = ebpf_status_file(
+            ebpf_cache or os.path.join(self.workdir, "ebpf-configs.txt")
+        )
+        self.kernel_release = (
+            os.uname().release
+        )  # the kernel ebpf_exporter runs on (the VM lab: a guest's)
         # The exposed mode (roles.Standalone): Prometheus and Alertmanager bind web_listen and serve
         # web_config_file (TLS + basic auth); web_client is the basic_auth (+ scheme/tls_config)
         # block Prometheus uses to reach them (pki.Secrets.client_http), at web_address.
@@ -216,7 +254,9 @@ class Stack:
         self.dm_helper_socket = None
         # The bearer token Alertmanager's webhooks send the receiver (generated 0600 by render).
         self.receiver_token_file = os.path.join(self.workdir, "receiver-token")
-        self.pages_file = os.path.join(self.workdir, "pages.jsonl")  # the receiver's (roles: STATE/pages/)
+        self.pages_file = os.path.join(
+            self.workdir, "pages.jsonl"
+        )  # the receiver's (roles: STATE/pages/)
         # receiver-self's: not on the pages' filesystem (roles: under /run)
         self.self_pages_file = os.path.join(self.workdir, "self-pages", "pages.jsonl")
         # The off-host dead man's switch's URL (a secret), passed to the receiver when the file exists.
@@ -252,13 +292,21 @@ class Stack:
         return problems
 
     def url(self, component, path=""):
-        secure = self.web_client and self.web_client.get("scheme") == "https" and component in self.AUTH_COMPONENTS
+        secure = (
+            self.web_client
+            and self.web_client.get("scheme") == "https"
+            and component in self.AUTH_COMPONENTS
+        )
         return f"{'https' if secure else 'http'}://{self.address(component)}:{self.ports[component]}{path}"
 
     def address(self, component):
         return self.web_address if component in self.AUTH_COMPONENTS else "127.0.0.1"
 
-    AUTH_COMPONENTS = ("prometheus", "alertmanager", "grafana")  # the listeners web_client applies to
+    AUTH_COMPONENTS = (
+        "prometheus",
+        "alertmanager",
+        "grafana",
+    )  # the listeners web_client applies to
 
     def client(self, component):
         """The basic_auth (+ scheme/tls_config) block Prometheus sends to one of the stack's servers."""
@@ -268,34 +316,72 @@ class Stack:
             return self.web_client
         return (self.loopback_client if component in ("alertmanager", "prometheus") else None) or {}
 
-
     # -- configuration ---------------------------------------------------------------
 
     def prometheus_config(self):
-        jobs = {"node": "node", "blockstack": "blockstack", "ebpf": "ebpf", "receiver": "receiver",
-                "receiver-self": "receiver-self", "alertmanager": "alertmanager", "prometheus": "prometheus"}
+        jobs = {
+            "node": "node",
+            "blockstack": "blockstack",
+            "ebpf": "ebpf",
+            "receiver": "receiver",
+            "receiver-self": "receiver-self",
+            "alertmanager": "alertmanager",
+            "prometheus": "prometheus",
+        }
         scrape_configs = []
         for component, job in jobs.items():
             if component in self.components and (component != "ebpf" or self.runs_ebpf):
-                scrape_configs.append({
+                scrape_configs.append(
+                    {
+                        "job_name": job,
+                        "scrape_interval": self.scrape_interval,
+                        "static_configs": [
+                            {
+                                "targets": [f"{self.address(component)}:{self.ports[component]}"],
+                                "labels": {"host": self.host},
+                            }
+                        ],
+                        **self.client(component),
+                    }
+                )
+        for job, (target, scheme) in self.also_scrape.items():
+            tls = (
+                {"tls_config": self.web_client["tls_config"]}
+                if scheme == "https" and self.web_client
+                else {}
+            )
+            scrape_configs.append(
+                {
                     "job_name": job,
                     "scrape_interval": self.scrape_interval,
-                    "static_configs": [{"targets": [f"{self.address(component)}:{self.ports[component]}"],
-                                        "labels": {"host": self.host}}],
-                    **self.client(component),
-                })
-        for job, (target, scheme) in self.also_scrape.items():
-            tls = {"tls_config": self.web_client["tls_config"]} if scheme == "https" and self.web_client else {}
-            scrape_configs.append({"job_name": job, "scrape_interval": self.scrape_interval, "scheme": scheme, **tls,
-                                   "static_configs": [{"targets": [target], "labels": {"host": self.host}}]})
+                    "scheme": scheme,
+                    **tls,
+                    "static_configs": [{"targets": [target], "labels": {"host": self.host}}],
+                }
+            )
         config = {
-            "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.evaluation_interval},
+            "global": {
+                "scrape_interval": self.scrape_interval,
+                "evaluation_interval": self.evaluation_interval,
+            },
             "rule_files": [str(p) for p in knobs.HOST_RULES],  # not the fleet watcher's
             "scrape_configs": scrape_configs,
         }
         if "alertmanager" in self.components:
-            config["alerting"] = {"alertmanagers": [{"static_configs": [
-                {"targets": [f"{self.address('alertmanager')}:{self.ports['alertmanager']}"]}], **self.client("alertmanager")}]}
+            config["alerting"] = {
+                "alertmanagers": [
+                    {
+                        "static_configs": [
+                            {
+                                "targets": [
+                                    f"{self.address('alertmanager')}:{self.ports['alertmanager']}"
+                                ]
+                            }
+                        ],
+                        **self.client("alertmanager"),
+                    }
+                ]
+            }
         return config
 
     def alertmanager_config(self):
@@ -314,9 +400,13 @@ class Stack:
                     component = LOCAL_WEBHOOKS.get(parts.port, "receiver")
                     if component not in self.components:
                         continue
-                    hook["url"] = urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{self.ports[component]}"))
+                    hook["url"] = urllib.parse.urlunsplit(
+                        parts._replace(netloc=f"127.0.0.1:{self.ports[component]}")
+                    )
                     hook.setdefault("http_config", {})["authorization"] = {
-                        "type": "Bearer", "credentials_file": self.receiver_token_file}
+                        "type": "Bearer",
+                        "credentials_file": self.receiver_token_file,
+                    }
                 hooks.append(hook)
             if "webhook_configs" in receiver:
                 receiver["webhook_configs"] = hooks
@@ -332,8 +422,14 @@ class Stack:
         for name, config in files.items():
             write_yaml(os.path.join(self.workdir, name), config, "blockstack_deploy/stack.py")
         if "grafana" in self.components:
-            grafana.render(self.workdir, self.ports["grafana"], os.path.join(self.data_dir, "grafana"),
-                           self.url("prometheus"), self.grafana_password_file, scrape_interval=self.scrape_interval)
+            grafana.render(
+                self.workdir,
+                self.ports["grafana"],
+                os.path.join(self.data_dir, "grafana"),
+                self.url("prometheus"),
+                self.grafana_password_file,
+                scrape_interval=self.scrape_interval,
+            )
 
     @property
     def grafana_password_file(self):
@@ -348,80 +444,187 @@ class Stack:
         """argv, started by metrics_front.py on its Unix socket when metrics_socket_dir is set."""
         if not self.metrics_socket_dir:
             return argv
-        return [program("gate"), metrics_front.__file__, "exec", f"--socket={self.metrics_socket(component)}", "--", *argv]
+        return [
+            program("gate"),
+            metrics_front.__file__,
+            "exec",
+            f"--socket={self.metrics_socket(component)}",
+            "--",
+            *argv,
+        ]
 
     def commands(self):
         """{component: (argv, env, health_url)} in start order."""
         w, p = self.workdir, self.ports
         web = [f"--web.config.file={self.web_config_file}"] if self.web_config_file else []
-        web = web or ([f"--web.config.file={self.loopback_web_config}"] if self.loopback_web_config else [])
+        web = web or (
+            [f"--web.config.file={self.loopback_web_config}"] if self.loopback_web_config else []
+        )
         cmds = {}
         if "node" in self.components:
-            listen = ["--web.systemd-socket"] if self.metrics_socket_dir else [f"--web.listen-address=127.0.0.1:{p['node']}"]
-            cmds["node"] = (self._socketed("node", [program("node"), *listen,
-                             "--collector.disable-defaults", "--collector.diskstats", "--collector.cpu",
-                             "--collector.meminfo", "--collector.pressure",
-                             f"--collector.diskstats.device-exclude={DISKSTATS_EXCLUDE}"]),
-                            {}, self.url("node", "/metrics"))
+            listen = (
+                ["--web.systemd-socket"]
+                if self.metrics_socket_dir
+                else [f"--web.listen-address=127.0.0.1:{p['node']}"]
+            )
+            cmds["node"] = (
+                self._socketed(
+                    "node",
+                    [
+                        program("node"),
+                        *listen,
+                        "--collector.disable-defaults",
+                        "--collector.diskstats",
+                        "--collector.cpu",
+                        "--collector.meminfo",
+                        "--collector.pressure",
+                        f"--collector.diskstats.device-exclude={DISKSTATS_EXCLUDE}",
+                    ],
+                ),
+                {},
+                self.url("node", "/metrics"),
+            )
         if "blockstack" in self.components:
             if "ebpf" in self.components:
-                self.ebpf_configs  # the probe writes the status file
-            status = [f"--collector.ebpf.status-file={self.ebpf_status_file}"] \
-                if self.ebpf_status_file and os.path.exists(self.ebpf_status_file) else []
-            helper = [f"--collector.dm.helper={self.dm_helper_socket}"] if self.dm_helper_socket else []
-            cmds["blockstack"] = ([program("blockstack"), f"--web.listen-address=127.0.0.1:{p['blockstack']}", *status,
-                                   *helper], {}, self.url("blockstack", "/metrics"))
+                _ = self.ebpf_configs  # the probe writes the status file
+            status = (
+                [f"--collector.ebpf.status-file={self.ebpf_status_file}"]
+                if self.ebpf_status_file and os.path.exists(self.ebpf_status_file)
+                else []
+            )
+            helper = (
+                [f"--collector.dm.helper={self.dm_helper_socket}"] if self.dm_helper_socket else []
+            )
+            cmds["blockstack"] = (
+                [
+                    program("blockstack"),
+                    f"--web.listen-address=127.0.0.1:{p['blockstack']}",
+                    *status,
+                    *helper,
+                ],
+                {},
+                self.url("blockstack", "/metrics"),
+            )
             if helper:  # its health shows in the exporter's dm collector (blockstack_scrape_collector_success)
-                cmds["dm"] = ([program("gate"), "-I", "-m", "blockstack_exporter.dm_helper", f"--socket={self.dm_helper_socket}"],
-                              {}, self.url("blockstack", "/metrics"))
+                cmds["dm"] = (
+                    [
+                        program("gate"),
+                        "-I",
+                        "-m",
+                        "blockstack_exporter.dm_helper",
+                        f"--socket={self.dm_helper_socket}",
+                    ],
+                    {},
+                    self.url("blockstack", "/metrics"),
+                )
         if self.runs_ebpf:
             # --capabilities.keep: every capability dropped once the programs are attached (but
             # CAP_BPF before 5.19, ebpf_keep_capabilities)
             listen = "fd://0" if self.metrics_socket_dir else f"127.0.0.1:{p['ebpf']}"
-            cmds["ebpf"] = (self._socketed("ebpf", [program("ebpf"), f"--config.dir={EBPF_CONFIG_DIR}",
-                             f"--config.names={self.ebpf_configs}", *_btf_path(),
-                             f"--capabilities.keep={ebpf_keep_capabilities(self.kernel_release)}",
-                             f"--web.listen-address={listen}"]),
-                            {"OTEL_TRACES_EXPORTER": "none"}, self.url("ebpf", "/metrics"))
+            cmds["ebpf"] = (
+                self._socketed(
+                    "ebpf",
+                    [
+                        program("ebpf"),
+                        f"--config.dir={EBPF_CONFIG_DIR}",
+                        f"--config.names={self.ebpf_configs}",
+                        *_btf_path(),
+                        f"--capabilities.keep={ebpf_keep_capabilities(self.kernel_release)}",
+                        f"--web.listen-address={listen}",
+                    ],
+                ),
+                {"OTEL_TRACES_EXPORTER": "none"},
+                self.url("ebpf", "/metrics"),
+            )
         socketed = [c for c in ("node", "ebpf") if c in cmds]
         if self.metrics_socket_dir and socketed:
-            cmds["front"] = ([program("gate"), metrics_front.__file__, "serve",
-                              *(f"--route=127.0.0.1:{p[c]}={self.metrics_socket(c)}" for c in socketed)],
-                             {}, self.url(socketed[-1], "/metrics"))
+            cmds["front"] = (
+                [
+                    program("gate"),
+                    metrics_front.__file__,
+                    "serve",
+                    *(f"--route=127.0.0.1:{p[c]}={self.metrics_socket(c)}" for c in socketed),
+                ],
+                {},
+                self.url(socketed[-1], "/metrics"),
+            )
         if "receiver" in self.components:
-            cmds["receiver"] = ([program("receiver"), os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
-                                 f"--listen=127.0.0.1:{p['receiver']}", f"--file={self.pages_file}",
-                                 f"--token-file={self.receiver_token_file}", f"--statfs={self.data_dir}",
-                                 *([f"--heartbeat-url-file={self.heartbeat_url_file}"]
-                                   if self.heartbeat_url_file and os.path.exists(self.heartbeat_url_file) else [])],
-                                {}, self.url("receiver", "/healthz"))
+            cmds["receiver"] = (
+                [
+                    program("receiver"),
+                    os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
+                    f"--listen=127.0.0.1:{p['receiver']}",
+                    f"--file={self.pages_file}",
+                    f"--token-file={self.receiver_token_file}",
+                    f"--statfs={self.data_dir}",
+                    *(
+                        [f"--heartbeat-url-file={self.heartbeat_url_file}"]
+                        if self.heartbeat_url_file and os.path.exists(self.heartbeat_url_file)
+                        else []
+                    ),
+                ],
+                {},
+                self.url("receiver", "/healthz"),
+            )
         if "receiver-self" in self.components:  # small: a few notifications a day, on /run
-            cmds["receiver-self"] = ([program("receiver-self"), os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
-                                      f"--listen=127.0.0.1:{p['receiver-self']}", f"--file={self.self_pages_file}",
-                                      f"--token-file={self.receiver_token_file}", "--path=/page",
-                                      f"--max-bytes={4 << 20}", "--backups=1"],
-                                     {}, self.url("receiver-self", "/healthz"))
+            cmds["receiver-self"] = (
+                [
+                    program("receiver-self"),
+                    os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
+                    f"--listen=127.0.0.1:{p['receiver-self']}",
+                    f"--file={self.self_pages_file}",
+                    f"--token-file={self.receiver_token_file}",
+                    "--path=/page",
+                    f"--max-bytes={4 << 20}",
+                    "--backups=1",
+                ],
+                {},
+                self.url("receiver-self", "/healthz"),
+            )
         if "alertmanager" in self.components:
-            cmds["alertmanager"] = ([program("alertmanager", self.servers), f"--config.file={w}/alertmanager.yml",
-                                     f"--storage.path={self.data_dir}/alertmanager",
-                                     f"--web.listen-address={self.web_listen}:{p['alertmanager']}", "--cluster.listen-address=",
-                                     *([f"--web.config.file={self.alertmanager_auth[0]}"] if self.alertmanager_auth else web)],
-                                    {}, self.url("alertmanager", "/-/ready"))
+            cmds["alertmanager"] = (
+                [
+                    program("alertmanager", self.servers),
+                    f"--config.file={w}/alertmanager.yml",
+                    f"--storage.path={self.data_dir}/alertmanager",
+                    f"--web.listen-address={self.web_listen}:{p['alertmanager']}",
+                    "--cluster.listen-address=",
+                    *(
+                        [f"--web.config.file={self.alertmanager_auth[0]}"]
+                        if self.alertmanager_auth
+                        else web
+                    ),
+                ],
+                {},
+                self.url("alertmanager", "/-/ready"),
+            )
         if "prometheus" in self.components:
-            cmds["prometheus"] = ([program("prometheus", self.servers), f"--config.file={w}/prometheus.yml", f"--storage.tsdb.path={self.data_dir}/prometheus",
-                                   f"--storage.tsdb.retention.time={RETENTION}", f"--storage.tsdb.retention.size={RETENTION_SIZE}",
-                                   f"--web.listen-address={self.web_listen}:{p['prometheus']}", f"--web.cors.origin={CORS_ORIGIN}",
-                                   # Alertmanager keeps an alert 4 resend delays after its last send (the
-                                   # default 1m: a dead Prometheus's watchdog lived on 4 min before the
-                                   # dead man's switch could miss it); 15 s: 1 min, for one POST per 15 s
-                                   f"--rules.alert.resend-delay={RESEND_DELAY}", *web],
-                                  # no --web.enable-lifecycle: any local user could POST /-/quit; reload is SIGHUP
-                                  {}, self.url("prometheus", "/-/ready"))
+            cmds["prometheus"] = (
+                [
+                    program("prometheus", self.servers),
+                    f"--config.file={w}/prometheus.yml",
+                    f"--storage.tsdb.path={self.data_dir}/prometheus",
+                    f"--storage.tsdb.retention.time={RETENTION}",
+                    f"--storage.tsdb.retention.size={RETENTION_SIZE}",
+                    f"--web.listen-address={self.web_listen}:{p['prometheus']}",
+                    f"--web.cors.origin={CORS_ORIGIN}",
+                    # Alertmanager keeps an alert 4 resend delays after its last send (the
+                    # default 1m: a dead Prometheus's watchdog lived on 4 min before the
+                    # dead man's switch could miss it); 15 s: 1 min, for one POST per 15 s
+                    f"--rules.alert.resend-delay={RESEND_DELAY}",
+                    *web,
+                ],
+                # no --web.enable-lifecycle: any local user could POST /-/quit; reload is SIGHUP
+                {},
+                self.url("prometheus", "/-/ready"),
+            )
         if "grafana" in self.components:  # optional: started only when listed (it needs Prometheus)
             binary, home = grafana.find() or (None, None)
             if binary is None:
                 raise FileNotFoundError(grafana.HINT)
-            cmds["grafana"] = grafana.command(binary, home, os.path.join(w, "grafana.ini"), p["grafana"])
+            cmds["grafana"] = grafana.command(
+                binary, home, os.path.join(w, "grafana.ini"), p["grafana"]
+            )
         return cmds
 
     @contextlib.contextmanager
@@ -430,6 +633,13 @@ class Stack:
         self.render()
         with contextlib.ExitStack() as stack:
             for name, (argv, env, health) in self.commands().items():
-                stack.enter_context(procs.running(argv, env=env, health_url=health, timeout=timeout,
-                                                  log_path=os.path.join(self.workdir, f"{name}.log")))
+                stack.enter_context(
+                    procs.running(
+                        argv,
+                        env=env,
+                        health_url=health,
+                        timeout=timeout,
+                        log_path=os.path.join(self.workdir, f"{name}.log"),
+                    )
+                )
             yield self

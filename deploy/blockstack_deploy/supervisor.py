@@ -1,5 +1,6 @@
 """A role (roles.py) run under supervisord in its state directory: `make up`, `make down`,
 `make status`, `make logs`. Each program restarts on crash and logs to STATE/logs/NAME.log."""
+
 import json
 import os
 import shlex
@@ -32,27 +33,57 @@ class Supervisor:
         os.makedirs(os.path.join(self.state, "data"), exist_ok=True)
         restart = self.role.render()
         privileges.apply(self.role)
-        write_if_changed(os.path.join(self.state, "ports.json"), json.dumps(self.role.ports, indent=1, sort_keys=True) + "\n")
+        write_if_changed(
+            os.path.join(self.state, "ports.json"),
+            json.dumps(self.role.ports, indent=1, sort_keys=True) + "\n",
+        )
         return write_if_changed(self.conf, self.supervisord_conf(), private=True), restart
 
     def supervisord_conf(self):
         s, logs = self.state, os.path.join(self.state, "logs")
         lines = [
             "; rendered by blockstack_deploy/supervisor.py: edit the source, not this file",
-            "[unix_http_server]", f"file={self.sock}", "chmod=0700", "",
-            "[supervisord]", f"logfile={logs}/supervisord.log", f"pidfile={s}/supervisord.pid",
-            f"childlogdir={logs}", "logfile_maxbytes=10MB", "logfile_backups=3", f"umask={privileges.UMASK:03o}", "",
-            "[rpcinterface:supervisor]", "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface", "",
-            "[supervisorctl]", f"serverurl=unix://{self.sock}", "",
+            "[unix_http_server]",
+            f"file={self.sock}",
+            "chmod=0700",
+            "",
+            "[supervisord]",
+            f"logfile={logs}/supervisord.log",
+            f"pidfile={s}/supervisord.pid",
+            f"childlogdir={logs}",
+            "logfile_maxbytes=10MB",
+            "logfile_backups=3",
+            f"umask={privileges.UMASK:03o}",
+            "",
+            "[rpcinterface:supervisor]",
+            "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
+            "",
+            "[supervisorctl]",
+            f"serverurl=unix://{self.sock}",
+            "",
         ]
         for name, (argv, env, _) in self.role.commands().items():
             # as root: the program's own user and capabilities (privileges.py)
-            command = " ".join(shlex.quote(a) for a in privileges.wrap(name, argv)).replace("%", "%%")
-            lines += [f"[program:{name}]", f"command={command}", f"directory={s}",
-                      "autostart=true", "autorestart=true", "startsecs=1", "startretries=100",
-                      "stopasgroup=true", "killasgroup=true", "stopwaitsecs=20", f"umask={privileges.UMASK:03o}",
-                      f"stdout_logfile={logs}/{name}.log", "redirect_stderr=true",
-                      "stdout_logfile_maxbytes=10MB", "stdout_logfile_backups=3"]
+            command = " ".join(shlex.quote(a) for a in privileges.wrap(name, argv)).replace(
+                "%", "%%"
+            )
+            lines += [
+                f"[program:{name}]",
+                f"command={command}",
+                f"directory={s}",
+                "autostart=true",
+                "autorestart=true",
+                "startsecs=1",
+                "startretries=100",
+                "stopasgroup=true",
+                "killasgroup=true",
+                "stopwaitsecs=20",
+                f"umask={privileges.UMASK:03o}",
+                f"stdout_logfile={logs}/{name}.log",
+                "redirect_stderr=true",
+                "stdout_logfile_maxbytes=10MB",
+                "stdout_logfile_backups=3",
+            ]
             if env:
                 lines.append("environment=" + ",".join(f'{k}="{v}"' for k, v in env.items()))
             lines.append("")
@@ -73,8 +104,13 @@ class Supervisor:
         return int(out) if out.isdigit() else None
 
     def ctl(self, *args, check=True):
-        return subprocess.run([os.path.join(VENV_BIN, "supervisorctl"), "-c", self.conf, *args],
-                              capture_output=True, text=True, timeout=120, check=check)
+        return subprocess.run(
+            [os.path.join(VENV_BIN, "supervisorctl"), "-c", self.conf, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=check,
+        )
 
     def up(self, timeout=120):
         """Render, start supervisord or update the running one, wait until every program answers,
@@ -85,19 +121,27 @@ class Supervisor:
         conf_changed, restart = self.render()
         if self.pid() is None:
             # its own log is opened before its umask= applies
-            subprocess.run([os.path.join(VENV_BIN, "supervisord"), "-c", self.conf], check=True, timeout=60,
-                           umask=privileges.UMASK)
+            subprocess.run(
+                [os.path.join(VENV_BIN, "supervisord"), "-c", self.conf],
+                check=True,
+                timeout=60,
+                umask=privileges.UMASK,
+            )
             self._wait_sock()
         elif conf_changed:
             self.ctl("reread")
             self.ctl("update")  # restarts only the programs whose command changed
         else:
-            self.ctl("start", "all", check=False)  # anything stopped by hand comes back; else a no-op
+            self.ctl(
+                "start", "all", check=False
+            )  # anything stopped by hand comes back; else a no-op
         if running:
             for name in restart:
                 self.ctl("restart", name)
         self.wait_healthy(timeout)
-        for name in self.role.reloads:  # rule and target edits apply without a restart; a no-op otherwise
+        for (
+            name
+        ) in self.role.reloads:  # rule and target edits apply without a restart; a no-op otherwise
             self.ctl("signal", "HUP", name)
         print("\n".join(self.role.summary(time.monotonic() - start)))
 
@@ -107,7 +151,10 @@ class Supervisor:
             if os.path.exists(self.sock) and self.ctl("pid", check=False).returncode == 0:
                 return
             time.sleep(0.1)
-        raise TimeoutError("supervisord did not come up; see " + os.path.join(self.state, "logs", "supervisord.log"))
+        raise TimeoutError(
+            "supervisord did not come up; see "
+            + os.path.join(self.state, "logs", "supervisord.log")
+        )
 
     def wait_healthy(self, timeout=120):
         deadline = time.monotonic() + timeout
@@ -115,7 +162,9 @@ class Supervisor:
             # a 2xx, or 401 from a listener with basic auth on (it is up)
             while not probe(url, ca=self.role.ca):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name} did not answer {url}; see {self.state}/logs/{name}.log")
+                    raise TimeoutError(
+                        f"{name} did not answer {url}; see {self.state}/logs/{name}.log"
+                    )
                 time.sleep(0.2)
 
     def down(self):
@@ -156,8 +205,11 @@ class Supervisor:
         (`make down STATE_DIR=...` names it too)."""
         state = self.state.rstrip("/").encode()
         mine = _ancestors(os.getpid())
-        return [pid for pid, args in procs.cmdlines()
-                if pid not in mine and any(a.endswith(state) or state + b"/" in a for a in args)]
+        return [
+            pid
+            for pid, args in procs.cmdlines()
+            if pid not in mine and any(a.endswith(state) or state + b"/" in a for a in args)
+        ]
 
 
 def _stat(pid):

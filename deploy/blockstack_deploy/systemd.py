@@ -10,6 +10,7 @@ Alertmanager, the page receiver, Thanos, Grafana) run each as its own system use
 capabilities, in the group `blockstack` that reads the state directory's configuration and
 secrets; each owns only what it writes.
 """
+
 import os
 import re
 import string
@@ -20,8 +21,13 @@ from .files import write_if_changed
 
 UNIT_DIR = "/etc/systemd/system"
 # Unit names of the exporters (blockstack-NAME.service for the rest).
-UNIT_NAMES = {"node": "node-exporter", "blockstack": "exporter", "ebpf": "ebpf-exporter", "receiver": "page-receiver",
-              "dm": "dm-helper"}
+UNIT_NAMES = {
+    "node": "node-exporter",
+    "blockstack": "exporter",
+    "ebpf": "ebpf-exporter",
+    "receiver": "page-receiver",
+    "dm": "dm-helper",
+}
 
 UNIT = string.Template("""\
 # rendered by blockstack_deploy/systemd.py from the ${role} role's command: edit the source, not this file
@@ -131,33 +137,49 @@ def units(role):
         kind = name.split("-")[0]
         if argv[1:3] == [metrics_front.__file__, "exec"]:  # systemd makes the socket itself
             path = argv[3].split("=", 1)[1]
-            argv = argv[argv.index("--") + 1:]
+            argv = argv[argv.index("--") + 1 :]
             socket_unit = unit_name(name).replace(".service", ".socket")
-            out[socket_unit] = SOCKET.substitute(role=role.name, name=UNIT_NAMES.get(name, name), path=path,
-                                                 group=privileges.FRONT)
+            out[socket_unit] = SOCKET.substitute(
+                role=role.name, name=UNIT_NAMES.get(name, name), path=path, group=privileges.FRONT
+            )
             requires = f"Requires={socket_unit}\nAfter={socket_unit}\n"
         else:
             requires = ""
         user, groups, caps = privileges.identity(name)
-        hardening = IDENTITY.substitute(user=user, groups=" ".join(groups), caps=" ".join(f"CAP_{c.upper()}" for c in caps),
-                                        umask=f"{privileges.UMASK:04o}") + "\n" + \
-            string.Template(HARDENING.get(kind, SERVER)).substitute(state=role.state)
+        hardening = (
+            IDENTITY.substitute(
+                user=user,
+                groups=" ".join(groups),
+                caps=" ".join(f"CAP_{c.upper()}" for c in caps),
+                umask=f"{privileges.UMASK:04o}",
+            )
+            + "\n"
+            + string.Template(HARDENING.get(kind, SERVER)).substitute(state=role.state)
+        )
         run = os.path.dirname(getattr(getattr(role, "stack", None), "self_pages_file", ""))
-        if name == "receiver-self" and run.startswith("/run/"):  # read-only under ProtectSystem: systemd makes it
-            hardening += f"\nRuntimeDirectory={run[len('/run/'):]}\nRuntimeDirectoryPreserve=yes"
+        if name == "receiver-self" and run.startswith(
+            "/run/"
+        ):  # read-only under ProtectSystem: systemd makes it
+            hardening += f"\nRuntimeDirectory={run[len('/run/') :]}\nRuntimeDirectoryPreserve=yes"
         out[unit_name(name)] = UNIT.substitute(
-            role=role.name, name=UNIT_NAMES.get(name, name), requires=requires, after="local-fs.target" if kind in HARDENING else "network-online.target",
+            role=role.name,
+            name=UNIT_NAMES.get(name, name),
+            requires=requires,
+            after="local-fs.target" if kind in HARDENING else "network-online.target",
             environment="".join(f"Environment={escape(f'{k}={v}')}\n" for k, v in env.items()),
             exec_start=" ".join(escape(a) for a in argv),
             reload="ExecReload=/bin/kill -HUP $MAINPID\n" if name in role.reloads else "",
-            hardening=hardening)
+            hardening=hardening,
+        )
     return out
 
 
 def install(role, unit_dir=UNIT_DIR):
     """Render the role's configuration and units, make the user, enable and start every unit."""
     if not os.path.isdir("/run/systemd/system"):
-        raise SystemExit("systemd is not running on this host (make up runs the stack under supervisord)")
+        raise SystemExit(
+            "systemd is not running on this host (make up runs the stack under supervisord)"
+        )
     os.makedirs(role.data, exist_ok=True)
     role.render()
     privileges.apply(role)  # the users, what each owns, the group's secrets

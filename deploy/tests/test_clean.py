@@ -1,5 +1,6 @@
 """`make clean` (stackctl.py clean) keeps what cannot be regenerated: the TSDB, the pages, Grafana's
 database and the secrets stay unless FORCE=1; the configuration and logs go."""
+
 import os
 import subprocess
 import sys
@@ -10,14 +11,33 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def clean(state, *args):
-    return subprocess.run([sys.executable, os.path.join(REPO, "deploy", "stackctl.py"), "--state", str(state), "clean",
-                           *args], capture_output=True, text=True, check=True, timeout=60).stdout
+    return subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "deploy", "stackctl.py"),
+            "--state",
+            str(state),
+            "clean",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
 
 
 def test_clean_keeps_data_pages_and_secrets_unless_forced(tmp_path):
     state = tmp_path / "state"
-    for path in ("data/prometheus/wal/00000000", "pages/pages.jsonl", "grafana/data/grafana.db", "secrets/ca.crt",
-                 "config/prometheus.yml", "logs/prometheus.log", "ports.json"):
+    for path in (
+        "data/prometheus/wal/00000000",
+        "pages/pages.jsonl",
+        "grafana/data/grafana.db",
+        "secrets/ca.crt",
+        "config/prometheus.yml",
+        "logs/prometheus.log",
+        "ports.json",
+    ):
         (state / path).parent.mkdir(parents=True, exist_ok=True)
         (state / path).write_text("x")
     out = clean(state)

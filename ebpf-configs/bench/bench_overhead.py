@@ -30,6 +30,7 @@ A benchmark, not a test: it prints figures and asserts nothing. Needs root, fio,
    ratio it does not move with where the scheduler puts the loop's worker, so a run resolves a
    fraction of a per cent. Needs perf (Debian's linux-perf); skipped without it.
 """
+
 import argparse
 import contextlib
 import ctypes
@@ -67,21 +68,30 @@ WORKLOAD = fio.RANDOM_4K_READ
 
 def run_fio(dev, runtime, ramp=0):
     """fio's IOPS over `runtime` seconds, after `ramp` seconds it leaves out."""
-    return fio.iops(fio.run([f"--filename={dev}", *WORKLOAD, f"--ramp_time={ramp}"], runtime=runtime,
-                            name="bench-ebpf"))
+    return fio.iops(
+        fio.run(
+            [f"--filename={dev}", *WORKLOAD, f"--ramp_time={ramp}"],
+            runtime=runtime,
+            name="bench-ebpf",
+        )
+    )
 
 
 def rotated(sides, i):
     """The sides in round i's order: each round starts one later, so drift spreads over all."""
     order = list(sides)
-    return order[i % len(order):] + order[:i % len(order)]
+    return order[i % len(order) :] + order[: i % len(order)]
 
 
 @contextlib.contextmanager
 def exporter(names, config_dir=CONFIG_DIR):
     port = procs.free_port()
-    argv = [EXPORTER, f"--config.dir={config_dir}", f"--config.names={names}",
-            f"--web.listen-address=127.0.0.1:{port}"]
+    argv = [
+        EXPORTER,
+        f"--config.dir={config_dir}",
+        f"--config.names={names}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
     url = f"http://127.0.0.1:{port}/metrics"
     with procs.running(argv, env={"OTEL_TRACES_EXPORTER": "none"}, health_url=url, timeout=60):
         time.sleep(1)  # let the exporter finish starting (BTF parsing, GC) before measuring
@@ -97,8 +107,19 @@ def device(mode, size):
     # O_DIRECT needs a filesystem that supports it (not tmpfs), and holes would be read as zeros
     # without touching the disk, so the file is written in full first.
     with loop.attached(size, directory="/var/tmp", direct_io=True) as dev:
-        subprocess.run(["dd", "if=/dev/zero", f"of={dev}", "bs=1M", f"count={size >> 20}", "oflag=direct",
-                        "status=none"], check=True, timeout=300)
+        subprocess.run(
+            [
+                "dd",
+                "if=/dev/zero",
+                f"of={dev}",
+                "bs=1M",
+                f"count={size >> 20}",
+                "oflag=direct",
+                "status=none",
+            ],
+            check=True,
+            timeout=300,
+        )
         yield dev
 
 
@@ -107,7 +128,12 @@ def compare(mode, names, rounds, runtime, size):
     with empty programs on our hooks (the floor: what any program there costs) and with ours,
     interleaved, the order rotated each round; every run after a 1 s ramp that fio leaves out, so
     that an exporter just started weighs on no figure. Returns ours / none."""
-    sides = {"none": None, "none again": None, "floor": (UPSTREAM_DIR, "floor"), "ours": (CONFIG_DIR, names)}
+    sides = {
+        "none": None,
+        "none again": None,
+        "floor": (UPSTREAM_DIR, "floor"),
+        "ours": (CONFIG_DIR, names),
+    }
     iops = {side: [] for side in sides}
     with device(mode, size) as dev:
         run_fio(dev, 1)  # warm caches and CPU frequency
@@ -122,45 +148,86 @@ def compare(mode, names, rounds, runtime, size):
                 iops[side].append(value)
                 print(f"  {mode} round {i + 1}/{rounds} {side:>10}: {value:10.0f} IOPS", flush=True)
     # Each round's runs are seconds apart, so their ratios are the least disturbed by drift.
-    ratios = {side: statistics.median(w / wo for w, wo in zip(iops[side], iops["none"])) for side in list(sides)[1:]}
-    print(f"{mode}: IOPS ratio to none (median of {rounds} interleaved rounds): ours {ratios['ours']:.3f} "
-          f"(goal >= 0.98), floor (empty programs on our hooks) {ratios['floor']:.3f}, none again "
-          f"{ratios['none again']:.3f} (the method's own spread); medians "
-          + ", ".join(f"{side} {statistics.median(v):.0f}" for side, v in iops.items()), flush=True)
+    ratios = {
+        side: statistics.median(w / wo for w, wo in zip(iops[side], iops["none"]))
+        for side in list(sides)[1:]
+    }
+    print(
+        f"{mode}: IOPS ratio to none (median of {rounds} interleaved rounds): ours {ratios['ours']:.3f} "
+        f"(goal >= 0.98), floor (empty programs on our hooks) {ratios['floor']:.3f}, none again "
+        f"{ratios['none again']:.3f} (the method's own spread); medians "
+        + ", ".join(f"{side} {statistics.median(v):.0f}" for side, v in iops.items()),
+        flush=True,
+    )
     return ratios["ours"]
 
 
 def loads(config_dir, names):
     """Whether ebpf_exporter loads and attaches `names` from `config_dir` on this kernel."""
-    r = subprocess.run([EXPORTER, f"--config.dir={config_dir}", f"--config.names={names}", "--config.check",
-                        "--config.strict"], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OTEL_TRACES_EXPORTER="none"))
+    r = subprocess.run(
+        [
+            EXPORTER,
+            f"--config.dir={config_dir}",
+            f"--config.names={names}",
+            "--config.check",
+            "--config.strict",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OTEL_TRACES_EXPORTER="none"),
+    )
     if r.returncode:
-        print(f"  {names} does not load here: {(r.stdout + r.stderr).strip().splitlines()[-1:]}", flush=True)
+        print(
+            f"  {names} does not load here: {(r.stdout + r.stderr).strip().splitlines()[-1:]}",
+            flush=True,
+        )
     return r.returncode == 0
 
 
 def foreign_programs():
     """BPF programs already attached to the block tracepoints by someone else (another
     ebpf_exporter, bpftrace): they run in the 'without' runs too and shrink the difference."""
-    progs = json.loads(subprocess.run(["bpftool", "-j", "prog", "show"], check=True, capture_output=True,
-                                      text=True, timeout=60).stdout)
-    return [f'{p["id"]}:{p.get("name")}' for p in progs
-            if p.get("type") in ("tracing", "raw_tracepoint") and p.get("name") in BLOCK_PROGRAMS]
+    progs = json.loads(
+        subprocess.run(
+            ["bpftool", "-j", "prog", "show"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )
+    return [
+        f"{p['id']}:{p.get('name')}"
+        for p in progs
+        if p.get("type") in ("tracing", "raw_tracepoint") and p.get("name") in BLOCK_PROGRAMS
+    ]
 
 
 def program_ids(url):
     """Ids of the exporter's programs, from its ebpf_exporter_ebpf_program_info metric."""
-    return {int(s.labels["id"]): f'{s.labels["config"]}:{s.labels["program"]}'
-            for family in text_string_to_metric_families(procs.http_get(url)) for s in family.samples
-            if s.name == "ebpf_exporter_ebpf_program_info"}
+    return {
+        int(s.labels["id"]): f"{s.labels['config']}:{s.labels['program']}"
+        for family in text_string_to_metric_families(procs.http_get(url))
+        for s in family.samples
+        if s.name == "ebpf_exporter_ebpf_program_info"
+    }
 
 
 def prog_stats(ids):
     """{program id: (run_cnt, run_time_ns)} of the given program ids."""
-    progs = json.loads(subprocess.run(["bpftool", "-j", "prog", "show"], check=True, capture_output=True,
-                                      text=True, timeout=60).stdout)
-    return {p["id"]: (p.get("run_cnt", 0), p.get("run_time_ns", 0)) for p in progs if p["id"] in ids}
+    progs = json.loads(
+        subprocess.run(
+            ["bpftool", "-j", "prog", "show"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )
+    return {
+        p["id"]: (p.get("run_cnt", 0), p.get("run_time_ns", 0)) for p in progs if p["id"] in ids
+    }
 
 
 @contextlib.contextmanager
@@ -186,7 +253,9 @@ def scheduler(disk):
 def disk_beneath(dev):
     """The whole disk holding the loop device's backing file (vda for a file on /dev/vda1)."""
     st = os.stat(loop.attached_devices()[dev])
-    name = os.path.basename(os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"))
+    name = os.path.basename(
+        os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    )
     if os.path.exists(f"/sys/class/block/{name}/partition"):
         name = os.path.basename(os.path.dirname(os.path.realpath(f"/sys/class/block/{name}")))
     return name
@@ -199,8 +268,12 @@ def hooks_per_io(dev, mode):
     the device has an I/O scheduler (with `none` requests go straight to the driver). No merges
     or splits in this workload (checked against /proc/diskstats after each run)."""
     disks = [loop.name(dev)] + ([disk_beneath(dev)] if mode == "direct-io" else [])
-    return disks, {"block_bio_queue": len(disks), "block_rq_issue": len(disks), "block_rq_complete": len(disks),
-                   "block_rq_insert": sum(scheduler(d) != "none" for d in disks)}
+    return disks, {
+        "block_bio_queue": len(disks),
+        "block_rq_issue": len(disks),
+        "block_rq_complete": len(disks),
+        "block_rq_insert": sum(scheduler(d) != "none" for d in disks),
+    }
 
 
 def diskstats_requests():
@@ -219,16 +292,26 @@ def cost_run(dev, side, runtime):
     """One fio run with `side`'s programs attached (none: no exporter). Returns fio's I/Os, IOPS,
     {(config, program): (runs, ns)} counted by the kernel over the run, and diskstats deltas."""
     config_dir, names = side
-    with (exporter(names, config_dir) if names else contextlib.nullcontext()) as url:
+    with exporter(names, config_dir) if names else contextlib.nullcontext() as url:
         ids = program_ids(url) if url else {}
         before, disks_before = prog_stats(ids), diskstats_requests()
         report = fio.run([f"--filename={dev}", *WORKLOAD], runtime=runtime, name="bench-ebpf")
         after, disks_after = prog_stats(ids), diskstats_requests()
     ios = sum(job["read"]["total_ios"] for job in report["jobs"])
-    delta = {ids[i]: (after[i][0] - before[i][0], after[i][1] - before[i][1]) for i in after if i in before}
+    delta = {
+        ids[i]: (after[i][0] - before[i][0], after[i][1] - before[i][1])
+        for i in after
+        if i in before
+    }
     # a device detached and attached again in between starts from 0: no negative counts
-    disks = {d: (max(disks_after[d][0] - disks_before[d][0], 0), max(disks_after[d][1] - disks_before[d][1], 0))
-             for d in disks_after if d in disks_before}
+    disks = {
+        d: (
+            max(disks_after[d][0] - disks_before[d][0], 0),
+            max(disks_after[d][1] - disks_before[d][1], 0),
+        )
+        for d in disks_after
+        if d in disks_before
+    }
     return ios, fio.iops(report), delta, disks
 
 
@@ -240,8 +323,12 @@ def whole_disk(name):
 
 
 def disk_hooks(name):
-    return [name], {"block_bio_queue": 1, "block_rq_issue": 1, "block_rq_complete": 1,
-                    "block_rq_insert": int(scheduler(name) != "none")}
+    return [name], {
+        "block_bio_queue": 1,
+        "block_rq_issue": 1,
+        "block_rq_complete": 1,
+        "block_rq_insert": int(scheduler(name) != "none"),
+    }
 
 
 def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None):
@@ -253,14 +340,20 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None):
     multiplied by how often one read of the workload fires its tracepoint (hooks_per_io): the cost
     of one read, independent of what else runs. The raw figure (all runs / fio's I/Os) is printed
     beside it with the share of the machine's requests that were ours."""
-    sides = {"none": (None, None), "upstream biolatency": (UPSTREAM_DIR, "biolatency"), "ours": (CONFIG_DIR, names),
-             "floor (empty programs)": (UPSTREAM_DIR, "floor")}
+    sides = {
+        "none": (None, None),
+        "upstream biolatency": (UPSTREAM_DIR, "biolatency"),
+        "ours": (CONFIG_DIR, names),
+        "floor (empty programs)": (UPSTREAM_DIR, "floor"),
+    }
     if baseline:  # another build of our configs (e.g. main's), measured beside this one
         sides["ours, --baseline build"] = (baseline, names)
-    if disk:  # sides that do not load on this kernel (upstream's biolatency before 5.11) are left out
+    if (
+        disk
+    ):  # sides that do not load on this kernel (upstream's biolatency before 5.11) are left out
         sides = {side: v for side, v in sides.items() if v[1] is None or loads(*v)}
     results = {side: [] for side in sides}
-    with (whole_disk(disk) if disk else device(mode, size)) as dev, bpf_stats_enabled():
+    with whole_disk(disk) if disk else device(mode, size) as dev, bpf_stats_enabled():
         stack, hooks = disk_hooks(disk) if disk else hooks_per_io(dev, mode)
         run_fio(dev, 1)
         for i in range(rounds):
@@ -269,47 +362,76 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None):
                 results[side].append((ios, iops, delta))
                 ours = disks[stack[0]][0] * len(stack)
                 raw = sum(d[1] for d in delta.values()) / ios
-                print(f"  {mode} round {i + 1}/{rounds} {side:>19}: {iops:8.0f} IOPS, raw {raw:6.0f} ns/IO "
-                      f"({sum(d[0] for d in delta.values()) / ios:5.2f} runs/IO; our requests "
-                      f"{ours / max(sum(r for r, _ in disks.values()), 1):.0%} of the machine's; merges on "
-                      f"{stack[0]}: {disks[stack[0]][1]})", flush=True)
-    print(f"{mode} loop ({' over '.join(stack)}, schedulers {', '.join(scheduler(d) for d in stack)}): "
-          f"tracepoint hits per read {hooks}")
-    print(f"BPF cost per fio 4 KiB random read, median of {rounds} interleaved runs of {runtime} s "
-          f"({time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.1f}):")
+                print(
+                    f"  {mode} round {i + 1}/{rounds} {side:>19}: {iops:8.0f} IOPS, raw {raw:6.0f} ns/IO "
+                    f"({sum(d[0] for d in delta.values()) / ios:5.2f} runs/IO; our requests "
+                    f"{ours / max(sum(r for r, _ in disks.values()), 1):.0%} of the machine's; merges on "
+                    f"{stack[0]}: {disks[stack[0]][1]})",
+                    flush=True,
+                )
+    print(
+        f"{mode} loop ({' over '.join(stack)}, schedulers {', '.join(scheduler(d) for d in stack)}): "
+        f"tracepoint hits per read {hooks}"
+    )
+    print(
+        f"BPF cost per fio 4 KiB random read, median of {rounds} interleaved runs of {runtime} s "
+        f"({time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.1f}):"
+    )
     per_io = {}
     for side, runs_ in results.items():
         iops = statistics.median(r[1] for r in runs_)
         progs = sorted({p for r in runs_ for p in r[2]})
-        ns_run = {p: statistics.median(r[2][p][1] / r[2][p][0] for r in runs_ if r[2].get(p, (0, 0))[0])
-                  for p in progs if any(r[2].get(p, (0, 0))[0] for r in runs_)}
+        ns_run = {
+            p: statistics.median(r[2][p][1] / r[2][p][0] for r in runs_ if r[2].get(p, (0, 0))[0])
+            for p in progs
+            if any(r[2].get(p, (0, 0))[0] for r in runs_)
+        }
         # a program on a timer costs its run time over the run, whatever the I/O: per I/O at this IOPS
-        timer_ns = {p: statistics.median(r[2].get(p, (0, 0))[1] / r[0] for r in runs_)
-                    for p in progs if p.split(":")[1] in TIMER_PROGRAMS}
-        per_io[side] = sum(ns * hooks.get(p.split(":")[1], 0) for p, ns in ns_run.items()) + sum(timer_ns.values())
+        timer_ns = {
+            p: statistics.median(r[2].get(p, (0, 0))[1] / r[0] for r in runs_)
+            for p in progs
+            if p.split(":")[1] in TIMER_PROGRAMS
+        }
+        per_io[side] = sum(ns * hooks.get(p.split(":")[1], 0) for p, ns in ns_run.items()) + sum(
+            timer_ns.values()
+        )
         n_runs = sum(hooks.get(p.split(":")[1], 0) for p in progs)
         print(f"  {side:19s} {iops:8.0f} IOPS  {per_io[side]:6.0f} ns/IO  {n_runs} program runs/IO")
         for p, ns in sorted(ns_run.items()):
             n = hooks.get(p.split(":")[1], 0)
             if p in timer_ns:
                 runs_s = statistics.median(r[2].get(p, (0, 0))[0] / runtime for r in runs_)
-                print(f"      {p:45s} {ns:6.0f} ns/run, {runs_s:.0f} runs/s on a timer: {timer_ns[p]:.0f} ns/IO "
-                      f"at {iops:.0f} IOPS")
+                print(
+                    f"      {p:45s} {ns:6.0f} ns/run, {runs_s:.0f} runs/s on a timer: {timer_ns[p]:.0f} ns/IO "
+                    f"at {iops:.0f} IOPS"
+                )
                 continue
-            print(f"      {p:45s} {ns:6.0f} ns/run x {n}" + ("" if n else "  (not on this workload's path)"))
+            print(
+                f"      {p:45s} {ns:6.0f} ns/run x {n}"
+                + ("" if n else "  (not on this workload's path)")
+            )
     if "upstream biolatency" not in per_io:
-        print(f"BPF run time per I/O ({mode}): ours {per_io['ours']:.0f} ns, floor (empty programs) "
-              f"{per_io['floor (empty programs)']:.0f} ns; upstream biolatency does not load on this kernel", flush=True)
+        print(
+            f"BPF run time per I/O ({mode}): ours {per_io['ours']:.0f} ns, floor (empty programs) "
+            f"{per_io['floor (empty programs)']:.0f} ns; upstream biolatency does not load on this kernel",
+            flush=True,
+        )
         return None
     ratio = per_io["ours"] / per_io["upstream biolatency"]
     floor = per_io["floor (empty programs)"]
-    print(f"BPF run time per I/O ({mode}): none 0 ns, upstream biolatency {per_io['upstream biolatency']:.0f} ns, "
-          f"ours {per_io['ours']:.0f} ns: ours / upstream {ratio:.2f}x (goal <= 0.5x); includes bpf_stats' own "
-          "timing, two clock reads per run", flush=True)
-    print(f"floor: empty programs on our tracepoints {floor:.0f} ns per I/O = "
-          f"{floor / per_io['upstream biolatency']:.2f}x upstream before doing anything; ours above the floor "
-          f"{per_io['ours'] - floor:.0f} ns, upstream above an empty run per hook "
-          f"{per_io['upstream biolatency'] - floor * 5 / 6:.0f} ns", flush=True)
+    print(
+        f"BPF run time per I/O ({mode}): none 0 ns, upstream biolatency {per_io['upstream biolatency']:.0f} ns, "
+        f"ours {per_io['ours']:.0f} ns: ours / upstream {ratio:.2f}x (goal <= 0.5x); includes bpf_stats' own "
+        "timing, two clock reads per run",
+        flush=True,
+    )
+    print(
+        f"floor: empty programs on our tracepoints {floor:.0f} ns per I/O = "
+        f"{floor / per_io['upstream biolatency']:.2f}x upstream before doing anything; ours above the floor "
+        f"{per_io['ours'] - floor:.0f} ns, upstream above an empty run per hook "
+        f"{per_io['upstream biolatency'] - floor * 5 / 6:.0f} ns",
+        flush=True,
+    )
     return ratio
 
 
@@ -324,8 +446,13 @@ IO_COMMS = ("fio", "kworker/", "ksoftirqd/", "swapper")
 def perf_shares(path):
     """(all samples, those on the I/O path, those of them with a BPF program in the stack) in a
     perf.data file."""
-    text = subprocess.run(["perf", "script", "-i", path, "-F", "comm,ip,sym"], check=True, capture_output=True,
-                          text=True, timeout=300).stdout
+    text = subprocess.run(
+        ["perf", "script", "-i", path, "-F", "comm,ip,sym"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
     total = io_path = bpf = 0
     for sample in text.split("\n\n"):
         comm, *stack = sample.strip().splitlines() or [""]
@@ -342,8 +469,11 @@ def cpu_share(mode, names, rounds, runtime, size):
     """The share of the I/O path's CPU spent in BPF programs (and what they call: clock reads, map
     helpers, the tracepoint's dispatch into them), for the floor, upstream's biolatency and ours,
     interleaved: perf record -a -g during each fio run, after a 1 s ramp. Returns ours' share."""
-    sides = {"floor": (UPSTREAM_DIR, "floor"), "upstream biolatency": (UPSTREAM_DIR, "biolatency"),
-             "ours": (CONFIG_DIR, names)}
+    sides = {
+        "floor": (UPSTREAM_DIR, "floor"),
+        "upstream biolatency": (UPSTREAM_DIR, "biolatency"),
+        "ours": (CONFIG_DIR, names),
+    }
     shares = {side: [] for side in sides}
     busy = []
     data = os.path.join(BUILD, "bench-ebpf.perf.data")
@@ -352,21 +482,47 @@ def cpu_share(mode, names, rounds, runtime, size):
         for i in range(rounds):
             for side in rotated(sides, i):
                 with exporter(sides[side][1], sides[side][0]):
-                    with fio.background([f"--filename={dev}", *WORKLOAD], runtime=runtime + 2, name="bench-ebpf"):
+                    with fio.background(
+                        [f"--filename={dev}", *WORKLOAD], runtime=runtime + 2, name="bench-ebpf"
+                    ):
                         time.sleep(1)
-                        subprocess.run(["perf", "record", "-q", "-a", "-g", "-e", "cpu-clock", "-F", "1999", "-o", data,
-                                        "--", "sleep", str(runtime)], check=True, capture_output=True,
-                                       timeout=runtime + 60)
+                        subprocess.run(
+                            [
+                                "perf",
+                                "record",
+                                "-q",
+                                "-a",
+                                "-g",
+                                "-e",
+                                "cpu-clock",
+                                "-F",
+                                "1999",
+                                "-o",
+                                data,
+                                "--",
+                                "sleep",
+                                str(runtime),
+                            ],
+                            check=True,
+                            capture_output=True,
+                            timeout=runtime + 60,
+                        )
                 total, io_path, bpf = perf_shares(data)
                 shares[side].append(bpf / max(io_path, 1))
                 busy.append(io_path / max(total, 1))
-                print(f"  {mode} round {i + 1}/{rounds} {side:>19}: BPF in {bpf} of {io_path} samples on the "
-                      f"I/O path ({shares[side][-1]:.2%})", flush=True)
+                print(
+                    f"  {mode} round {i + 1}/{rounds} {side:>19}: BPF in {bpf} of {io_path} samples on the "
+                    f"I/O path ({shares[side][-1]:.2%})",
+                    flush=True,
+                )
     os.unlink(data)
-    print(f"{mode}: BPF share of the I/O path's CPU (median of {rounds} interleaved rounds, perf record -a -g): "
-          + ", ".join(f"{side} {statistics.median(v):.2%}" for side, v in shares.items())
-          + f"; the I/O path kept {statistics.median(busy):.0%} of the CPUs busy (a 2 % share is IOPS >= 0.98 "
-          "where the CPU is the bottleneck, near 100 %)", flush=True)
+    print(
+        f"{mode}: BPF share of the I/O path's CPU (median of {rounds} interleaved rounds, perf record -a -g): "
+        + ", ".join(f"{side} {statistics.median(v):.2%}" for side, v in shares.items())
+        + f"; the I/O path kept {statistics.median(busy):.0%} of the CPUs busy (a 2 % share is IOPS >= 0.98 "
+        "where the CPU is the bottleneck, near 100 %)",
+        flush=True,
+    )
     return statistics.median(shares["ours"])
 
 
@@ -387,17 +543,30 @@ def bpf(cmd, attr):
 
 def possible_cpus():
     with open("/sys/devices/system/cpu/possible") as f:
-        return sum(int(b) - int(a) + 1 if "-" in part else 1
-                   for part in f.read().strip().split(",") for a, _, b in [part.partition("-")])
+        return sum(
+            int(b) - int(a) + 1 if "-" in part else 1
+            for part in f.read().strip().split(",")
+            for a, _, b in [part.partition("-")]
+        )
 
 
 def metric_maps(ids):
     """{map name: id} of the maps our programs use (bpftool truncates names to 15 characters)."""
-    progs = json.loads(subprocess.run(["bpftool", "-j", "prog", "show"], check=True, capture_output=True,
-                                      text=True, timeout=60).stdout)
+    progs = json.loads(
+        subprocess.run(
+            ["bpftool", "-j", "prog", "show"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )
     map_ids = {m for p in progs if p["id"] in ids for m in p.get("map_ids", [])}
-    maps = json.loads(subprocess.run(["bpftool", "-j", "map", "show"], check=True, capture_output=True,
-                                     text=True, timeout=60).stdout)
+    maps = json.loads(
+        subprocess.run(
+            ["bpftool", "-j", "map", "show"], check=True, capture_output=True, text=True, timeout=60
+        ).stdout
+    )
     return {m["name"]: m["id"] for m in maps if m["id"] in map_ids}
 
 
@@ -410,7 +579,11 @@ def fake_keys(first, last):
         dev = (d & 0xFF) | (FAKE_MAJOR << 8) | ((d & ~0xFF) << 12)
         for op in (0, 1):
             sizes += [struct.pack("<IB3xQ", dev, op, b) for b in (12, 13, 14, 15, 28)]
-            latency += [struct.pack("<IBB2xQ", dev, op, stage, b) for stage in (0, 1) for b in (14, 15, 16, 17, 18, 37)]
+            latency += [
+                struct.pack("<IBB2xQ", dev, op, stage, b)
+                for stage in (0, 1)
+                for b in (14, 15, 16, 17, 18, 37)
+            ]
     return {"block_bio_size_": sizes, "block_rq_size_b": sizes, "block_rq_latenc": latency}
 
 
@@ -422,8 +595,10 @@ def prefill(maps, first, last):
         try:
             for key in keys:
                 k = ctypes.create_string_buffer(key, len(key))
-                bpf(BPF_MAP_UPDATE_ELEM, struct.pack("<IIQQQ", fd, 0, ctypes.addressof(k),
-                                                     ctypes.addressof(value), 0))
+                bpf(
+                    BPF_MAP_UPDATE_ELEM,
+                    struct.pack("<IIQQQ", fd, 0, ctypes.addressof(k), ctypes.addressof(value), 0),
+                )
         finally:
             os.close(fd)
     return sum(len(k) for k in fake_keys(first, last).values())
@@ -443,61 +618,124 @@ def scale_cost(names, sizes, rounds, runtime, size):
                     entries += prefill(maps, filled, n)
                     filled = n
                     before = prog_stats(ids)
-                    report = fio.run([f"--filename={dev}", *WORKLOAD], runtime=runtime, name="bench-ebpf")
+                    report = fio.run(
+                        [f"--filename={dev}", *WORKLOAD], runtime=runtime, name="bench-ebpf"
+                    )
                     after = prog_stats(ids)
-                    ns_run = {ids[i].split(":")[1]: (after[i][1] - before[i][1]) / (after[i][0] - before[i][0])
-                              for i in after if i in before and after[i][0] > before[i][0]}
+                    ns_run = {
+                        ids[i].split(":")[1]: (after[i][1] - before[i][1])
+                        / (after[i][0] - before[i][0])
+                        for i in after
+                        if i in before and after[i][0] > before[i][0]
+                    }
                     ios = sum(job["read"]["total_ios"] for job in report["jobs"])
-                    per_io = sum(ns * hooks.get(p, 0) for p, ns in ns_run.items()) + sum(
-                        after[i][1] - before[i][1] for i in after if i in before and ids[i].split(":")[1] in TIMER_PROGRAMS
-                    ) / ios
+                    per_io = (
+                        sum(ns * hooks.get(p, 0) for p, ns in ns_run.items())
+                        + sum(
+                            after[i][1] - before[i][1]
+                            for i in after
+                            if i in before and ids[i].split(":")[1] in TIMER_PROGRAMS
+                        )
+                        / ios
+                    )
                     results[n].append((per_io, entries, fio.iops(report), ns_run))
-                    print(f"  scale round {r + 1}/{rounds}: {n:6d} devices ({entries} extra keys): "
-                          f"{per_io:5.0f} ns/IO, {fio.iops(report):7.0f} IOPS", flush=True)
-    print(f"BPF ns per I/O against devices in the maps (median of {rounds} runs of {runtime} s each, "
-          f"load {os.getloadavg()[0]:.1f}; 44 keys per device):")
-    print("| devices in the maps | extra map entries | ns per I/O | bio_queue ns/run | rq_issue ns/run | "
-          "rq_complete ns/run |")
+                    print(
+                        f"  scale round {r + 1}/{rounds}: {n:6d} devices ({entries} extra keys): "
+                        f"{per_io:5.0f} ns/IO, {fio.iops(report):7.0f} IOPS",
+                        flush=True,
+                    )
+    print(
+        f"BPF ns per I/O against devices in the maps (median of {rounds} runs of {runtime} s each, "
+        f"load {os.getloadavg()[0]:.1f}; 44 keys per device):"
+    )
+    print(
+        "| devices in the maps | extra map entries | ns per I/O | bio_queue ns/run | rq_issue ns/run | "
+        "rq_complete ns/run |"
+    )
     print("|---|---|---|---|---|---|")
     for n, runs_ in results.items():
         med = lambda p: statistics.median(r[3].get(p, 0) for r in runs_)  # noqa: E731
-        print(f"| {n:,} | {runs_[0][1]:,} | {statistics.median(r[0] for r in runs_):.0f} | "
-              f"{med('block_bio_queue'):.0f} | {med('block_rq_issue'):.0f} | {med('block_rq_complete'):.0f} |",
-              flush=True)
+        print(
+            f"| {n:,} | {runs_[0][1]:,} | {statistics.median(r[0] for r in runs_):.0f} | "
+            f"{med('block_bio_queue'):.0f} | {med('block_rq_issue'):.0f} | {med('block_rq_complete'):.0f} |",
+            flush=True,
+        )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=8, help="rounds of IOPS runs per device, one run per side each (default 8)")
-    parser.add_argument("--cost-rounds", type=int, default=5, help="rounds of the BPF run time comparison (default 5)")
-    parser.add_argument("--runtime", type=int, default=2, help="seconds per fio run, after the IOPS runs' 1 s ramp (default 2)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=8,
+        help="rounds of IOPS runs per device, one run per side each (default 8)",
+    )
+    parser.add_argument(
+        "--cost-rounds",
+        type=int,
+        default=5,
+        help="rounds of the BPF run time comparison (default 5)",
+    )
+    parser.add_argument(
+        "--runtime",
+        type=int,
+        default=2,
+        help="seconds per fio run, after the IOPS runs' 1 s ramp (default 2)",
+    )
     parser.add_argument("--size-mib", type=int, default=256, help="loop device size (default 256)")
-    parser.add_argument("--mode", choices=["page-cache", "direct-io", "both"], default="both",
-                        help="loop devices of the IOPS comparison")
+    parser.add_argument(
+        "--mode",
+        choices=["page-cache", "direct-io", "both"],
+        default="both",
+        help="loop devices of the IOPS comparison",
+    )
     parser.add_argument("--cost-only", action="store_true", help="only the BPF run time comparison")
-    parser.add_argument("--disk", help="only the BPF run time comparison, on this existing whole disk (e.g. "
-                        "nvme0n1 in a VM lab guest: make bench-kernels); the upstream objects must be built")
-    parser.add_argument("--baseline", help="a directory of another build of our configs (NAME.bpf.o + NAME.yaml, "
-                        "e.g. main's .build/ebpf-configs) to measure beside this one")
-    parser.add_argument("--scale", default="0,100,1000,4000,10000",
-                        help="devices whose keys fill the maps for the scale curve, comma-separated ('' for none)")
-    parser.add_argument("--scale-rounds", type=int, default=2, help="runs of the scale curve (default 2)")
-    parser.add_argument("--share-rounds", type=int, default=3,
-                        help="rounds of the BPF CPU share per loop, 0 for none (default 3; needs perf)")
+    parser.add_argument(
+        "--disk",
+        help="only the BPF run time comparison, on this existing whole disk (e.g. "
+        "nvme0n1 in a VM lab guest: make bench-kernels); the upstream objects must be built",
+    )
+    parser.add_argument(
+        "--baseline",
+        help="a directory of another build of our configs (NAME.bpf.o + NAME.yaml, "
+        "e.g. main's .build/ebpf-configs) to measure beside this one",
+    )
+    parser.add_argument(
+        "--scale",
+        default="0,100,1000,4000,10000",
+        help="devices whose keys fill the maps for the scale curve, comma-separated ('' for none)",
+    )
+    parser.add_argument(
+        "--scale-rounds", type=int, default=2, help="runs of the scale curve (default 2)"
+    )
+    parser.add_argument(
+        "--share-rounds",
+        type=int,
+        default=3,
+        help="rounds of the BPF CPU share per loop, 0 for none (default 3; needs perf)",
+    )
     args = parser.parse_args()
     size = args.size_mib << 20
 
-    if not args.disk:  # a guest's root is read-only: lab/bench/bench_kernels.py builds them on the host
-        subprocess.run(["make", "-s", "-C", os.path.join(ROOT, "ebpf-configs"), f"BUILD={BUILD}", "upstream"],
-                       check=True, timeout=300)
-    names = subprocess.run([SELECT, EXPORTER, CONFIG_DIR], check=True, capture_output=True, text=True,
-                           timeout=600).stdout.strip()
+    if (
+        not args.disk
+    ):  # a guest's root is read-only: lab/bench/bench_kernels.py builds them on the host
+        subprocess.run(
+            ["make", "-s", "-C", os.path.join(ROOT, "ebpf-configs"), f"BUILD={BUILD}", "upstream"],
+            check=True,
+            timeout=300,
+        )
+    names = subprocess.run(
+        [SELECT, EXPORTER, CONFIG_DIR], check=True, capture_output=True, text=True, timeout=600
+    ).stdout.strip()
     print(f"our configs: {names}; upstream: {UPSTREAM_DIR}/biolatency", flush=True)
     foreign = foreign_programs()
     if foreign:
-        print(f"WARNING: programs already on the block tracepoints ({', '.join(foreign)}): they run in every "
-              "side, so the IOPS ratio understates the overhead; stop other ebpf_exporters for a clean figure",
-              flush=True)
+        print(
+            f"WARNING: programs already on the block tracepoints ({', '.join(foreign)}): they run in every "
+            "side, so the IOPS ratio understates the overhead; stop other ebpf_exporters for a clean figure",
+            flush=True,
+        )
     started = time.monotonic()
     if args.disk:
         bpf_cost(names, args.cost_rounds, args.runtime, size, args.disk, disk=args.disk)
@@ -505,7 +743,9 @@ def main():
         return 0
     bpf_cost(names, args.cost_rounds, args.runtime, size, "direct-io", args.baseline)
     if args.scale:
-        scale_cost(names, [int(x) for x in args.scale.split(",")], args.scale_rounds, args.runtime, size)
+        scale_cost(
+            names, [int(x) for x in args.scale.split(",")], args.scale_rounds, args.runtime, size
+        )
     if not args.cost_only:
         for mode in ["page-cache", "direct-io"] if args.mode == "both" else [args.mode]:
             compare(mode, names, args.rounds, args.runtime, size)

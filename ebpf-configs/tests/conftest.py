@@ -1,8 +1,8 @@
 """Fixtures for the ebpf_exporter config tests: a built tree and one running exporter."""
+
 import os
 
 import pytest
-
 from ebpf_testlib import CONFIG_DIR, EXPORTER, config_names, running_exporter, selected_configs
 
 
@@ -10,7 +10,9 @@ from ebpf_testlib import CONFIG_DIR, EXPORTER, config_names, running_exporter, s
 def built(request):
     """The objects every test reads (`make ebpf-objects`, no root); the tests marked root also
     load them with ebpf_exporter (`make ebpf-build`)."""
-    needed = [os.path.join(CONFIG_DIR, n + ext) for n in config_names() for ext in (".yaml", ".bpf.o")]
+    needed = [
+        os.path.join(CONFIG_DIR, n + ext) for n in config_names() for ext in (".yaml", ".bpf.o")
+    ]
     target = "ebpf-objects"
     if request.node.get_closest_marker("root"):
         needed, target = [EXPORTER] + needed, "ebpf-build"
@@ -26,5 +28,3 @@ def exporter(tmp_path_factory):
     log = tmp_path_factory.mktemp("ebpf_exporter") / "ebpf_exporter.log"
     with running_exporter(selected_configs(), log) as running:
         yield running
-
-

@@ -3,6 +3,7 @@
 The configs must be built first (`make ebpf-build`, which `make test` and `make test-ebpf` run):
 ebpf_exporter in BUILD/bin, every NAME.bpf.o + NAME.yaml in BUILD/ebpf-configs.
 """
+
 import contextlib
 import os
 import re
@@ -46,15 +47,17 @@ def settle():
     a second as soon as a process ran there), so an idle CPU's last reads would wait for its next
     task, not for the flush."""
     spin = f"import time\nend = time.monotonic() + {FLUSH_PERIOD + FLUSH_MARGIN}\nwhile time.monotonic() < end: pass"
-    spinners = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", spin])
-                for cpu in sorted(os.sched_getaffinity(0))]
+    spinners = [
+        subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", spin])
+        for cpu in sorted(os.sched_getaffinity(0))
+    ]
     for spinner in spinners:
         spinner.wait(timeout=30)
 
 
 def config_names():
     """Every config in the source tree, from its NAME.yaml."""
-    return sorted(f[:-len(".yaml")] for f in os.listdir(CONFIGS_SRC) if f.endswith(".yaml"))
+    return sorted(f[: -len(".yaml")] for f in os.listdir(CONFIGS_SRC) if f.endswith(".yaml"))
 
 
 def cannot_load():
@@ -73,12 +76,22 @@ def cannot_load():
 
 def config_check(names, timeout=60):
     """Run the real exporter's --config.check --config.strict; returns CompletedProcess."""
-    argv = [EXPORTER, f"--config.dir={CONFIG_DIR}", f"--config.names={names}", "--config.check", "--config.strict"]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **EXPORTER_ENV))
+    argv = [
+        EXPORTER,
+        f"--config.dir={CONFIG_DIR}",
+        f"--config.names={names}",
+        "--config.check",
+        "--config.strict",
+    ]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **EXPORTER_ENV)
+    )
 
 
 def selected_configs():
-    out = subprocess.run([SELECT, EXPORTER, CONFIG_DIR], check=True, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [SELECT, EXPORTER, CONFIG_DIR], check=True, capture_output=True, text=True, timeout=300
+    )
     return out.stdout.strip()
 
 
@@ -88,8 +101,11 @@ class Scrape:
 
     def __init__(self, text):
         self.text = text
-        self.samples = {(s.name, frozenset(s.labels.items())): s.value
-                        for family in text_string_to_metric_families(text) for s in family.samples}
+        self.samples = {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
     def value(self, name, **labels):
         """Sum of the samples of `name` whose labels include `labels` (0 if none)."""
@@ -116,8 +132,12 @@ def running_exporter(names, log_path):
     """The real ebpf_exporter with the configs `names` on a free loopback port; stopped (process
     group killed, programs detached) on leaving."""
     port = procs.free_port()
-    argv = [EXPORTER, f"--config.dir={CONFIG_DIR}", f"--config.names={names}",
-            f"--web.listen-address=127.0.0.1:{port}"]
+    argv = [
+        EXPORTER,
+        f"--config.dir={CONFIG_DIR}",
+        f"--config.names={names}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
     url = f"http://127.0.0.1:{port}/metrics"
     with procs.running(argv, env=EXPORTER_ENV, health_url=url, log_path=str(log_path), timeout=60):
         yield Exporter(url)
@@ -132,8 +152,14 @@ def diskstats(device):
             fields = line.split()
             if fields[2] == device:
                 v = [int(x) for x in fields[3:]]
-                return {"reads": v[0], "read_merges": v[1], "read_sectors": v[2],
-                        "writes": v[4], "write_merges": v[5], "write_sectors": v[6]}
+                return {
+                    "reads": v[0],
+                    "read_merges": v[1],
+                    "read_sectors": v[2],
+                    "writes": v[4],
+                    "write_merges": v[5],
+                    "write_sectors": v[6],
+                }
     raise KeyError(device)
 
 

@@ -4,6 +4,7 @@
 The programs are compiled with -Wall -Werror by `make ebpf-objects` (ebpf-configs/Makefile), which
 `make test-unit` and `make test` run first; these tests check what the build produced.
 """
+
 import json
 import os
 import re
@@ -12,24 +13,38 @@ import subprocess
 import jsonschema
 import pytest
 import yaml
-
-from ebpf_testlib import (BUILD, CONFIG_DIR, CONFIGS_SRC, EXPORTER, FLUSH_PERIOD, SELECT, cannot_load, config_check,
-                          config_names, selected_configs)
+from ebpf_testlib import (
+    BUILD,
+    CONFIG_DIR,
+    CONFIGS_SRC,
+    EXPORTER,
+    FLUSH_PERIOD,
+    SELECT,
+    cannot_load,
+    config_check,
+    config_names,
+    selected_configs,
+)
 
 SCHEMA = os.path.join(BUILD, "share", "ebpf_exporter", "config-schema.yaml")
 NAMES = config_names()
 
 
 def test_every_program_has_a_config():
-    programs = sorted(f[:-len(".bpf.c")] for f in os.listdir(CONFIGS_SRC) if f.endswith(".bpf.c"))
+    programs = sorted(f[: -len(".bpf.c")] for f in os.listdir(CONFIGS_SRC) if f.endswith(".bpf.c"))
     assert programs == NAMES
 
 
 def test_sources_are_clang_formatted():
     """Like upstream's CI: `clang-format --dry-run -Werror` with ebpf-configs/.clang-format."""
     sources = sorted(f for f in os.listdir(CONFIGS_SRC) if f.endswith((".bpf.c", ".bpf.h")))
-    r = subprocess.run(["clang-format", "--dry-run", "-Werror", *sources], cwd=CONFIGS_SRC,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["clang-format", "--dry-run", "-Werror", *sources],
+        cwd=CONFIGS_SRC,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, f"run clang-format -i in ebpf-configs/:\n{r.stderr}"
 
 
@@ -70,8 +85,13 @@ def test_yaml_matches_upstream_schema(name):
 
 # --- maps in the objects against the YAML ---------------------------------------------------------
 def btf_types(obj):
-    out = subprocess.run(["bpftool", "-j", "btf", "dump", "file", obj], check=True, capture_output=True,
-                         text=True, timeout=60).stdout
+    out = subprocess.run(
+        ["bpftool", "-j", "btf", "dump", "file", obj],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     return {t["id"]: t for t in json.loads(out)["types"]}
 
 
@@ -88,8 +108,10 @@ def map_key_value_sizes(types, map_name):
         if t["kind"] == "VAR" and t["name"] == map_name:
             members = {m["name"]: m["type_id"] for m in types[t["type_id"]]["members"]}
             # __type(key, T) is a member `T *key`.
-            return (type_size(types, types[members["key"]]["type_id"]),
-                    type_size(types, types[members["value"]]["type_id"]))
+            return (
+                type_size(types, types[members["key"]]["type_id"]),
+                type_size(types, types[members["value"]]["type_id"]),
+            )
     return None
 
 
@@ -104,7 +126,9 @@ def test_each_metric_has_its_map_with_matching_key_layout(name):
         assert sizes is not None, f"{name}.bpf.o has no map named {metric['name']}"
         key_size, value_size = sizes
         label_bytes = sum(label["size"] + label.get("padding", 0) for label in metric["labels"])
-        assert key_size == label_bytes, f"{metric['name']}: key is {key_size} bytes, labels take {label_bytes}"
+        assert key_size == label_bytes, (
+            f"{metric['name']}: key is {key_size} bytes, labels take {label_bytes}"
+        )
         assert value_size == 8
 
 
@@ -123,7 +147,10 @@ def source_with_includes(path, seen=None):
 
 def defines(text):
     """{NAME: int} of the #defines whose value is a plain integer."""
-    return {name: int(value, 0) for name, value in re.findall(r"^#define\s+(\w+)\s+(\d+|0x[0-9a-fA-F]+)\s*$", text, re.M)}
+    return {
+        name: int(value, 0)
+        for name, value in re.findall(r"^#define\s+(\w+)\s+(\d+|0x[0-9a-fA-F]+)\s*$", text, re.M)
+    }
 
 
 def observed_buckets(text):
@@ -131,10 +158,14 @@ def observed_buckets(text):
     histogram_observe(&map, key, value, min, max) and block_io's observe(), pending_add() and
     flush_hist(), whose bounds are the #defines named *_BUCKET_MIN and *_BUCKET_MAX."""
     consts = defines(text)
-    calls = re.findall(r"\w+\(\s*&(\w+)\s*,[^;{]*?\b(\w+_BUCKET_MIN)\s*,\s*(\w+_BUCKET_MAX)\b", text)
+    calls = re.findall(
+        r"\w+\(\s*&(\w+)\s*,[^;{]*?\b(\w+_BUCKET_MIN)\s*,\s*(\w+_BUCKET_MAX)\b", text
+    )
     out = {}
     for map_name, low, high in calls:
-        out.setdefault(map_name, set()).add(tuple(consts[v] if v in consts else int(v, 0) for v in (low, high)))
+        out.setdefault(map_name, set()).add(
+            tuple(consts[v] if v in consts else int(v, 0) for v in (low, high))
+        )
     return out
 
 
@@ -146,22 +177,32 @@ def test_bucket_defines_match_the_yaml(name):
     observed = observed_buckets(source_with_includes(os.path.join(CONFIGS_SRC, name + ".bpf.c")))
     for histogram in load_config(name)["metrics"].get("histograms", []):
         assert histogram["name"] in observed, f"{name}.bpf.c never observes {histogram['name']}"
-        assert observed[histogram["name"]] == {(histogram["bucket_min"], histogram["bucket_max"])}, \
-            f"{histogram['name']}: the source observes with {observed[histogram['name']]}, " \
+        assert observed[histogram["name"]] == {
+            (histogram["bucket_min"], histogram["bucket_max"])
+        }, (
+            f"{histogram['name']}: the source observes with {observed[histogram['name']]}, "
             f"{name}.yaml says bucket_min {histogram['bucket_min']}, bucket_max {histogram['bucket_max']}"
+        )
 
 
 def test_bucket_check_reads_the_source():
     """The check above finds a mismatch: a changed #define is seen."""
     text = source_with_includes(os.path.join(CONFIGS_SRC, "block_io.bpf.c"))
     assert observed_buckets(text)["block_rq_size_bytes"] == {(9, 27)}
-    changed = re.sub(r"^#define SIZE_BUCKET_MAX \d+", "#define SIZE_BUCKET_MAX 26", text, flags=re.M)
+    changed = re.sub(
+        r"^#define SIZE_BUCKET_MAX \d+", "#define SIZE_BUCKET_MAX 26", text, flags=re.M
+    )
     assert observed_buckets(changed)["block_rq_size_bytes"] == {(9, 26)}
 
 
-@pytest.mark.parametrize("first, second", [("jbd2_credit_wait", "jbd2_credit_wait_fexit"),
-                                           ("jbd2_credit_wait", "jbd2_credit_wait_legacy"),
-                                           ("block_io", "block_io_immediate")])
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        ("jbd2_credit_wait", "jbd2_credit_wait_fexit"),
+        ("jbd2_credit_wait", "jbd2_credit_wait_legacy"),
+        ("block_io", "block_io_immediate"),
+    ],
+)
 def test_variants_export_the_same_metrics(first, second):
     """Dashboards and alerts work with either variant only if both define the metrics alike."""
     assert load_config(first)["metrics"] == load_config(second)["metrics"]
@@ -194,7 +235,10 @@ def test_config_check_strict(name):
 def test_selected_configs_load_together_and_cover_every_metric_set():
     names = selected_configs().split(",")
     assert "block_io" in names
-    assert len({"jbd2_credit_wait", "jbd2_credit_wait_fexit", "jbd2_credit_wait_legacy"} & set(names)) == 1, names
+    assert (
+        len({"jbd2_credit_wait", "jbd2_credit_wait_fexit", "jbd2_credit_wait_legacy"} & set(names))
+        == 1
+    ), names
     result = config_check(",".join(names))
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -206,18 +250,25 @@ def test_select_configs_status_says_what_loads_and_why_not(tmp_path):
     a program whose tracepoint this kernel lacks (jbd2_credit_wait_legacy's object under that
     name: a real loader error) and block_io_immediate is not built, so the block set loads
     nothing; the jbd2 set loads as usual. The exit status stays 0: the caller decides."""
-    for src, dst in (("jbd2_credit_wait_legacy", "block_io"), *((n, n) for n in NAMES if n.startswith("jbd2"))):
+    for src, dst in (
+        ("jbd2_credit_wait_legacy", "block_io"),
+        *((n, n) for n in NAMES if n.startswith("jbd2")),
+    ):
         for ext in (".bpf.o", ".yaml"):
             os.symlink(os.path.join(CONFIG_DIR, src + ext), tmp_path / (dst + ext))
     status = tmp_path / "status.tsv"
-    r = subprocess.run([SELECT, EXPORTER, str(tmp_path), str(status)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [SELECT, EXPORTER, str(tmp_path), str(status)], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr
     rows = {line.split("\t")[0]: line.split("\t")[1:] for line in status.read_text().splitlines()}
     assert set(rows) == {"block", "jbd2"}
     chosen, failures = rows["block"]
     assert chosen == "-"
-    assert "block_io: libbpf: prog 'ext4_journal_start': failed to attach to raw tracepoint 'ext4_journal_start': " \
-           "No such file or directory" in failures, failures
+    assert (
+        "block_io: libbpf: prog 'ext4_journal_start': failed to attach to raw tracepoint 'ext4_journal_start': "
+        "No such file or directory" in failures
+    ), failures
     assert f"block_io_immediate: not built in {tmp_path}" in failures
     assert rows["jbd2"][0] in NAMES and rows["jbd2"][0] == r.stdout.strip(), (rows, r.stdout)
     assert "no variant of block [block_io block_io_immediate] loads" in r.stderr

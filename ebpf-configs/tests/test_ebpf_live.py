@@ -5,21 +5,22 @@ Each test takes its own loop device, so metric deltas for its device number (the
 stat(2)'s st_rdev) are its own I/O even while other work runs on the machine. Every device, mount and sysfs change is undone by the lab
 kit's context managers, also when an assertion fails; every wait is bounded.
 """
+
 import json
 import os
 import subprocess
 import time
 
 import pytest
+from ebpf_testlib import FLUSH_PERIOD, delta, diskstats, running_exporter, settle
 
 from blockstack_lab import fio, loop
-from ebpf_testlib import FLUSH_PERIOD, delta, diskstats, running_exporter, settle
 
 pytestmark = [pytest.mark.root]
 
 SECTOR = 512
 SIZE = 256 << 20  # loop device size: small, sparse
-RUNTIME = 2       # seconds of fio per workload
+RUNTIME = 2  # seconds of fio per workload
 TOLERANCE = 0.05  # agreement required with diskstats / iostat
 
 
@@ -57,7 +58,9 @@ class Delta:
 
 def assert_close(ours, reference, what):
     assert reference > 0, f"{what}: reference is {reference}"
-    assert abs(ours - reference) <= TOLERANCE * reference, f"{what}: ours {ours:.2f} vs reference {reference:.2f}"
+    assert abs(ours - reference) <= TOLERANCE * reference, (
+        f"{what}: ours {ours:.2f} vs reference {reference:.2f}"
+    )
 
 
 def assert_requests(ours, reference):
@@ -66,7 +69,9 @@ def assert_requests(ours, reference):
     6 runs of the same workload since); test_histograms_are_exported_after_the_periodic_flush_exactly
     asserts exact equality. 0.5 % here, 5 % before the flush wait."""
     assert reference > 1000
-    assert abs(ours - reference) <= 0.005 * reference, f"requests: ours {ours:.0f}, diskstats {reference}"
+    assert abs(ours - reference) <= 0.005 * reference, (
+        f"requests: ours {ours:.0f}, diskstats {reference}"
+    )
 
 
 @pytest.fixture
@@ -86,17 +91,24 @@ def test_request_sizes_show_merging_and_agree_with_diskstats(exporter, device, n
     bio_count, bio_bytes = d.hist("ebpf_exporter_block_bio_size_bytes", operation="read")
     missed = d.value("ebpf_exporter_block_rq_missed_merges_total", operation="read")
     merges = d.value("ebpf_exporter_block_bio_merges_total", operation="read")
-    assert rq_count > 200 and bio_count > 200, (rq_count, bio_count)  # enough for an average; a busy machine reads less in 2 s
+    assert rq_count > 200 and bio_count > 200, (
+        rq_count,
+        bio_count,
+    )  # enough for an average; a busy machine reads less in 2 s
 
     # The same interval in /proc/diskstats, exactly: reads completed and sectors read.
     assert_requests(rq_count, disk["reads"])
-    assert_close(rq_bytes / rq_count / SECTOR, disk["read_sectors"] / disk["reads"], "sectors per request")
+    assert_close(
+        rq_bytes / rq_count / SECTOR, disk["read_sectors"] / disk["reads"], "sectors per request"
+    )
     assert bio_bytes / bio_count == pytest.approx(4096, rel=0.01)
 
     sectors_per_rq = rq_bytes / rq_count / SECTOR
-    print(f"nomerges={nomerges}: {sectors_per_rq:.1f} sectors/request (diskstats "
-          f"{disk['read_sectors'] / disk['reads']:.1f}), {rq_count:.0f} requests (diskstats {disk['reads']}), "
-          f"{bio_count:.0f} bios, missed merges {missed:.0f}, bio merges {merges:.0f} (diskstats {disk['read_merges']})")
+    print(
+        f"nomerges={nomerges}: {sectors_per_rq:.1f} sectors/request (diskstats "
+        f"{disk['read_sectors'] / disk['reads']:.1f}), {rq_count:.0f} requests (diskstats {disk['reads']}), "
+        f"{bio_count:.0f} bios, missed merges {missed:.0f}, bio merges {merges:.0f} (diskstats {disk['read_merges']})"
+    )
     if nomerges == "0":
         assert sectors_per_rq >= 128, sectors_per_rq  # ~256 measured: 32 bios of 4 KiB per request
         assert missed <= 0.02 * rq_count, (missed, rq_count)
@@ -131,19 +143,27 @@ def test_unbatched_sequential_io_has_no_missed_merges(exporter, device, op):
     """The workload that paged on adjacency: small sequential direct I/O submitted one request at
     a time on a healthy device (nomerges=0). Every request is adjacent to the previous one, yet
     none could have been merged: the exact counter must stay at zero."""
-    with loop.sysfs_setting(device, "queue/nomerges", "0"), loop.sysfs_setting(device, "queue/scheduler", "none"):
+    with (
+        loop.sysfs_setting(device, "queue/nomerges", "0"),
+        loop.sysfs_setting(device, "queue/scheduler", "none"),
+    ):
         d, disk, _ = measure(exporter, device, [f"--rw={op}", *UNBATCHED])
     rq_count, rq_bytes = d.hist("ebpf_exporter_block_rq_size_bytes", operation=op)
     missed = d.value("ebpf_exporter_block_rq_missed_merges_total", operation=op)
     merges = d.value("ebpf_exporter_block_bio_merges_total", operation=op)
-    print(f"unbatched {op}s, nomerges=0: {rq_count:.0f} requests of {rq_bytes / max(rq_count, 1):.0f} bytes, "
-          f"missed merges {missed:.0f}, bio merges {merges:.0f}")
+    print(
+        f"unbatched {op}s, nomerges=0: {rq_count:.0f} requests of {rq_bytes / max(rq_count, 1):.0f} bytes, "
+        f"missed merges {missed:.0f}, bio merges {merges:.0f}"
+    )
     assert_requests(rq_count, disk[op + "s"])
     assert rq_count > 1000 and rq_bytes / rq_count == 4096, (rq_count, rq_bytes)
     assert missed <= 0.001 * rq_count, (missed, rq_count)
     # scheduler none: requests go from the plug to the driver, no queue stage (only service)
     assert d.value("ebpf_exporter_block_rq_latency_seconds_count", operation=op, stage="queue") == 0
-    assert d.value("ebpf_exporter_block_rq_latency_seconds_count", operation=op, stage="service") > 0.9 * rq_count
+    assert (
+        d.value("ebpf_exporter_block_rq_latency_seconds_count", operation=op, stage="service")
+        > 0.9 * rq_count
+    )
 
 
 @pytest.mark.parametrize("op", ["read", "write"])
@@ -155,8 +175,10 @@ def test_batched_sequential_io_without_merging_counts_every_missed_merge(exporte
         d, disk, _ = measure(exporter, device, [f"--rw={op}", *BATCHED])
     rq_count, rq_bytes = d.hist("ebpf_exporter_block_rq_size_bytes", operation=op)
     missed = d.value("ebpf_exporter_block_rq_missed_merges_total", operation=op)
-    print(f"batched {op}s, nomerges=2: {rq_count:.0f} requests, missed merges {missed:.0f} "
-          f"({missed / max(rq_count, 1):.3f} of requests), diskstats {op}s {disk[op + 's']}")
+    print(
+        f"batched {op}s, nomerges=2: {rq_count:.0f} requests, missed merges {missed:.0f} "
+        f"({missed / max(rq_count, 1):.3f} of requests), diskstats {op}s {disk[op + 's']}"
+    )
     assert_requests(rq_count, disk[op + "s"])
     assert rq_count > 1000 and rq_bytes / rq_count == 4096, (rq_count, rq_bytes)
     assert 0.9 * 15 / 16 * rq_count <= missed <= rq_count, (missed, rq_count)
@@ -168,14 +190,19 @@ def test_splits_are_counted_apart_from_missed_merges(exporter, device):
     15 pieces split off (block_split). The pieces wait together and are adjacent, but could not
     have been merged (they would exceed max_sectors_kb): splits, not missed merges."""
     with loop.sysfs_setting(device, "queue/max_sectors_kb", "4"):
-        d, disk, _ = measure(exporter, device, ["--rw=read", "--bs=64k", "--direct=1", "--ioengine=libaio",
-                                                "--iodepth=4"])
+        d, disk, _ = measure(
+            exporter,
+            device,
+            ["--rw=read", "--bs=64k", "--direct=1", "--ioengine=libaio", "--iodepth=4"],
+        )
     rq_count, rq_bytes = d.hist("ebpf_exporter_block_rq_size_bytes", operation="read")
     bio_count, _ = d.hist("ebpf_exporter_block_bio_size_bytes", operation="read")
     splits = d.value("ebpf_exporter_block_bio_splits_total", operation="read")
     missed = d.value("ebpf_exporter_block_rq_missed_merges_total", operation="read")
-    print(f"64 KiB reads at max_sectors_kb=4: {bio_count:.0f} bios, {rq_count:.0f} requests of "
-          f"{rq_bytes / max(rq_count, 1):.0f} bytes, splits {splits:.0f}, missed merges {missed:.0f}")
+    print(
+        f"64 KiB reads at max_sectors_kb=4: {bio_count:.0f} bios, {rq_count:.0f} requests of "
+        f"{rq_bytes / max(rq_count, 1):.0f} bytes, splits {splits:.0f}, missed merges {missed:.0f}"
+    )
     assert_requests(rq_count, disk["reads"])
     assert bio_count > 100 and rq_bytes / rq_count == 4096, (bio_count, rq_count, rq_bytes)
     # one per extra request: requests = bios + splits, i.e. 15 per 64 KiB bio
@@ -185,8 +212,13 @@ def test_splits_are_counted_apart_from_missed_merges(exporter, device):
 
 def iostat_rareq_sz(device, interval):
     """rareq-sz (KiB) over one `iostat -x` interval (sysstat; -y skips the since-boot report)."""
-    out = subprocess.run(["iostat", "-x", "-d", "-y", "-o", "JSON", device, str(interval), "1"],
-                         check=True, capture_output=True, text=True, timeout=interval + 30).stdout
+    out = subprocess.run(
+        ["iostat", "-x", "-d", "-y", "-o", "JSON", device, str(interval), "1"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=interval + 30,
+    ).stdout
     stats = json.loads(out)["sysstat"]["hosts"][0]["statistics"][0]["disk"]
     return next(s for s in stats if s["disk_device"] == device)["rareq-sz"]
 
@@ -198,8 +230,15 @@ def test_request_size_agrees_with_iostat(exporter, device, nomerges):
     name = loop.name(device)
     with loop.sysfs_setting(device, "queue/nomerges", nomerges):
         before = exporter.scrape()
-        argv = ["fio", "--name=ebpf-iostat", f"--filename={device}", "--time_based", "--runtime=3",
-                "--output-format=json", *fio.SEQ_BATCHED_READ]
+        argv = [
+            "fio",
+            "--name=ebpf-iostat",
+            f"--filename={device}",
+            "--time_based",
+            "--runtime=3",
+            "--output-format=json",
+            *fio.SEQ_BATCHED_READ,
+        ]
         fio_proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
         try:
             time.sleep(0.5)
@@ -211,8 +250,12 @@ def test_request_size_agrees_with_iostat(exporter, device, nomerges):
                 fio_proc.wait(10)
         settle()
         after = exporter.scrape()
-    count, total = Delta(before, after, devno(device)).hist("ebpf_exporter_block_rq_size_bytes", operation="read")
-    print(f"nomerges={nomerges}: {total / count / 1024:.2f} KiB/read request, iostat rareq-sz {rareq_sz:.2f}")
+    count, total = Delta(before, after, devno(device)).hist(
+        "ebpf_exporter_block_rq_size_bytes", operation="read"
+    )
+    print(
+        f"nomerges={nomerges}: {total / count / 1024:.2f} KiB/read request, iostat rareq-sz {rareq_sz:.2f}"
+    )
     assert count > 200
     assert_close(total / count / 1024, rareq_sz, "KiB per read request (iostat rareq-sz)")
 
@@ -224,20 +267,31 @@ def test_latency_histograms_populate_with_device_label(exporter, device):
         d, disk, _ = measure(exporter, device, fio.RANDOM_4K_READ)
     scrape = d.after
     assert number in scrape.label_values("ebpf_exporter_block_rq_latency_seconds_count", "devno")
-    service_count, service_sum = d.hist("ebpf_exporter_block_rq_latency_seconds", operation="read", stage="service")
-    queue_count, queue_sum = d.hist("ebpf_exporter_block_rq_latency_seconds", operation="read", stage="queue")
+    service_count, service_sum = d.hist(
+        "ebpf_exporter_block_rq_latency_seconds", operation="read", stage="service"
+    )
+    queue_count, queue_sum = d.hist(
+        "ebpf_exporter_block_rq_latency_seconds", operation="read", stage="queue"
+    )
     # A sample is dropped only when two requests in flight share a slot of the table (see
     # block_io.bpf.c), well under 5 % at this queue depth.
-    print(f"latency: service {service_count:.0f} samples, mean {service_sum / service_count * 1e6:.1f} us; "
-          f"queue {queue_count:.0f}, mean {queue_sum / max(queue_count, 1) * 1e6:.1f} us; reads {disk['reads']}")
+    print(
+        f"latency: service {service_count:.0f} samples, mean {service_sum / service_count * 1e6:.1f} us; "
+        f"queue {queue_count:.0f}, mean {queue_sum / max(queue_count, 1) * 1e6:.1f} us; reads {disk['reads']}"
+    )
     assert service_count >= (1 - TOLERANCE) * disk["reads"], (service_count, disk["reads"])
     assert service_count <= disk["reads"] * (1 + TOLERANCE)
     assert queue_count > 0.5 * disk["reads"], (queue_count, disk["reads"])
     assert service_sum > 0 and queue_sum > 0
     # Service time per request is bounded by fio's own completion latency (which includes it).
     # Buckets: cumulative, ending at +Inf == count.
-    buckets = sorted((float(ls["le"]), v) for ls, v in scrape.series("ebpf_exporter_block_rq_latency_seconds_bucket")
-                     if ls.get("devno") == number and ls.get("stage") == "service" and ls.get("operation") == "read")
+    buckets = sorted(
+        (float(ls["le"]), v)
+        for ls, v in scrape.series("ebpf_exporter_block_rq_latency_seconds_bucket")
+        if ls.get("devno") == number
+        and ls.get("stage") == "service"
+        and ls.get("operation") == "read"
+    )
     assert buckets[-1][0] == float("inf")
     assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))
 
@@ -248,8 +302,20 @@ def test_jbd2_credit_wait_fills_under_fsync_heavy_writes(exporter, device):
     number = devno(device)
     with loop.ext4(device) as mnt:
         before = exporter.scrape()
-        fio.run([f"--directory={mnt}", "--rw=randwrite", "--bs=4k", "--ioengine=sync", "--fsync=1",
-                 "--size=16M", "--numjobs=4", "--group_reporting"], runtime=RUNTIME, name="ebpf-jbd2")
+        fio.run(
+            [
+                f"--directory={mnt}",
+                "--rw=randwrite",
+                "--bs=4k",
+                "--ioengine=sync",
+                "--fsync=1",
+                "--size=16M",
+                "--numjobs=4",
+                "--group_reporting",
+            ],
+            runtime=RUNTIME,
+            name="ebpf-jbd2",
+        )
         settle()
         after = exporter.scrape()
     d = Delta(before, after, number)
@@ -270,8 +336,11 @@ def test_device_number_label_is_st_rdev(exporter, device):
     fio.run([f"--filename={device}", *fio.RANDOM_4K_READ], runtime=1, name="ebpf-labels")
     settle()
     scrape = exporter.scrape()
-    for metric in ("ebpf_exporter_block_rq_size_bytes_count", "ebpf_exporter_block_bio_size_bytes_count",
-                   "ebpf_exporter_block_rq_latency_seconds_count"):
+    for metric in (
+        "ebpf_exporter_block_rq_size_bytes_count",
+        "ebpf_exporter_block_bio_size_bytes_count",
+        "ebpf_exporter_block_rq_latency_seconds_count",
+    ):
         assert number in scrape.label_values(metric, "devno"), metric
         assert scrape.label_values(metric, "device") == {None}, metric
 
@@ -288,8 +357,19 @@ def few_reads(exporter, device):
     subprocess.run(["udevadm", "settle", "--timeout=10"], check=False, timeout=30)
     settle()
     before, disk_before = exporter.scrape(), diskstats(name)
-    subprocess.run(["dd", f"if={device}", "of=/dev/null", "bs=4k", f"count={FEW_READS}", "iflag=direct",
-                    "status=none"], check=True, timeout=60)
+    subprocess.run(
+        [
+            "dd",
+            f"if={device}",
+            "of=/dev/null",
+            "bs=4k",
+            f"count={FEW_READS}",
+            "iflag=direct",
+            "status=none",
+        ],
+        check=True,
+        timeout=60,
+    )
     return before, delta(diskstats(name), disk_before)
 
 
@@ -298,8 +378,10 @@ def assert_exact(d, disk):
     rq_count, rq_bytes = d.hist("ebpf_exporter_block_rq_size_bytes", operation="read")
     bio_count, bio_bytes = d.hist("ebpf_exporter_block_bio_size_bytes", operation="read")
     service, _ = d.hist("ebpf_exporter_block_rq_latency_seconds", operation="read", stage="service")
-    print(f"{disk['reads']} reads in diskstats: {rq_count:.0f} requests of {rq_bytes:.0f} bytes, "
-          f"{bio_count:.0f} bios, {service:.0f} service samples")
+    print(
+        f"{disk['reads']} reads in diskstats: {rq_count:.0f} requests of {rq_bytes:.0f} bytes, "
+        f"{bio_count:.0f} bios, {service:.0f} service samples"
+    )
     assert disk["reads"] >= FEW_READS, disk
     assert (rq_count, rq_bytes) == (disk["reads"], disk["read_sectors"] * SECTOR)
     assert (bio_count, bio_bytes) == (FEW_READS, FEW_READS * 4096)

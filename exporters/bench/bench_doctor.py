@@ -10,6 +10,7 @@ duration_seconds{collector="findings"}) on the first scrape and the median of th
 beside the whole collection. A benchmark, not a test: wall times depend on the machine's load
 (the load average is printed), CPU times much less.
 """
+
 import argparse
 import os
 import resource
@@ -21,6 +22,7 @@ import tempfile
 import time
 
 import bench_scrape  # beside this file: the script's own directory is on the import path
+
 from blockstack_exporter import checks
 from blockstack_exporter.collectors.findings import INPUTS
 from blockstack_exporter.main import build_registry, parse_args
@@ -30,16 +32,24 @@ DOCTOR = os.path.join(os.path.dirname(sys.executable), "blockstack-doctor")
 
 
 def flags(root):
-    return [f"--path.sysfs={root}/sys", f"--path.procfs={root}/proc", f"--path.dev={root}/dev",
-            f"--collector.dm.dmsetup={root}/dmsetup"]
+    return [
+        f"--path.sysfs={root}/sys",
+        f"--path.procfs={root}/proc",
+        f"--path.dev={root}/dev",
+        f"--collector.dm.dmsetup={root}/dmsetup",
+    ]
 
 
 def time_doctor(root):
     """(wall seconds, CPU seconds, exit status, last line) of one run."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    r = subprocess.run([DOCTOR, *flags(root), "--path.lvmconf=/nonexistent"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [DOCTOR, *flags(root), "--path.lvmconf=/nonexistent"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -57,7 +67,9 @@ def collector_durations(registry):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--devices", type=int, default=1024)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--scrapes", type=int, default=12)
@@ -65,19 +77,25 @@ def main():
     root = tempfile.mkdtemp(prefix="blockstack-bench-doctor-")
     try:
         n = bench_scrape.generate(root, args.devices)
-        print(f"synthetic tree: {n} block devices; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print(
+            f"synthetic tree: {n} block devices; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        )
         runs = [time_doctor(root) for _ in range(args.runs)]
-        print(f"blockstack-doctor: median {statistics.median(r[0] for r in runs):.2f} s wall, "
-              f"{statistics.median(r[1] for r in runs):.2f} s CPU over {args.runs} runs "
-              f"(min {min(r[0] for r in runs):.2f} s wall; exit {runs[-1][2]}; {runs[-1][3]})")
+        print(
+            f"blockstack-doctor: median {statistics.median(r[0] for r in runs):.2f} s wall, "
+            f"{statistics.median(r[1] for r in runs):.2f} s CPU over {args.runs} runs "
+            f"(min {min(r[0] for r in runs):.2f} s wall; exit {runs[-1][2]}; {runs[-1][3]})"
+        )
         registry = build_registry(parse_args(flags(root)))
         scrapes = [collector_durations(registry) for _ in range(args.scrapes)]
         later = scrapes[1:]
         total = statistics.median(sum(s.values()) for s in later)
         findings = statistics.median(s["findings"] for s in later)
-        print(f"findings collector: first scrape {scrapes[0]['findings'] * 1e3:.1f} ms of "
-              f"{sum(scrapes[0].values()) * 1e3:.0f} ms; later scrapes median {findings * 1e3:.1f} ms of "
-              f"{total * 1e3:.0f} ms ({findings / total:.1%})")
+        print(
+            f"findings collector: first scrape {scrapes[0]['findings'] * 1e3:.1f} ms of "
+            f"{sum(scrapes[0].values()) * 1e3:.0f} ms; later scrapes median {findings * 1e3:.1f} ms of "
+            f"{total * 1e3:.0f} ms ({findings / total:.1%})"
+        )
         # CPU time of the findings alone, from the families of a whole scrape (wall times above
         # include waiting for the CPU on a busy machine)
         collector = next(iter(registry._collector_to_names))
@@ -92,9 +110,11 @@ def main():
             found = checks.evaluate(h, collector.collectors[-1].knobs, needs=("scrape",))
             host_cpu.append(middle - start)
             eval_cpu.append(time.process_time() - middle)
-        print(f"findings CPU, rebuilt from a whole scrape ({sum(len(f.samples) for f in inputs)} input samples, "
-              f"{len(found)} findings): Host {statistics.median(host_cpu) * 1e3:.1f} ms + checks "
-              f"{statistics.median(eval_cpu) * 1e3:.1f} ms")
+        print(
+            f"findings CPU, rebuilt from a whole scrape ({sum(len(f.samples) for f in inputs)} input samples, "
+            f"{len(found)} findings): Host {statistics.median(host_cpu) * 1e3:.1f} ms + checks "
+            f"{statistics.median(eval_cpu) * 1e3:.1f} ms"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -12,6 +12,7 @@ than wall time on a shared machine), and their ratios; then the same at 100, 1,0
 A benchmark, not a test: the figure depends on the machine, so both sides are measured in the
 same run.
 """
+
 import argparse
 import os
 import shutil
@@ -30,8 +31,16 @@ EXPORTER = os.path.join(os.path.dirname(sys.executable), "blockstack-exporter")
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
 # Every disk's queue/ is a copy of a real one: the recorded fixture's virtio disk, each file the
 # queue collector reads.
-FIXTURE_QUEUE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fixtures",
-                             "host-loop", "sys", "block", "vda", "queue")
+FIXTURE_QUEUE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "tests",
+    "fixtures",
+    "host-loop",
+    "sys",
+    "block",
+    "vda",
+    "queue",
+)
 EXT4_OPTIONS = "rw\nbsddf\nnogrpid\nblock_validity\ndioread_nolock\nnodiscard\ndelalloc\nbarrier\ndata=ordered\ncommit=5\n"
 JBD2_INFO = """120 transactions (118 requested), each up to 8192 blocks
 average: 
@@ -54,7 +63,9 @@ def superblock(journal_bytes):
     struct.pack_into("<H", sb, 1024 + 0x38, 0xEF53)  # s_magic
     struct.pack_into("<I", sb, 1024 + 0xE0, 8)  # s_journal_inum
     sb[1024 + 0xFD] = 1  # s_jnl_backup_type = EXT3_JNL_BACKUP_BLOCKS
-    struct.pack_into("<II", sb, 1024 + 0x10C + 15 * 4, journal_bytes >> 32, journal_bytes & 0xFFFFFFFF)
+    struct.pack_into(
+        "<II", sb, 1024 + 0x10C + 15 * 4, journal_bytes >> 32, journal_bytes & 0xFFFFFFFF
+    )
     return bytes(sb)
 
 
@@ -97,7 +108,9 @@ class Tree:
         if dm:
             write(os.path.join(d, "dm", "name"), dm[0] + "\n")
             write(os.path.join(d, "dm", "uuid"), dm[1] + "\n")
-        self.diskstats.append(f"{major:4d} {minor:7d} {name} 1200 30 96000 400 800 20 64000 900 0 1300 1300 0 0 0 0 10 5")
+        self.diskstats.append(
+            f"{major:4d} {minor:7d} {name} 1200 30 96000 400 800 20 64000 900 0 1300 1300 0 0 0 0 10 5"
+        )
         self.count += 1
 
 
@@ -112,10 +125,19 @@ def generate(root, n):
         vg = f"vg{i}"
         if i % 2 == 0:  # a plain LV with ext4
             lv = f"dm-{dm_minor}"
-            t.device(lv, f"virtual/block/{lv}", 253, dm_minor, slaves=[part], dm=(f"{vg}-data", f"LVM-{i:032d}"))
+            t.device(
+                lv,
+                f"virtual/block/{lv}",
+                253,
+                dm_minor,
+                slaves=[part],
+                dm=(f"{vg}-data", f"LVM-{i:032d}"),
+            )
             t.dm_table.append(f"{vg}-data: 0 2097152 linear 259:{2 * i + 1} 2048")
             t.dm_status.append(f"{vg}-data: 0 2097152 linear ")
-            t.mountinfo.append(f"{100 + i} 1 253:{dm_minor} / /srv/{vg} rw,relatime - ext4 /dev/mapper/{vg}-data rw")
+            t.mountinfo.append(
+                f"{100 + i} 1 253:{dm_minor} / /srv/{vg} rw,relatime - ext4 /dev/mapper/{vg}-data rw"
+            )
             write(os.path.join(t.proc, "fs/ext4", lv, "options"), EXT4_OPTIONS)
             write(os.path.join(t.proc, "fs/jbd2", f"{lv}-8", "info"), JBD2_INFO)
             os.makedirs(os.path.join(root, "dev"), exist_ok=True)
@@ -124,16 +146,50 @@ def generate(root, n):
             dm_minor += 1
         else:  # origin + snapshot: -real, -cow, origin, snapshot (the NVMe incident's shape)
             real, cow, origin, snap = (f"dm-{dm_minor + k}" for k in range(4))
-            t.device(real, f"virtual/block/{real}", 253, dm_minor, slaves=[part], dm=(f"{vg}-lv-real", f"LVM-{i:032d}-real"))
-            t.device(cow, f"virtual/block/{cow}", 253, dm_minor + 1, slaves=[part], dm=(f"{vg}-snap-cow", f"LVM-{i:032d}-cow"))
-            t.device(origin, f"virtual/block/{origin}", 253, dm_minor + 2, slaves=[real], dm=(f"{vg}-lv", f"LVM-{i:032d}"))
-            t.device(snap, f"virtual/block/{snap}", 253, dm_minor + 3, slaves=[real, cow], dm=(f"{vg}-snap", f"LVM-{i:032d}s"))
-            t.dm_table += [f"{vg}-lv-real: 0 2097152 linear 259:{2 * i + 1} 2048",
-                           f"{vg}-snap-cow: 0 409600 linear 259:{2 * i + 1} 2099200",
-                           f"{vg}-lv: 0 2097152 snapshot-origin 253:{dm_minor}",
-                           f"{vg}-snap: 0 2097152 snapshot 253:{dm_minor} 253:{dm_minor + 1} P 8"]
-            t.dm_status += [f"{vg}-lv-real: 0 2097152 linear ", f"{vg}-snap-cow: 0 409600 linear ",
-                            f"{vg}-lv: 0 2097152 snapshot-origin ", f"{vg}-snap: 0 2097152 snapshot 2048/409600 16"]
+            t.device(
+                real,
+                f"virtual/block/{real}",
+                253,
+                dm_minor,
+                slaves=[part],
+                dm=(f"{vg}-lv-real", f"LVM-{i:032d}-real"),
+            )
+            t.device(
+                cow,
+                f"virtual/block/{cow}",
+                253,
+                dm_minor + 1,
+                slaves=[part],
+                dm=(f"{vg}-snap-cow", f"LVM-{i:032d}-cow"),
+            )
+            t.device(
+                origin,
+                f"virtual/block/{origin}",
+                253,
+                dm_minor + 2,
+                slaves=[real],
+                dm=(f"{vg}-lv", f"LVM-{i:032d}"),
+            )
+            t.device(
+                snap,
+                f"virtual/block/{snap}",
+                253,
+                dm_minor + 3,
+                slaves=[real, cow],
+                dm=(f"{vg}-snap", f"LVM-{i:032d}s"),
+            )
+            t.dm_table += [
+                f"{vg}-lv-real: 0 2097152 linear 259:{2 * i + 1} 2048",
+                f"{vg}-snap-cow: 0 409600 linear 259:{2 * i + 1} 2099200",
+                f"{vg}-lv: 0 2097152 snapshot-origin 253:{dm_minor}",
+                f"{vg}-snap: 0 2097152 snapshot 253:{dm_minor} 253:{dm_minor + 1} P 8",
+            ]
+            t.dm_status += [
+                f"{vg}-lv-real: 0 2097152 linear ",
+                f"{vg}-snap-cow: 0 409600 linear ",
+                f"{vg}-lv: 0 2097152 snapshot-origin ",
+                f"{vg}-snap: 0 2097152 snapshot 2048/409600 16",
+            ]
             dm_minor += 4
         i += 1
     write(os.path.join(t.proc, "diskstats"), "\n".join(t.diskstats) + "\n")
@@ -183,12 +239,26 @@ def series(body):
 
 
 def argvs(root, ours, theirs):
-    ours_argv = [EXPORTER, f"--web.listen-address=127.0.0.1:{ours}", f"--path.sysfs={root}/sys",
-                 f"--path.procfs={root}/proc", f"--path.dev={root}/dev", f"--collector.dm.dmsetup={root}/dmsetup",
-                 "--log.level=error", "--web.default-scrape-timeout=60"]
-    theirs_argv = [NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{theirs}", "--collector.disable-defaults",
-                   "--collector.diskstats", r"--collector.diskstats.device-exclude=^(ram|fd|sr)\d+$",
-                   f"--path.procfs={root}/proc", f"--path.sysfs={root}/sys", f"--path.udev.data={root}/udev"]
+    ours_argv = [
+        EXPORTER,
+        f"--web.listen-address=127.0.0.1:{ours}",
+        f"--path.sysfs={root}/sys",
+        f"--path.procfs={root}/proc",
+        f"--path.dev={root}/dev",
+        f"--collector.dm.dmsetup={root}/dmsetup",
+        "--log.level=error",
+        "--web.default-scrape-timeout=60",
+    ]
+    theirs_argv = [
+        NODE_EXPORTER,
+        f"--web.listen-address=127.0.0.1:{theirs}",
+        "--collector.disable-defaults",
+        "--collector.diskstats",
+        r"--collector.diskstats.device-exclude=^(ram|fd|sr)\d+$",
+        f"--path.procfs={root}/proc",
+        f"--path.sysfs={root}/sys",
+        f"--path.udev.data={root}/udev",
+    ]
     return ours_argv, theirs_argv
 
 
@@ -200,14 +270,20 @@ def measure(root, rounds, warmup=3):
     out = [{"wall": [], "cpu": []}, {"wall": [], "cpu": []}]
     # started when the landing page answers: a first collection of 10,000 devices takes longer than
     # the health check's 2 s per attempt
-    with procs.running(argvs(root, ours, theirs)[0], health_url=urls[0][:-len("metrics")], timeout=120) as a, \
-            procs.running(argvs(root, ours, theirs)[1], health_url=urls[1][:-len("metrics")], timeout=120) as b:
+    with (
+        procs.running(
+            argvs(root, ours, theirs)[0], health_url=urls[0][: -len("metrics")], timeout=120
+        ) as a,
+        procs.running(
+            argvs(root, ours, theirs)[1], health_url=urls[1][: -len("metrics")], timeout=120
+        ) as b,
+    ):
         pids = [a.pid, b.pid]
         for _ in range(warmup):
             for url in urls:
                 time_scrape(url)
         for i in range(rounds):
-            for side in ((0, 1) if i % 2 == 0 else (1, 0)):  # who goes first alternates
+            for side in (0, 1) if i % 2 == 0 else (1, 0):  # who goes first alternates
                 cpu = cpu_seconds(pids[side])
                 t, body = time_scrape(urls[side])
                 out[side]["cpu"].append(cpu_seconds(pids[side]) - cpu)
@@ -221,16 +297,28 @@ def measure(root, rounds, warmup=3):
 def report(n, rounds, out):
     (a, b) = out
     ma, mb = statistics.median(a["wall"]), statistics.median(b["wall"])
-    ca, cb = statistics.mean(a["cpu"]), statistics.mean(b["cpu"])  # clock ticks: a mean, not a median
+    ca, cb = (
+        statistics.mean(a["cpu"]),
+        statistics.mean(b["cpu"]),
+    )  # clock ticks: a mean, not a median
     paired = statistics.median(x / y for x, y in zip(a["wall"], b["wall"]))
-    print(f"synthetic tree: {n} block devices, {rounds} alternating scrapes each "
-          f"({time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.1f})")
-    print(f"blockstack-exporter (all collectors): median {ma * 1e3:7.1f} ms, CPU {ca * 1e3:6.1f} ms/scrape "
-          f"({len(a['body']) / 1024:.0f} KiB, {series(a['body'])} series, RSS {a['rss'] >> 20} MiB)")
-    print(f"node_exporter diskstats only:         median {mb * 1e3:7.1f} ms, CPU {cb * 1e3:6.1f} ms/scrape "
-          f"({len(b['body']) / 1024:.0f} KiB, {series(b['body'])} series, RSS {b['rss'] >> 20} MiB)")
-    print(f"ratio blockstack/node_exporter: {ma / mb:.2f}x of the medians, {paired:.2f}x median of the "
-          f"{rounds} back-to-back pairs, {f'{ca / cb:.2f}x' if cb else 'n/a'} of CPU per scrape (goal <= 1.0x)", flush=True)
+    print(
+        f"synthetic tree: {n} block devices, {rounds} alternating scrapes each "
+        f"({time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.1f})"
+    )
+    print(
+        f"blockstack-exporter (all collectors): median {ma * 1e3:7.1f} ms, CPU {ca * 1e3:6.1f} ms/scrape "
+        f"({len(a['body']) / 1024:.0f} KiB, {series(a['body'])} series, RSS {a['rss'] >> 20} MiB)"
+    )
+    print(
+        f"node_exporter diskstats only:         median {mb * 1e3:7.1f} ms, CPU {cb * 1e3:6.1f} ms/scrape "
+        f"({len(b['body']) / 1024:.0f} KiB, {series(b['body'])} series, RSS {b['rss'] >> 20} MiB)"
+    )
+    print(
+        f"ratio blockstack/node_exporter: {ma / mb:.2f}x of the medians, {paired:.2f}x median of the "
+        f"{rounds} back-to-back pairs, {f'{ca / cb:.2f}x' if cb else 'n/a'} of CPU per scrape (goal <= 1.0x)",
+        flush=True,
+    )
 
 
 def scale(sizes, rounds):
@@ -244,27 +332,51 @@ def scale(sizes, rounds):
         finally:
             shutil.rmtree(root, ignore_errors=True)
         a, b = out
-        rows.append((n, statistics.median(a["wall"]), statistics.mean(a["cpu"]), a["rss"], len(a["body"]),
-                     series(a["body"]), statistics.median(b["wall"]), statistics.mean(b["cpu"]), b["rss"],
-                     len(b["body"]), series(b["body"])))
+        rows.append(
+            (
+                n,
+                statistics.median(a["wall"]),
+                statistics.mean(a["cpu"]),
+                a["rss"],
+                len(a["body"]),
+                series(a["body"]),
+                statistics.median(b["wall"]),
+                statistics.mean(b["cpu"]),
+                b["rss"],
+                len(b["body"]),
+                series(b["body"]),
+            )
+        )
         print(f"  {n} devices done", flush=True)
     print(f"scale ({rounds} alternating scrapes per size, load {os.getloadavg()[0]:.1f}):")
-    print("| devices | blockstack ms | CPU ms | CPU µs/device | RSS MiB | KiB | series | node_exporter ms | CPU ms | "
-          "CPU µs/device | RSS MiB | KiB | series | ratio |")
+    print(
+        "| devices | blockstack ms | CPU ms | CPU µs/device | RSS MiB | KiB | series | node_exporter ms | CPU ms | "
+        "CPU µs/device | RSS MiB | KiB | series | ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, wa, ca, ra, ba, sa, wb, cb, rb, bb, sb in rows:
-        print(f"| {n:,} | {wa * 1e3:.1f} | {ca * 1e3:.1f} | {ca / n * 1e6:.1f} | {ra >> 20} | {ba >> 10:,} | {sa:,} | "
-              f"{wb * 1e3:.1f} | {cb * 1e3:.1f} | {cb / n * 1e6:.1f} | {rb >> 20} | {bb >> 10:,} | {sb:,} | "
-              f"{wa / wb:.2f}x |", flush=True)
+        print(
+            f"| {n:,} | {wa * 1e3:.1f} | {ca * 1e3:.1f} | {ca / n * 1e6:.1f} | {ra >> 20} | {ba >> 10:,} | {sa:,} | "
+            f"{wb * 1e3:.1f} | {cb * 1e3:.1f} | {cb / n * 1e6:.1f} | {rb >> 20} | {bb >> 10:,} | {sb:,} | "
+            f"{wa / wb:.2f}x |",
+            flush=True,
+        )
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--devices", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=40)
-    p.add_argument("--scale", default="100,1000,4000,10000",
-                   help="device counts of the scale curve, comma-separated ('' for none)")
-    p.add_argument("--scale-rounds", type=int, default=6, help="alternating scrapes per size of the curve")
+    p.add_argument(
+        "--scale",
+        default="100,1000,4000,10000",
+        help="device counts of the scale curve, comma-separated ('' for none)",
+    )
+    p.add_argument(
+        "--scale-rounds", type=int, default=6, help="alternating scrapes per size of the curve"
+    )
     args = p.parse_args()
     if not NODE_EXPORTER:
         sys.exit("node_exporter not found (apt-get install prometheus-node-exporter)")

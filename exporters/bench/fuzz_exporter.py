@@ -19,6 +19,7 @@ aborted and 20 half-sent requests, 200 connections that never finish their reque
 methods and paths; dmsetup's runs count the collections. A benchmark, not a test: it asserts
 nothing (exporters/tests/test_fuzz.py and test_hardening.py are the tests).
 """
+
 import argparse
 import os
 import random
@@ -27,9 +28,10 @@ import tempfile
 import threading
 import time
 
-from blockstack_deploy import procs
 from exporter_testlib import exporter_argv, full_tree, http
 from fuzzing import ABORTED, HALF_SENT, SLOW, TARGETS, Fuzzer, closed_by_exporter, damaged_request
+
+from blockstack_deploy import procs
 
 
 def fuzz(base, iterations, promtool_every, seed):
@@ -37,15 +39,23 @@ def fuzz(base, iterations, promtool_every, seed):
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}"
     start = time.monotonic()
-    with procs.running(fz.argv(port), env=fz.env(), health_url=url + "/", log_path=fz.log_path) as proc:
+    with procs.running(
+        fz.argv(port), env=fz.env(), health_url=url + "/", log_path=fz.log_path
+    ) as proc:
         fz.calibrate(url)
         for i in range(iterations):
-            fz.iteration(url, proc.pid, fz.choose(), promtool=promtool_every > 0 and i % promtool_every == 0)
+            fz.iteration(
+                url, proc.pid, fz.choose(), promtool=promtool_every > 0 and i % promtool_every == 0
+            )
             if (i + 1) % 1000 == 0:
                 print(f"  {i + 1} iterations, {time.monotonic() - start:.0f} s", flush=True)
         # the same garbage scrape after scrape: what a host with a persistent problem logs
-        steady = [(t, "huge" if t[1] in ("command", "text") else "random") for t in fz.rng.sample(
-            [t for t in TARGETS if t[1] in ("number", "text", "info", "command")], 10)]
+        steady = [
+            (t, "huge" if t[1] in ("command", "text") else "random")
+            for t in fz.rng.sample(
+                [t for t in TARGETS if t[1] in ("number", "text", "info", "command")], 10
+            )
+        ]
         undo = [fz.damage(t, d) for t, d in steady]
         try:
             http(url + "/metrics")
@@ -60,12 +70,16 @@ def fuzz(base, iterations, promtool_every, seed):
     print(f"fuzz: {s['iterations']} iterations in {time.monotonic() - start:.0f} s (seed {seed})")
     print(f"  HTTP answers other than 200:      {s['http_non_200']}")
     print(f"  expositions prometheus_client could not parse: {s['parse_failures']}")
-    print(f"  promtool check metrics:           {s['promtool_runs']} runs, {s['promtool_failures']} failed")
+    print(
+        f"  promtool check metrics:           {s['promtool_runs']} runs, {s['promtool_failures']} failed"
+    )
     print(f"  damages not counted in errors_total: {s['uncounted']}")
     print(f"  slowest scrape:                   {s['slowest']:.2f} s")
     print(f"  peak RSS (VmHWM):                 {s['peak_rss'] / 2**20:.1f} MiB")
-    print(f"  log lines per scrape:             {s['log_lines'] / max(1, s['iterations']):.2f} "
-          "(each iteration is a change: new damage, and the last one's undone)")
+    print(
+        f"  log lines per scrape:             {s['log_lines'] / max(1, s['iterations']):.2f} "
+        "(each iteration is a change: new damage, and the last one's undone)"
+    )
     print(f"  log lines per scrape, the same 10 damages for 20 scrapes: {steady_lines:.2f}")
     for chosen, problems in s["failures"][:10]:
         print(f"  FAILED {chosen}: {problems}")
@@ -74,8 +88,12 @@ def fuzz(base, iterations, promtool_every, seed):
 def abuse(base):
     tree, fixtures = full_tree(base)
     log = os.path.join(base, "dmsetup.log")
-    env = {"FAKE_DMSETUP_FIXTURES": fixtures, "FAKE_DMSETUP_MODE": "hang", "FAKE_DMSETUP_SLEEP": "0.5",
-           "FAKE_DMSETUP_LOG": log}
+    env = {
+        "FAKE_DMSETUP_FIXTURES": fixtures,
+        "FAKE_DMSETUP_MODE": "hang",
+        "FAKE_DMSETUP_SLEEP": "0.5",
+        "FAKE_DMSETUP_LOG": log,
+    }
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}"
 
@@ -87,8 +105,12 @@ def abuse(base):
             return 0
 
     print("HTTP abuse (dmsetup takes 0.5 s, so a collection takes >= 1 s):")
-    with procs.running(exporter_argv(tree, port), env=env, health_url=url + "/",
-                       log_path=os.path.join(base, "exporter.log")):
+    with procs.running(
+        exporter_argv(tree, port),
+        env=env,
+        health_url=url + "/",
+        log_path=os.path.join(base, "exporter.log"),
+    ):
         # 500 concurrent scrapes
         before, results = collections(), []
         lock = threading.Lock()
@@ -109,8 +131,10 @@ def abuse(base):
             t.join(120)
         ok = sum(1 for r in results if r[0] == 200)
         last = max(t for _, t in results) - start
-        print(f"  500 concurrent scrapes: {ok} answered 200, {len(results) - ok} refused or failed, "
-              f"last answer after {last:.1f} s, {collections() - before} collections")
+        print(
+            f"  500 concurrent scrapes: {ok} answered 200, {len(results) - ok} refused or failed, "
+            f"last answer after {last:.1f} s, {collections() - before} collections"
+        )
 
         # aborted and half-sent requests
         before = collections()
@@ -124,22 +148,35 @@ def abuse(base):
         slow = [damaged_request(url, SLOW, keep_open=True) for _ in range(200)]
         before = collections()
         status, _, seconds = http(url + "/metrics")
-        print(f"  a scrape while 200 connections never finish their request: HTTP {status} in {seconds:.2f} s, "
-              f"{collections() - before} collection")
+        print(
+            f"  a scrape while 200 connections never finish their request: HTTP {status} in {seconds:.2f} s, "
+            f"{collections() - before} collection"
+        )
         time.sleep(6.5)
-        print(f"  ... of the 200, closed by the exporter within 6.5 s: {closed_by_exporter(slow, 0.5)}")
+        print(
+            f"  ... of the 200, closed by the exporter within 6.5 s: {closed_by_exporter(slow, 0.5)}"
+        )
 
         # other methods and paths
         before = collections()
         answers = {}
-        for method, path in (("POST", "/metrics"), ("PUT", "/metrics"), ("DELETE", "/"), ("HEAD", "/metrics"),
-                             ("GET", "/favicon.ico"), ("GET", "/metrics/../x"), ("GET", "/")):
+        for method, path in (
+            ("POST", "/metrics"),
+            ("PUT", "/metrics"),
+            ("DELETE", "/"),
+            ("HEAD", "/metrics"),
+            ("GET", "/favicon.ico"),
+            ("GET", "/metrics/../x"),
+            ("GET", "/"),
+        ):
             answers[f"{method} {path}"] = http(url + path, method=method)[0]
         print(f"  other methods and paths: {answers}, {collections() - before} collections")
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--iterations", type=int, default=10000)
     p.add_argument("--promtool-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=1)

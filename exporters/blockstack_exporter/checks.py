@@ -22,13 +22,19 @@ KIB = 1024
 SECTOR = 512
 
 # Where a check's reasoning comes from, quoted in every finding.
-NVME_WRITEUP = ("the LVM-snapshot-on-NVMe write-up (lvm-snapshot-nvme-merges.md): nvme1n1 had nomerges=2, "
-                "dm-3 read 512-sector requests, nvme1n1 served them as 8-sector ones at 3000 r/s, 27x slower")
-LVM2_WRITEUP = ("the lvm2 snapshot write-up (lvm2-snapshot-write-performance.txt): 1 GB dd on the origin took "
-                "625 s with 4 KiB chunks, 200 s with 16 KiB, 49 s with 128-256 KiB (5 s without a snapshot)")
-EXT4_WRITEUP = ("the ext4 dioread_nolock write-up (ext4-dioread-nolock-jbd2.txt): fsync-heavy 16 KiB writes fell "
-                "from 20,026 to 315 IOPS, add_transaction_credits averaged 154 ms; a 1 GiB journal (was 128 MiB), "
-                "dioread_lock or nodelalloc each fixed it")
+NVME_WRITEUP = (
+    "the LVM-snapshot-on-NVMe write-up (lvm-snapshot-nvme-merges.md): nvme1n1 had nomerges=2, "
+    "dm-3 read 512-sector requests, nvme1n1 served them as 8-sector ones at 3000 r/s, 27x slower"
+)
+LVM2_WRITEUP = (
+    "the lvm2 snapshot write-up (lvm2-snapshot-write-performance.txt): 1 GB dd on the origin took "
+    "625 s with 4 KiB chunks, 200 s with 16 KiB, 49 s with 128-256 KiB (5 s without a snapshot)"
+)
+EXT4_WRITEUP = (
+    "the ext4 dioread_nolock write-up (ext4-dioread-nolock-jbd2.txt): fsync-heavy 16 KiB writes fell "
+    "from 20,026 to 315 IOPS, add_transaction_credits averaged 154 ms; a 1 GiB journal (was 128 MiB), "
+    "dioread_lock or nodelalloc each fixed it"
+)
 QUEUE_DOC = "Documentation/ABI/stable/sysfs-block (queue/nomerges, queue/max_sectors_kb)"
 
 
@@ -36,7 +42,19 @@ class Finding:
     """persist is a line for a person; spec says what the persistent fix is, as data the doctor
     turns into recipes (persist.py: files, commands, checks) with what it reads of the host;
     recipes is that list, filled by the doctor (empty in the exporter, which needs none)."""
-    __slots__ = ("check", "device", "severity", "what", "evidence", "fix", "persist", "why", "spec", "recipes")
+
+    __slots__ = (
+        "check",
+        "device",
+        "severity",
+        "what",
+        "evidence",
+        "fix",
+        "persist",
+        "why",
+        "spec",
+        "recipes",
+    )
 
     def __init__(self, check, device, severity, what, evidence, fix, persist, why=None, spec=()):
         self.check, self.device, self.severity = check, device, severity
@@ -62,8 +80,13 @@ class Host:
         self.jbd2 = {}  # device -> {journal, phases {phase: seconds}, transactions}
         self.crypt_flags = {}  # dm-N -> {flags of its crypt target}
         self.lvm_conf = None  # {setting: value} of lvm.conf, when the doctor read it
-        self.previous, self.elapsed = None, None  # the doctor's first sample and the seconds between
-        self.ebpf = None  # {(metric, device): per-second rate} from ebpf_exporter, when the doctor has it
+        self.previous, self.elapsed = (
+            None,
+            None,
+        )  # the doctor's first sample and the seconds between
+        self.ebpf = (
+            None  # {(metric, device): per-second rate} from ebpf_exporter, when the doctor has it
+        )
 
     @classmethod
     def from_families(cls, families, facts=None):
@@ -125,7 +148,7 @@ class Host:
         spec = spec.strip()
         for prefix in ("/dev/mapper/", "/dev/"):
             if spec.startswith(prefix):
-                spec = spec[len(prefix):]
+                spec = spec[len(prefix) :]
         if spec in self.devices:
             return spec
         for name, info in self.devices.items():
@@ -151,8 +174,10 @@ def _breadth_first(start, step):
 
 def _device(host, labels, value):
     name = labels["device"]
-    host.devices[name] = {k: labels.get(k, "") for k in
-                          ("kind", "name", "uuid", "vg_name", "lv_name", "lv_layer", "backing_file")}
+    host.devices[name] = {
+        k: labels.get(k, "")
+        for k in ("kind", "name", "uuid", "vg_name", "lv_name", "lv_layer", "backing_file")
+    }
     host.lower.setdefault(name, [])
 
 
@@ -163,6 +188,7 @@ def _lower(host, labels, value):
 def _queue(setting):
     def handle(host, labels, value):
         host.queue.setdefault(labels["device"], {})[setting] = value
+
     return handle
 
 
@@ -184,6 +210,7 @@ def _snap(key):
                 snap["state"] = labels["state"]
         else:
             snap[key] = value
+
     return handle
 
 
@@ -195,6 +222,7 @@ def _pool(key):
                 pool["state"] = labels["state"]
         else:
             pool[key] = value
+
     return handle
 
 
@@ -204,7 +232,9 @@ def _ext4_option(host, labels, value):
 
 
 def _ext4_journal(host, labels, value):
-    host.ext4.setdefault(labels["device"], {"mountpoint": labels["mountpoint"], "options": {}})["journal"] = value
+    host.ext4.setdefault(labels["device"], {"mountpoint": labels["mountpoint"], "options": {}})[
+        "journal"
+    ] = value
 
 
 def _jbd2(key):
@@ -214,6 +244,7 @@ def _jbd2(key):
             j["phases"][labels["phase"]] = value
         else:
             j[key] = value
+
     return handle
 
 
@@ -264,8 +295,10 @@ def _lv(host, name):
 def _udev(owner, attr, value):
     """The persist line without the host at hand (the doctor replaces it with persist.py's recipe,
     which matches the device by a stable identity)."""
-    return (f"a udev rule /etc/udev/rules.d/90-blockstack-{owner}-{attr}.rules: ACTION==\"add|change\", "
-            f"SUBSYSTEM==\"block\", <a stable match of {owner}>, ATTR{{queue/{attr}}}=\"{value}\"")
+    return (
+        f'a udev rule /etc/udev/rules.d/90-blockstack-{owner}-{attr}.rules: ACTION=="add|change", '
+        f'SUBSYSTEM=="block", <a stable match of {owner}>, ATTR{{queue/{attr}}}="{value}"'
+    )
 
 
 def udev_spec(owner, attr, value):
@@ -274,10 +307,13 @@ def udev_spec(owner, attr, value):
 
 
 def lvm_spec(settings, monitor=(), clears=True):
-    return [{"how": "lvm.conf", "settings": dict(settings), "monitor": list(monitor), "clears": clears}]
+    return [
+        {"how": "lvm.conf", "settings": dict(settings), "monitor": list(monitor), "clears": clears}
+    ]
 
 
 # --- the checks ------------------------------------------------------------------------------
+
 
 def nomerges_beneath_stack(host, k):
     """The alert's predicate: nomerges != 0 on a device that sits beneath another one."""
@@ -289,12 +325,18 @@ def nomerges_beneath_stack(host, k):
         owner = host.queue_owner(name)
         above = ", ".join(host.label(d) for d in host.above(name))
         yield Finding(
-            "nomerges_beneath_stack", name, "warning",
+            "nomerges_beneath_stack",
+            name,
+            "warning",
             f"merging restricted (nomerges={value:.0f}) beneath {above}",
-            [f"/sys/block/{owner}/queue/nomerges = {value:.0f} (0 all merges, 1 one-hit merges only, 2 none)",
-             f"directly above {name}: {above}"],
+            [
+                f"/sys/block/{owner}/queue/nomerges = {value:.0f} (0 all merges, 1 one-hit merges only, 2 none)",
+                f"directly above {name}: {above}",
+            ],
             f"echo 0 > /sys/block/{owner}/queue/nomerges",
-            _udev(owner, "nomerges", "0"), spec=udev_spec(owner, "nomerges", "0"))
+            _udev(owner, "nomerges", "0"),
+            spec=udev_spec(owner, "nomerges", "0"),
+        )
 
 
 def nomerges_elsewhere(host, k):
@@ -304,14 +346,20 @@ def nomerges_elsewhere(host, k):
         value = host.queue.get(name, {}).get("nomerges")
         if not value or name in beneath or host.devices[name].get("kind") == "partition":
             continue
-        mounted = f"; ext4 mounted on it at {host.ext4[name]['mountpoint']}" if name in host.ext4 else ""
+        mounted = (
+            f"; ext4 mounted on it at {host.ext4[name]['mountpoint']}" if name in host.ext4 else ""
+        )
         yield Finding(
-            "nomerges", name, "info",
+            "nomerges",
+            name,
+            "info",
             f"merging restricted (nomerges={value:.0f}): sequential I/O submitted in small pieces "
             "reaches the driver unmerged",
             [f"/sys/block/{name}/queue/nomerges = {value:.0f}{mounted}"],
             f"echo 0 > /sys/block/{name}/queue/nomerges",
-            _udev(name, "nomerges", "0"), spec=udev_spec(name, "nomerges", "0"))
+            _udev(name, "nomerges", "0"),
+            spec=udev_spec(name, "nomerges", "0"),
+        )
 
 
 def max_sectors_low(host, k):
@@ -323,16 +371,23 @@ def max_sectors_low(host, k):
         if cur is None or hw is None or not (cur < ratio * hw and cur < floor):
             continue
         owner = host.queue_owner(name)
-        target = min(hw, 1280 * KIB)  # the usual kernel default (BLK_DEF_MAX_SECTORS_CAP), within the hardware's
+        target = min(
+            hw, 1280 * KIB
+        )  # the usual kernel default (BLK_DEF_MAX_SECTORS_CAP), within the hardware's
         yield Finding(
-            "max_sectors_low", name, "info",
+            "max_sectors_low",
+            name,
+            "info",
             f"max_sectors_kb {cur / KIB:.0f} is far below the hardware's {hw / KIB:.0f}: every larger request is split",
-            [f"/sys/block/{owner}/queue/max_sectors_kb = {cur / KIB:.0f}",
-             f"/sys/block/{owner}/queue/max_hw_sectors_kb = {hw / KIB:.0f}",
-             f"thresholds: below {ratio:g} x max_hw_sectors_kb and below {floor / KIB:.0f} KiB (alerts/config.yml)"],
+            [
+                f"/sys/block/{owner}/queue/max_sectors_kb = {cur / KIB:.0f}",
+                f"/sys/block/{owner}/queue/max_hw_sectors_kb = {hw / KIB:.0f}",
+                f"thresholds: below {ratio:g} x max_hw_sectors_kb and below {floor / KIB:.0f} KiB (alerts/config.yml)",
+            ],
             f"echo {target / KIB:.0f} > /sys/block/{owner}/queue/max_sectors_kb",
             _udev(owner, "max_sectors_kb", f"{target / KIB:.0f}"),
-            spec=udev_spec(owner, "max_sectors_kb", f"{target / KIB:.0f}"))
+            spec=udev_spec(owner, "max_sectors_kb", f"{target / KIB:.0f}"),
+        )
 
 
 def max_sectors_below_upper(host, k):
@@ -350,15 +405,20 @@ def max_sectors_below_upper(host, k):
             owner = host.queue_owner(name)
             target = min(sends, hw)
             yield Finding(
-                "max_sectors_below_upper", name, "info",
+                "max_sectors_below_upper",
+                name,
+                "info",
                 f"max_sectors_kb {cur / KIB:.0f} is below the {sends / KIB:.0f} KiB requests "
                 f"{host.label(upper)} sends it: each is split",
-                [f"/sys/block/{owner}/queue/max_sectors_kb = {cur / KIB:.0f} "
-                 f"(max_hw_sectors_kb {hw / KIB:.0f})",
-                 f"/sys/block/{upper}/queue/max_sectors_kb = {sends / KIB:.0f}"],
+                [
+                    f"/sys/block/{owner}/queue/max_sectors_kb = {cur / KIB:.0f} "
+                    f"(max_hw_sectors_kb {hw / KIB:.0f})",
+                    f"/sys/block/{upper}/queue/max_sectors_kb = {sends / KIB:.0f}",
+                ],
                 f"echo {target / KIB:.0f} > /sys/block/{owner}/queue/max_sectors_kb",
                 _udev(owner, "max_sectors_kb", f"{target / KIB:.0f}"),
-                spec=udev_spec(owner, "max_sectors_kb", f"{target / KIB:.0f}"))
+                spec=udev_spec(owner, "max_sectors_kb", f"{target / KIB:.0f}"),
+            )
 
 
 def snapshot_chunk_small(host, k):
@@ -373,17 +433,29 @@ def snapshot_chunk_small(host, k):
         lv = _lv(host, name)
         origin = snap.get("origin", "?")
         yield Finding(
-            "snapshot_chunk_small", name, "info",
+            "snapshot_chunk_small",
+            name,
+            "info",
             f"snapshot chunks of {_size(chunk)}, below {_size(least)}: each first write to a chunk of the "
             f"origin waits for a synchronous copy of it",
-            [f"dmsetup table {snap['name']}: chunk size {chunk / SECTOR:.0f} sectors ({_size(chunk)})",
-             f"origin: {host.label(origin)}"],
+            [
+                f"dmsetup table {snap['name']}: chunk size {chunk / SECTOR:.0f} sectors ({_size(chunk)})",
+                f"origin: {host.label(origin)}",
+            ],
             f"a chunk size cannot change: once the snapshot's reader is done, lvremove {lv} and "
             f"lvcreate -s -c {good // KIB:.0f}k -L <COW size> -n {lv.split('/')[-1]} <VG/origin>",
             f"the recreated snapshot keeps its chunk size (on disk); give -c {good // KIB:.0f}k to lvcreate -s "
             "wherever snapshots are made (backup scripts)",
-            spec=[{"how": "snapshot", "lv": lv, "chunk_kib": int(good // KIB), "cow_bytes": snap.get("size"),
-                   "origin": _lv(host, origin) if origin in host.devices else "<VG/origin>"}])
+            spec=[
+                {
+                    "how": "snapshot",
+                    "lv": lv,
+                    "chunk_kib": int(good // KIB),
+                    "cow_bytes": snap.get("size"),
+                    "origin": _lv(host, origin) if origin in host.devices else "<VG/origin>",
+                }
+            ],
+        )
 
 
 def snapshot_invalid(host, k):
@@ -394,20 +466,34 @@ def snapshot_invalid(host, k):
         lv = _lv(host, name)
         severity = "critical"  # BlockStackSnapshotInvalid: invalid or overflow, the data is gone
         if snap["state"] == "merge_failed":
-            severity = "warning"  # the merge stopped; nothing is lost yet, and the alert does not page
-            what, fix = ("the merge of this snapshot into its origin failed", f"see the kernel log (dmesg | grep -i "
-                         f"snapshot), then lvchange --refresh {lv} to retry the merge")
+            severity = (
+                "warning"  # the merge stopped; nothing is lost yet, and the alert does not page
+            )
+            what, fix = (
+                "the merge of this snapshot into its origin failed",
+                f"see the kernel log (dmesg | grep -i "
+                f"snapshot), then lvchange --refresh {lv} to retry the merge",
+            )
         else:
-            what, fix = (f"snapshot {'invalidated' if snap['state'] == 'invalid' else 'overflowed'}: its data is "
-                         "lost (a full COW or an I/O error)",
-                         f"stop its readers, lvremove {lv}, recreate it with more COW space and rerun the backup")
+            what, fix = (
+                f"snapshot {'invalidated' if snap['state'] == 'invalid' else 'overflowed'}: its data is "
+                "lost (a full COW or an I/O error)",
+                f"stop its readers, lvremove {lv}, recreate it with more COW space and rerun the backup",
+            )
         yield Finding(
-            "snapshot_invalid", name, severity, what,
+            "snapshot_invalid",
+            name,
+            severity,
+            what,
             [f"dmsetup status {snap['name']}: {snap['state']}"],
             fix,
             "lvm.conf activation/snapshot_autoextend_threshold below 100 (dmeventd grows the COW), "
             "or a COW as large as the writes the origin takes while the snapshot lives",
-            spec=lvm_spec({"snapshot_autoextend_threshold": 70, "snapshot_autoextend_percent": 20}, clears=False))
+            spec=lvm_spec(
+                {"snapshot_autoextend_threshold": 70, "snapshot_autoextend_percent": 20},
+                clears=False,
+            ),
+        )
 
 
 def snapshot_cow_filling(host, k):
@@ -421,8 +507,10 @@ def snapshot_cow_filling(host, k):
         if not size or used is None or snap.get("merge") or used / size < least:
             continue
         ratio = used / size
-        evidence = [f"dmsetup status {snap['name']}: {used / SECTOR:.0f}/{size / SECTOR:.0f} sectors "
-                    f"({ratio:.0%} of {_size(size)})"]
+        evidence = [
+            f"dmsetup status {snap['name']}: {used / SECTOR:.0f}/{size / SECTOR:.0f} sectors "
+            f"({ratio:.0%} of {_size(size)})"
+        ]
         severity = "warning" if ratio >= red else "info"
         before = host.previous.snapshots.get(name, {}) if host.previous else {}
         if host.elapsed and before.get("used") is not None:
@@ -436,14 +524,20 @@ def snapshot_cow_filling(host, k):
                 evidence.append(f"not growing over {host.elapsed:.0f} s")
         lv = _lv(host, name)
         yield Finding(
-            "snapshot_cow_filling", name, severity,
+            "snapshot_cow_filling",
+            name,
+            severity,
             f"snapshot COW {ratio:.0%} used; a full COW invalidates the snapshot",
             evidence,
             f"lvextend -L +<size> {lv}, or lvremove {lv} once its reader is done",
             "lvm.conf activation/snapshot_autoextend_threshold = 70 and snapshot_autoextend_percent = 20 "
             "(dmeventd must monitor the snapshot)",
-            spec=lvm_spec({"snapshot_autoextend_threshold": 70, "snapshot_autoextend_percent": 20}, [lv],
-                          clears=False))
+            spec=lvm_spec(
+                {"snapshot_autoextend_threshold": 70, "snapshot_autoextend_percent": 20},
+                [lv],
+                clears=False,
+            ),
+        )
 
 
 def thin_pool_full(host, k):
@@ -456,28 +550,46 @@ def thin_pool_full(host, k):
         state = pool.get("state")
         if state in ("out_of_data_space", "ro", "fail", "error"):
             yield Finding(
-                "thin_pool_full", name, "critical",
+                "thin_pool_full",
+                name,
+                "critical",
                 f"thin pool is {state}: writes to its thin volumes queue or fail",
                 [f"dmsetup status {pool['name']}: {state}"],
                 f"lvextend -L +<size> {lv} (data) or lvextend --poolmetadatasize +<size> {lv} (metadata); "
                 "a failed pool needs lvconvert --repair",
                 "lvm.conf activation/thin_pool_autoextend_threshold = 70, thin_pool_autoextend_percent = 20",
-                spec=lvm_spec({"thin_pool_autoextend_threshold": 70, "thin_pool_autoextend_percent": 20}, [lv],
-                              clears=False))
+                spec=lvm_spec(
+                    {"thin_pool_autoextend_threshold": 70, "thin_pool_autoextend_percent": 20},
+                    [lv],
+                    clears=False,
+                ),
+            )
             continue
-        for what, used, size, grow in (("data", pool.get("data_used"), pool.get("data_size"), "-L +<size>"),
-                                       ("metadata", pool.get("meta_used"), pool.get("meta_size"),
-                                        "--poolmetadatasize +<size>")):
+        for what, used, size, grow in (
+            ("data", pool.get("data_used"), pool.get("data_size"), "-L +<size>"),
+            (
+                "metadata",
+                pool.get("meta_used"),
+                pool.get("meta_size"),
+                "--poolmetadatasize +<size>",
+            ),
+        ):
             if not size or used is None or used / size < most:
                 continue
             yield Finding(
-                "thin_pool_full", name, "warning",
+                "thin_pool_full",
+                name,
+                "warning",
                 f"thin pool {what} {used / size:.0%} used (from {most:.0%}): when full, writes queue or fail",
                 [f"dmsetup status {pool['name']}: {what} {_size(used)} of {_size(size)}"],
                 f"lvextend {grow} {lv}",
                 "lvm.conf activation/thin_pool_autoextend_threshold = 70, thin_pool_autoextend_percent = 20",
-                spec=lvm_spec({"thin_pool_autoextend_threshold": 70, "thin_pool_autoextend_percent": 20}, [lv],
-                              clears=False))
+                spec=lvm_spec(
+                    {"thin_pool_autoextend_threshold": 70, "thin_pool_autoextend_percent": 20},
+                    [lv],
+                    clears=False,
+                ),
+            )
 
 
 def ext4_journal_small(host, k):
@@ -493,18 +605,26 @@ def ext4_journal_small(host, k):
     for name in sorted(host.ext4):
         fs = host.ext4[name]
         journal = fs.get("journal")
-        if "dioread_nolock" not in fs["options"] or "nodelalloc" in fs["options"] or journal is None \
-                or journal >= good:
+        if (
+            "dioread_nolock" not in fs["options"]
+            or "nodelalloc" in fs["options"]
+            or journal is None
+            or journal >= good
+        ):
             continue  # nodelalloc: ext4_should_dioread_nolock() is false without delayed allocation
         mnt = fs["mountpoint"] or "<mountpoint>"
-        evidence = [f"/proc/fs/ext4/{name}/options: dioread_nolock (a default since 5.6, not in /proc/mounts)",
-                    f"journal {_size(journal)} (superblock), below the {_size(good)} that fixed the incident"]
+        evidence = [
+            f"/proc/fs/ext4/{name}/options: dioread_nolock (a default since 5.6, not in /proc/mounts)",
+            f"journal {_size(journal)} (superblock), below the {_size(good)} that fixed the incident",
+        ]
         severity = "info"
         j = host.jbd2.get(name)
         if j:
             waiting = j["phases"].get("waiting", 0.0)
-            evidence.append(f"/proc/fs/jbd2/{j['journal']}/info: {j.get('transactions', 0):.0f} transactions, "
-                            f"the longest wait of a handle for its transaction averages {waiting * 1e3:.0f} ms")
+            evidence.append(
+                f"/proc/fs/jbd2/{j['journal']}/info: {j.get('transactions', 0):.0f} transactions, "
+                f"the longest wait of a handle for its transaction averages {waiting * 1e3:.0f} ms"
+            )
             if waiting > wait_max:
                 severity = "warning"
         if host.ebpf is not None:
@@ -515,16 +635,31 @@ def ext4_journal_small(host, k):
                 if avg > wait_max and rate >= min_rate:
                     severity = "warning"
         yield Finding(
-            "ext4_journal_small", name, severity,
+            "ext4_journal_small",
+            name,
+            severity,
             f"ext4 on {name} runs dioread_nolock with a journal of {_size(journal)}: fsync-heavy writers "
             "wait for journal credits",
             evidence,
             f"mount -o remount,dioread_lock {mnt}",
             f"dioread_lock in /etc/fstab's options for {mnt}; or grow the journal, unmounted: "
             f"tune2fs -O ^has_journal /dev/{name} && tune2fs -J size={good >> 20:.0f} /dev/{name}",
-            spec=[{"how": "fstab", "device": name, "mountpoint": fs["mountpoint"], "add": "dioread_lock",
-                   "drop": "dioread_nolock"},
-                  {"how": "journal", "device": name, "mountpoint": fs["mountpoint"], "size_mib": int(good >> 20)}])
+            spec=[
+                {
+                    "how": "fstab",
+                    "device": name,
+                    "mountpoint": fs["mountpoint"],
+                    "add": "dioread_lock",
+                    "drop": "dioread_nolock",
+                },
+                {
+                    "how": "journal",
+                    "device": name,
+                    "mountpoint": fs["mountpoint"],
+                    "size_mib": int(good >> 20),
+                },
+            ],
+        )
 
 
 def scheduler_mismatch(host, k):
@@ -538,17 +673,31 @@ def scheduler_mismatch(host, k):
         q = host.queue.get(name, {})
         sched, rot = q.get("scheduler"), q.get("rotational")
         if rot == 1 and sched == "none":
-            advice, better = "a rotational disk without an I/O scheduler: requests are neither sorted nor merged " \
-                             "in a scheduler", "mq-deadline"
+            advice, better = (
+                "a rotational disk without an I/O scheduler: requests are neither sorted nor merged "
+                "in a scheduler",
+                "mq-deadline",
+            )
         elif rot == 0 and sched == "bfq":
-            advice, better = "bfq on a non-rotational disk: its per-request work caps fast devices", "none"
+            advice, better = (
+                "bfq on a non-rotational disk: its per-request work caps fast devices",
+                "none",
+            )
         else:
             continue
         yield Finding(
-            "scheduler_mismatch", name, "info", advice,
-            [f"/sys/block/{name}/queue/scheduler: [{sched}]", f"/sys/block/{name}/queue/rotational = {rot:.0f}"],
+            "scheduler_mismatch",
+            name,
+            "info",
+            advice,
+            [
+                f"/sys/block/{name}/queue/scheduler: [{sched}]",
+                f"/sys/block/{name}/queue/rotational = {rot:.0f}",
+            ],
             f"echo {better} > /sys/block/{name}/queue/scheduler",
-            _udev(name, "scheduler", better), spec=udev_spec(name, "scheduler", better))
+            _udev(name, "scheduler", better),
+            spec=udev_spec(name, "scheduler", better),
+        )
 
 
 def crypt_workqueue(host, k):
@@ -567,14 +716,19 @@ def crypt_workqueue(host, k):
             continue
         dm_name = host.devices.get(name, {}).get("name") or name
         yield Finding(
-            "crypt_workqueue", name, "info",
+            "crypt_workqueue",
+            name,
+            "info",
             f"dm-crypt over non-rotational {', '.join(bottoms)} without {' and '.join(missing)}",
-            [f"dmsetup table {dm_name}: flags {' '.join(sorted(flags)) or '(none)'}",
-             f"beneath it: {', '.join(f'{b} (rotational 0)' for b in bottoms)}"],
+            [
+                f"dmsetup table {dm_name}: flags {' '.join(sorted(flags)) or '(none)'}",
+                f"beneath it: {', '.join(f'{b} (rotational 0)' for b in bottoms)}",
+            ],
             f"cryptsetup refresh --perf-no_read_workqueue --perf-no_write_workqueue {dm_name}",
             f"cryptsetup refresh --persistent --perf-no_read_workqueue --perf-no_write_workqueue {dm_name} "
             "(LUKS2), or no-read-workqueue,no-write-workqueue in /etc/crypttab",
-            spec=[{"how": "crypt", "name": dm_name}])
+            spec=[{"how": "crypt", "name": dm_name}],
+        )
 
 
 def lvm_autoextend_off(host, k):
@@ -583,22 +737,33 @@ def lvm_autoextend_off(host, k):
     if host.lvm_conf is None:
         return
     for kind, setting, devices in (
-            ("snapshot", "snapshot_autoextend_threshold",
-             [d for d in host.snapshots if not host.snapshots[d].get("merge")]),
-            ("thin pool", "thin_pool_autoextend_threshold", list(host.pools))):
+        (
+            "snapshot",
+            "snapshot_autoextend_threshold",
+            [d for d in host.snapshots if not host.snapshots[d].get("merge")],
+        ),
+        ("thin pool", "thin_pool_autoextend_threshold", list(host.pools)),
+    ):
         value = host.lvm_conf.get(setting, 100)
         if not devices or value < 100:
             continue
         for name in sorted(devices):
             yield Finding(
-                "lvm_autoextend_off", name, "info",
+                "lvm_autoextend_off",
+                name,
+                "info",
                 f"{kind} autoextend is off: nothing grows it before it fills",
-                [f"lvm.conf activation/{setting} = {value:g}" +
-                 ("" if setting in host.lvm_conf else " (not set: the default)")],
+                [
+                    f"lvm.conf activation/{setting} = {value:g}"
+                    + ("" if setting in host.lvm_conf else " (not set: the default)")
+                ],
                 f"lvextend -L +<size> {_lv(host, name)} when needed",
                 f"lvm.conf: activation {{ {setting} = 70 }} and {setting.replace('threshold', 'percent')} = 20; "
                 "dmeventd must monitor the volume (lvchange --monitor y)",
-                spec=lvm_spec({setting: 70, setting.replace("threshold", "percent"): 20}, [_lv(host, name)]))
+                spec=lvm_spec(
+                    {setting: 70, setting.replace("threshold", "percent"): 20}, [_lv(host, name)]
+                ),
+            )
 
 
 class Check:
@@ -610,40 +775,97 @@ class Check:
 
 
 CHECKS = (
-    Check("snapshot_invalid", snapshot_invalid, "classic snapshot invalid, overflowed or merge failed",
-          "Documentation/admin-guide/device-mapper/snapshot.rst and drivers/md/dm-snap.c (Invalid, Overflow, "
-          "Merge failed); dmeventd(8): a snapshot that runs out of space becomes invalid",
-          alert="BlockStackSnapshotInvalid"),
-    Check("thin_pool_full", thin_pool_full, "thin pool data or metadata nearly full, or out of space",
-          "lvmthin(7) and dmeventd(8): dmeventd warns from 80 % data or metadata use",
-          knobs=("thin_pool_used_max_ratio",)),
-    Check("nomerges_beneath_stack", nomerges_beneath_stack, "merging restricted beneath a stack",
-          NVME_WRITEUP + "; " + QUEUE_DOC, alert="BlockStackNomergesBeneathStack"),
-    Check("snapshot_cow_filling", snapshot_cow_filling, "classic snapshot COW filling",
-          "Documentation/admin-guide/device-mapper/snapshot.rst (a full COW invalidates the snapshot)",
-          alert="BlockStackSnapshotCowFillingUp",
-          knobs=("snapshot_fill_min_used_ratio", "snapshot_cow_used_warning_ratio", "snapshot_fill_horizon_seconds")),
-    Check("ext4_journal_small", ext4_journal_small, "ext4 dioread_nolock with a small journal",
-          EXT4_WRITEUP, alert="BlockStackJbd2CreditWaitHigh",
-          knobs=("ext4_journal_good_bytes", "jbd2_credit_wait_max_seconds", "jbd2_credit_wait_min_rate")),
-    Check("max_sectors_low", max_sectors_low, "max_sectors_kb far below the hardware limit",
-          QUEUE_DOC + "; the loop lab: max_sectors_kb=4 turns 1024-sector requests into 8-sector ones",
-          alert="BlockStackMaxSectorsLow", knobs=("max_sectors_max_ratio", "max_sectors_floor_bytes")),
-    Check("max_sectors_below_upper", max_sectors_below_upper, "max_sectors_kb below what the layer above sends",
-          "Documentation/admin-guide/device-mapper: a dm device's limits are stacked from its lowers' when "
-          "its table is loaded, a later change beneath is not seen above; " + QUEUE_DOC),
-    Check("snapshot_chunk_small", snapshot_chunk_small, "classic snapshot chunk size small",
-          LVM2_WRITEUP, alert="BlockStackSnapshotChunkSmall",
-          knobs=("snapshot_chunk_min_bytes", "snapshot_chunk_good_bytes")),
+    Check(
+        "snapshot_invalid",
+        snapshot_invalid,
+        "classic snapshot invalid, overflowed or merge failed",
+        "Documentation/admin-guide/device-mapper/snapshot.rst and drivers/md/dm-snap.c (Invalid, Overflow, "
+        "Merge failed); dmeventd(8): a snapshot that runs out of space becomes invalid",
+        alert="BlockStackSnapshotInvalid",
+    ),
+    Check(
+        "thin_pool_full",
+        thin_pool_full,
+        "thin pool data or metadata nearly full, or out of space",
+        "lvmthin(7) and dmeventd(8): dmeventd warns from 80 % data or metadata use",
+        knobs=("thin_pool_used_max_ratio",),
+    ),
+    Check(
+        "nomerges_beneath_stack",
+        nomerges_beneath_stack,
+        "merging restricted beneath a stack",
+        NVME_WRITEUP + "; " + QUEUE_DOC,
+        alert="BlockStackNomergesBeneathStack",
+    ),
+    Check(
+        "snapshot_cow_filling",
+        snapshot_cow_filling,
+        "classic snapshot COW filling",
+        "Documentation/admin-guide/device-mapper/snapshot.rst (a full COW invalidates the snapshot)",
+        alert="BlockStackSnapshotCowFillingUp",
+        knobs=(
+            "snapshot_fill_min_used_ratio",
+            "snapshot_cow_used_warning_ratio",
+            "snapshot_fill_horizon_seconds",
+        ),
+    ),
+    Check(
+        "ext4_journal_small",
+        ext4_journal_small,
+        "ext4 dioread_nolock with a small journal",
+        EXT4_WRITEUP,
+        alert="BlockStackJbd2CreditWaitHigh",
+        knobs=(
+            "ext4_journal_good_bytes",
+            "jbd2_credit_wait_max_seconds",
+            "jbd2_credit_wait_min_rate",
+        ),
+    ),
+    Check(
+        "max_sectors_low",
+        max_sectors_low,
+        "max_sectors_kb far below the hardware limit",
+        QUEUE_DOC
+        + "; the loop lab: max_sectors_kb=4 turns 1024-sector requests into 8-sector ones",
+        alert="BlockStackMaxSectorsLow",
+        knobs=("max_sectors_max_ratio", "max_sectors_floor_bytes"),
+    ),
+    Check(
+        "max_sectors_below_upper",
+        max_sectors_below_upper,
+        "max_sectors_kb below what the layer above sends",
+        "Documentation/admin-guide/device-mapper: a dm device's limits are stacked from its lowers' when "
+        "its table is loaded, a later change beneath is not seen above; " + QUEUE_DOC,
+    ),
+    Check(
+        "snapshot_chunk_small",
+        snapshot_chunk_small,
+        "classic snapshot chunk size small",
+        LVM2_WRITEUP,
+        alert="BlockStackSnapshotChunkSmall",
+        knobs=("snapshot_chunk_min_bytes", "snapshot_chunk_good_bytes"),
+    ),
     Check("nomerges", nomerges_elsewhere, "merging restricted", QUEUE_DOC + "; " + NVME_WRITEUP),
-    Check("scheduler_mismatch", scheduler_mismatch, "I/O scheduler unsuited to the device",
-          "Documentation/block/blk-mq.rst, Documentation/block/bfq-iosched.rst"),
-    Check("crypt_workqueue", crypt_workqueue, "dm-crypt on fast devices without the workqueue bypass",
-          "Documentation/admin-guide/device-mapper/dm-crypt.rst (no_read_workqueue, no_write_workqueue, 5.9+); "
-          "commit 39d42fa96ba1 and Cloudflare's 'Speeding up Linux disk encryption' (2020)"),
-    Check("lvm_autoextend_off", lvm_autoextend_off, "LVM autoextend off for snapshots or thin pools",
-          "lvm.conf(5): snapshot_autoextend_threshold / thin_pool_autoextend_threshold 100 disables it",
-          needs="lvm.conf"),
+    Check(
+        "scheduler_mismatch",
+        scheduler_mismatch,
+        "I/O scheduler unsuited to the device",
+        "Documentation/block/blk-mq.rst, Documentation/block/bfq-iosched.rst",
+    ),
+    Check(
+        "crypt_workqueue",
+        crypt_workqueue,
+        "dm-crypt on fast devices without the workqueue bypass",
+        "Documentation/admin-guide/device-mapper/dm-crypt.rst (no_read_workqueue, no_write_workqueue, 5.9+); "
+        "commit 39d42fa96ba1 and Cloudflare's 'Speeding up Linux disk encryption' (2020)",
+    ),
+    Check(
+        "lvm_autoextend_off",
+        lvm_autoextend_off,
+        "LVM autoextend off for snapshots or thin pools",
+        "lvm.conf(5): snapshot_autoextend_threshold / thin_pool_autoextend_threshold 100 disables it",
+        needs="lvm.conf",
+    ),
 )
 BY_ID = {c.id: c for c in CHECKS}
 KNOBS = sorted({knob for c in CHECKS for knob in c.knobs})

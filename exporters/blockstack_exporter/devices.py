@@ -4,6 +4,7 @@ Sources: /sys/class/block (every disk and partition; a partition's sysfs path si
 disk's directory, see Documentation/ABI/stable/sysfs-block), /sys/dev/block/MAJ:MIN (device
 numbers to names) and /proc/self/mountinfo (which block device holds a path).
 """
+
 import functools
 import os
 import re
@@ -15,8 +16,8 @@ class Device:
     __slots__ = ("name", "path", "parent")
 
     def __init__(self, name, path, parent):
-        self.name = name      # kernel name, as in /proc/diskstats: sda1, dm-3, loop0
-        self.path = path      # its directory in sysfs
+        self.name = name  # kernel name, as in /proc/diskstats: sda1, dm-3, loop0
+        self.path = path  # its directory in sysfs
         self.parent = parent  # the disk's name for a partition, else None
 
     @property
@@ -84,7 +85,15 @@ def parse_mountinfo(text):
         fields = line.split()
         try:
             sep = fields.index("-", 6)
-            mounts.append(Mount(fields[0], fields[2], _unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2])))
+            mounts.append(
+                Mount(
+                    fields[0],
+                    fields[2],
+                    _unescape(fields[4]),
+                    fields[sep + 1],
+                    _unescape(fields[sep + 2]),
+                )
+            )
         except (ValueError, IndexError):
             bad += 1
     return mounts, bad
@@ -92,7 +101,9 @@ def parse_mountinfo(text):
 
 def read_mountinfo(procfs):
     """Read to end of file: one read of it returns a page at most (see fs.py)."""
-    return parse_mountinfo(read_text(os.path.join(procfs, "self", "mountinfo"), MAX_MOUNTINFO_BYTES))
+    return parse_mountinfo(
+        read_text(os.path.join(procfs, "self", "mountinfo"), MAX_MOUNTINFO_BYTES)
+    )
 
 
 def mount_holding(mounts, path):

@@ -15,6 +15,7 @@ Capabilities: started with CAP_SYS_ADMIN in its permitted, inheritable and ambie
 in each dmsetup child, so no long-running process of the stack has an ambient capability. The
 control node /dev/mapper/control is root's 0600; privileges.py gives it the helper's group.
 """
+
 import argparse
 import ctypes
 import sys
@@ -23,7 +24,11 @@ import blockstack_http
 
 from .collectors.dm import REQUESTS, DmCollector, DmsetupError
 
-PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, PR_CAP_AMBIENT_CLEAR_ALL = 47, 2, 4  # include/uapi/linux/prctl.h
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, PR_CAP_AMBIENT_CLEAR_ALL = (
+    47,
+    2,
+    4,
+)  # include/uapi/linux/prctl.h
 CAP_SYS_ADMIN = 21  # include/uapi/linux/capability.h
 REQUEST_BYTES = 16  # "status\n" and then some
 REQUEST_TIMEOUT = 5.0  # seconds a client may take to send its request
@@ -45,7 +50,11 @@ def answer(dm, request):
     """The reply to one request (bytes)."""
     args = REQUESTS.get(request)
     if args is None:
-        return b"error command\nunknown request (expected one of: " + " ".join(REQUESTS).encode() + b")\n"
+        return (
+            b"error command\nunknown request (expected one of: "
+            + " ".join(REQUESTS).encode()
+            + b")\n"
+        )
     try:
         return b"ok\n" + dm.run(args).encode()
     except DmsetupError as e:
@@ -64,7 +73,9 @@ def read_request(conn):
 
 
 def serve(path, dm):
-    server = blockstack_http.unix_listener(path, 16)  # in a directory only the exporter's group enters
+    server = blockstack_http.unix_listener(
+        path, 16
+    )  # in a directory only the exporter's group enters
     while True:
         conn, _ = server.accept()
         with conn:
@@ -77,13 +88,20 @@ def serve(path, dm):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="dm_helper", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="dm_helper", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--socket", required=True, help="the Unix socket to answer on")
     p.add_argument("--dmsetup", default="dmsetup", help="dmsetup binary (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds before a dmsetup call is abandoned")
+    p.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds before a dmsetup call is abandoned"
+    )
     args = p.parse_args(argv)
     clear_ambient()
-    serve(args.socket, DmCollector(dmsetup=args.dmsetup, timeout=args.timeout, preexec_fn=raise_ambient))
+    serve(
+        args.socket,
+        DmCollector(dmsetup=args.dmsetup, timeout=args.timeout, preexec_fn=raise_ambient),
+    )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ Exit status: 0 no finding at warning or above, 1 findings at warning or above (o
 needs could not be read (a collector failed as a whole, no block devices, --device unknown,
 ebpf_exporter unreachable, the status file); the findings it could make are printed all the same.
 """
+
 import argparse
 import json
 import logging
@@ -34,11 +35,22 @@ log = logging.getLogger("blockstack_exporter")
 COLLECTION_SECONDS = 60.0  # a one-off run may take its time (the exporter has a scrape's 4.5 s)
 SECTOR = 512
 # The knobs of BlockStackMergeCollapse's evidence, which --interval's collapse finding reads
-INTERVAL_KNOBS = ("max_sectors_floor_bytes", "collapse_max_sectors", "collapse_upper_min_sectors",
-                  "collapse_min_split_ratio", "collapse_min_iops", "collapse_min_upper_share",
-                  "missed_merges_min_rate", "missed_merges_min_ratio", "split_min_rate", "split_min_ratio")
-_LVM_SETTING = re.compile(r"^\s*(snapshot_autoextend_threshold|thin_pool_autoextend_threshold)\s*=\s*(\d+)",
-                          re.M | re.ASCII)
+INTERVAL_KNOBS = (
+    "max_sectors_floor_bytes",
+    "collapse_max_sectors",
+    "collapse_upper_min_sectors",
+    "collapse_min_split_ratio",
+    "collapse_min_iops",
+    "collapse_min_upper_share",
+    "missed_merges_min_rate",
+    "missed_merges_min_ratio",
+    "split_min_rate",
+    "split_min_ratio",
+)
+_LVM_SETTING = re.compile(
+    r"^\s*(snapshot_autoextend_threshold|thin_pool_autoextend_threshold)\s*=\s*(\d+)",
+    re.M | re.ASCII,
+)
 
 
 def parse_lvm_conf(text):
@@ -64,16 +76,19 @@ def read_ebpf(url, names, timeout=10):
     number (`devno`, ebpf-configs/README.md); `names` ({devno: device}, the exporter's
     blockstack_device_number_info) names them."""
     import urllib.request  # only here: its import is a tenth of the doctor's start on a busy host
+
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url, timeout=timeout) as r:
         text = r.read().decode("utf-8", "replace")
-    wanted = {"ebpf_exporter_block_rq_size_bytes_count": "issued",
-              "ebpf_exporter_block_rq_size_bytes_sum": "issued_bytes",
-              "ebpf_exporter_block_rq_missed_merges_total": "missed_merges",
-              "ebpf_exporter_block_bio_splits_total": "splits",
-              "ebpf_exporter_jbd2_credit_wait_seconds_count": "jbd2_credit_wait",
-              "ebpf_exporter_jbd2_credit_wait_seconds_sum": "jbd2_credit_wait_seconds"}
+    wanted = {
+        "ebpf_exporter_block_rq_size_bytes_count": "issued",
+        "ebpf_exporter_block_rq_size_bytes_sum": "issued_bytes",
+        "ebpf_exporter_block_rq_missed_merges_total": "missed_merges",
+        "ebpf_exporter_block_bio_splits_total": "splits",
+        "ebpf_exporter_jbd2_credit_wait_seconds_count": "jbd2_credit_wait",
+        "ebpf_exporter_jbd2_credit_wait_seconds_sum": "jbd2_credit_wait_seconds",
+    }
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -96,9 +111,14 @@ class Sample:
 class Doctor:
     def __init__(self, args, knob_values):
         self.args, self.knobs = args, knob_values
-        collectors = [DmCollector(dmsetup=args.dmsetup, timeout=args.dmsetup_timeout) if name == "dm"
-                      else FindingsCollector(knob_values) if name == "findings" else ALL[name]()
-                      for name in ALL]
+        collectors = [
+            DmCollector(dmsetup=args.dmsetup, timeout=args.dmsetup_timeout)
+            if name == "dm"
+            else FindingsCollector(knob_values)
+            if name == "findings"
+            else ALL[name]()
+            for name in ALL
+        ]
         self.findings = collectors[-1]
         self.collector = BlockstackCollector(collectors, Paths(args.sysfs, args.procfs, args.dev))
         self.messages = []
@@ -110,15 +130,28 @@ class Doctor:
         before = dict(self.collector.errors)
         with deadline(time.monotonic() + COLLECTION_SECONDS):
             families = self.collector.collect()
-        failed = [s.labels["collector"] for f in families if f.name == "blockstack_scrape_collector_success"
-                  for s in f.samples if s.value == 0]
-        errors = {k: v - before.get(k, 0) for k, v in self.collector.errors.items() if v > before.get(k, 0)}
+        failed = [
+            s.labels["collector"]
+            for f in families
+            if f.name == "blockstack_scrape_collector_success"
+            for s in f.samples
+            if s.value == 0
+        ]
+        errors = {
+            k: v - before.get(k, 0)
+            for k, v in self.collector.errors.items()
+            if v > before.get(k, 0)
+        }
         diskstats = ebpf = None
         if with_rates:
             diskstats = parse_diskstats(read_text(os.path.join(self.args.procfs, "diskstats")))
             if self.args.ebpf:
-                names = {s.labels["devno"]: s.labels["device"] for f in families
-                         if f.name == "blockstack_device_number_info" for s in f.samples}
+                names = {
+                    s.labels["devno"]: s.labels["device"]
+                    for f in families
+                    if f.name == "blockstack_device_number_info"
+                    for s in f.samples
+                }
                 ebpf = read_ebpf(self.args.ebpf, names)
         return Sample(self.findings.host, errors, failed, diskstats, ebpf, time.monotonic())
 
@@ -147,6 +180,7 @@ class _Remember(logging.Handler):
 
 # --- the lineup: iostat -x per layer of each stack ---------------------------------------------
 
+
 def lineup(first, second, elapsed):
     """{device: {op: {rps, kbps, sectors (average request), merges_ps}}} between two samples (op
     is read or write); with ebpf_exporter also missed_merges_ps, splits_ps, issued_ps (requests
@@ -160,14 +194,29 @@ def lineup(first, second, elapsed):
         d = [max(0, a - b) for a, b in zip(now, then)]
         per = {}
         for op, (ios, merges, sectors) in (("read", d[0:3]), ("write", d[3:6])):
-            row = {"rps": ios / elapsed, "kbps": sectors * SECTOR / 1024 / elapsed,
-                   "sectors": sectors / ios if ios else 0.0, "merges_ps": merges / elapsed}
+            row = {
+                "rps": ios / elapsed,
+                "kbps": sectors * SECTOR / 1024 / elapsed,
+                "sectors": sectors / ios if ios else 0.0,
+                "merges_ps": merges / elapsed,
+            }
             if second.ebpf is not None and first.ebpf is not None:
-                grew = {what: max(0.0, second.ebpf.get((what, dev, op), 0.0) - first.ebpf.get((what, dev, op), 0.0))
-                        for what in ("missed_merges", "splits", "issued", "issued_bytes")}
-                row.update(missed_merges_ps=grew["missed_merges"] / elapsed, splits_ps=grew["splits"] / elapsed,
-                           issued_ps=grew["issued"] / elapsed,
-                           issued_sectors=grew["issued_bytes"] / SECTOR / grew["issued"] if grew["issued"] else None)
+                grew = {
+                    what: max(
+                        0.0,
+                        second.ebpf.get((what, dev, op), 0.0)
+                        - first.ebpf.get((what, dev, op), 0.0),
+                    )
+                    for what in ("missed_merges", "splits", "issued", "issued_bytes")
+                }
+                row.update(
+                    missed_merges_ps=grew["missed_merges"] / elapsed,
+                    splits_ps=grew["splits"] / elapsed,
+                    issued_ps=grew["issued"] / elapsed,
+                    issued_sectors=grew["issued_bytes"] / SECTOR / grew["issued"]
+                    if grew["issued"]
+                    else None,
+                )
             per[op] = row
         out[dev] = per
     return out
@@ -181,8 +230,9 @@ def ebpf_rates(first, second, elapsed):
     for (what, dev, _), value in second.ebpf.items():
         if what == "jbd2_credit_wait":
             count = value - first.ebpf.get((what, dev, ""), 0.0)
-            secs = second.ebpf.get(("jbd2_credit_wait_seconds", dev, ""), 0.0) - \
-                first.ebpf.get(("jbd2_credit_wait_seconds", dev, ""), 0.0)
+            secs = second.ebpf.get(("jbd2_credit_wait_seconds", dev, ""), 0.0) - first.ebpf.get(
+                ("jbd2_credit_wait_seconds", dev, ""), 0.0
+            )
             out[("jbd2_credit_wait", dev)] = count / elapsed
             if count > 0:
                 out[("jbd2_credit_wait_avg", dev)] = secs / count
@@ -206,31 +256,58 @@ def collapse_findings(host, rows, k):
             refused, split = _refused(row, k), _split(row, k)
             if not (upper or refused or split):
                 continue
-            evidence = [f"{dev}: {row['rps']:.0f} {op}s/s, {row['kbps']:.0f} kB/s, {row['merges_ps']:.0f} merges/s"]
+            evidence = [
+                f"{dev}: {row['rps']:.0f} {op}s/s, {row['kbps']:.0f} kB/s, {row['merges_ps']:.0f} merges/s"
+            ]
             if upper:
                 up = rows[upper][op]
-                evidence.append(f"{host.label(upper)} {op}s {up['sectors']:.0f}-sector requests "
-                                f"({up['rps']:.0f}/s, {up['kbps']:.0f} kB/s)")
+                evidence.append(
+                    f"{host.label(upper)} {op}s {up['sectors']:.0f}-sector requests "
+                    f"({up['rps']:.0f}/s, {up['kbps']:.0f} kB/s)"
+                )
             if "issued_ps" in row:
-                size = f", {row['issued_sectors']:.0f} sectors each" if row["issued_sectors"] is not None else ""
-                evidence.append(f"ebpf: {row['missed_merges_ps']:.0f} merges/s refused and {row['splits_ps']:.0f} "
-                                f"pieces/s split off, of {row['issued_ps']:.0f} requests/s issued{size}")
+                size = (
+                    f", {row['issued_sectors']:.0f} sectors each"
+                    if row["issued_sectors"] is not None
+                    else ""
+                )
+                evidence.append(
+                    f"ebpf: {row['missed_merges_ps']:.0f} merges/s refused and {row['splits_ps']:.0f} "
+                    f"pieces/s split off, of {row['issued_ps']:.0f} requests/s issued{size}"
+                )
             else:
-                evidence.append("refused merges and splits not counted (no --ebpf): the page needs them")
+                evidence.append(
+                    "refused merges and splits not counted (no --ebpf): the page needs them"
+                )
             owner = host.queue_owner(dev)
             q = host.queue.get(owner, {})
-            evidence.append(f"/sys/block/{owner}/queue: nomerges {q.get('nomerges', 0):.0f}, max_sectors_kb "
-                            f"{q.get('max_sectors', 0) / 1024:.0f}")
+            evidence.append(
+                f"/sys/block/{owner}/queue: nomerges {q.get('nomerges', 0):.0f}, max_sectors_kb "
+                f"{q.get('max_sectors', 0) / 1024:.0f}"
+            )
             fix, spec = _collapse_fix(owner, q, k, split_first=split and not refused)
             proves = "merging refused" if refused else "requests split" if split else "layered"
-            what = f"{proves}: {dev} {op}s {row['sectors']:.0f}-sector requests at {row['rps']:.0f}/s"
+            what = (
+                f"{proves}: {dev} {op}s {row['sectors']:.0f}-sector requests at {row['rps']:.0f}/s"
+            )
             if not (refused or split):
-                what += (f" beneath {host.label(upper)}'s {rows[upper][op]['sectors']:.0f}-sector ones; no page "
-                         f"without refused merges or splits counted on {dev}'s own requests")
-            out.append(checks.Finding(
-                "merge_collapse", dev, "critical" if refused or split else "info", what, evidence, fix,
-                "see the setting's own finding; docs/runbook.md#blockstackmergecollapse",
-                checks.NVME_WRITEUP, spec=spec))
+                what += (
+                    f" beneath {host.label(upper)}'s {rows[upper][op]['sectors']:.0f}-sector ones; no page "
+                    f"without refused merges or splits counted on {dev}'s own requests"
+                )
+            out.append(
+                checks.Finding(
+                    "merge_collapse",
+                    dev,
+                    "critical" if refused or split else "info",
+                    what,
+                    evidence,
+                    fix,
+                    "see the setting's own finding; docs/runbook.md#blockstackmergecollapse",
+                    checks.NVME_WRITEUP,
+                    spec=spec,
+                )
+            )
     return out
 
 
@@ -244,8 +321,10 @@ def _collapse_fix(owner, q, k, split_first):
         kb = min(q.get("max_hw_sectors", 0), 1280 * 1024) // 1024
         fixes.insert(0 if split_first else len(fixes), ("max_sectors_kb", f"{kb:.0f}"))
     if not fixes:
-        return ("neither nomerges nor max_sectors_kb: look at the layer in between (snapshot chunk size, dm-crypt)",
-                [])
+        return (
+            "neither nomerges nor max_sectors_kb: look at the layer in between (snapshot chunk size, dm-crypt)",
+            [],
+        )
     attr, value = fixes[0]
     return f"echo {value} > /sys/block/{owner}/queue/{attr}", checks.udev_spec(owner, attr, value)
 
@@ -254,15 +333,23 @@ def _refused(row, k):
     """host_device_operation:blockstack_collapse_refused:rate: most requests issued are refused
     merges, at a real rate."""
     missed, issued = row.get("missed_merges_ps"), row.get("issued_ps")
-    return bool(issued) and missed >= k["missed_merges_min_rate"] and missed >= k["missed_merges_min_ratio"] * issued
+    return (
+        bool(issued)
+        and missed >= k["missed_merges_min_rate"]
+        and missed >= k["missed_merges_min_ratio"] * issued
+    )
 
 
 def _split(row, k):
     """host_device_operation:blockstack_collapse_split:rate: most requests issued are pieces split
     off larger bios, and they are tiny."""
     splits, issued = row.get("splits_ps"), row.get("issued_ps")
-    return bool(issued) and splits >= k["split_min_rate"] and splits >= k["split_min_ratio"] * issued and \
-        row["issued_sectors"] <= k["collapse_max_sectors"]
+    return (
+        bool(issued)
+        and splits >= k["split_min_rate"]
+        and splits >= k["split_min_ratio"] * issued
+        and row["issued_sectors"] <= k["collapse_max_sectors"]
+    )
 
 
 def _layered_upper(host, rows, dev, op, k):
@@ -273,18 +360,27 @@ def _layered_upper(host, rows, dev, op, k):
     row = rows[dev][op]
     if host.lower.get(dev) and host.devices[dev].get("kind") != "loop":
         return None
-    if not (row["rps"] >= k["collapse_min_iops"] and row["sectors"] <= k["collapse_max_sectors"] and row["kbps"]):
+    if not (
+        row["rps"] >= k["collapse_min_iops"]
+        and row["sectors"] <= k["collapse_max_sectors"]
+        and row["kbps"]
+    ):
         return None
     for upper in host.uppers(dev):
         up = rows.get(upper, {}).get(op)
-        if up and up["rps"] and up["sectors"] >= k["collapse_upper_min_sectors"] and \
-                up["sectors"] >= k["collapse_min_split_ratio"] * row["sectors"] and \
-                up["kbps"] >= k["collapse_min_upper_share"] * row["kbps"]:
+        if (
+            up
+            and up["rps"]
+            and up["sectors"] >= k["collapse_upper_min_sectors"]
+            and up["sectors"] >= k["collapse_min_split_ratio"] * row["sectors"]
+            and up["kbps"] >= k["collapse_min_upper_share"] * row["kbps"]
+        ):
             return upper
     return None
 
 
 # --- output ------------------------------------------------------------------------------------
+
 
 def stacks_of(host, only=None):
     """[(top, [devices top first])] of every stack, or of those holding `only`."""
@@ -316,11 +412,18 @@ def _ebpf_lines(sets):
     for name, s in sets.items():
         errors = "; ".join(f"{variant}: {error}" for variant, error in s["errors"].items())
         if not s["config"]:
-            blind = "no merge collapse can page on this host" if name == "block" else "its alerts cannot fire"
-            lines += [f"WARNING ebpf_evidence_missing: no {name} BPF programs load on this kernel: {blind}",
-                      f"    evidence  {errors or 'no variant built'}",
-                      "    fix now   a kernel from 5.10 on with BTF (/sys/kernel/btf/vmlinux), or ebpf_exporter's "
-                      "--btf.path with a BTF file for this kernel (ebpf-configs/README.md, \"Kernels\")", ""]
+            blind = (
+                "no merge collapse can page on this host"
+                if name == "block"
+                else "its alerts cannot fire"
+            )
+            lines += [
+                f"WARNING ebpf_evidence_missing: no {name} BPF programs load on this kernel: {blind}",
+                f"    evidence  {errors or 'no variant built'}",
+                "    fix now   a kernel from 5.10 on with BTF (/sys/kernel/btf/vmlinux), or ebpf_exporter's "
+                '--btf.path with a BTF file for this kernel (ebpf-configs/README.md, "Kernels")',
+                "",
+            ]
         elif errors:
             lines.append(f"ebpf: {name} runs as {s['config']} ({errors})")
     return lines + ([""] if lines and lines[-1] else [])
@@ -338,7 +441,11 @@ def render_text(report, host):
     for top, devices in report["stacks"]:
         mine = [f for d in devices if d not in shown for f in by_device.get(d, [])]
         rows = report.get("lineup")
-        if not mine and not report["narrowed"] and not (rows and any(_busy(rows.get(d)) for d in devices)):
+        if (
+            not mine
+            and not report["narrowed"]
+            and not (rows and any(_busy(rows.get(d)) for d in devices))
+        ):
             continue
         shown.update(devices)
         layers = " > ".join(", ".join(host.label(d) for d in layer) for layer in host.layers(top))
@@ -347,8 +454,10 @@ def render_text(report, host):
             lines += _lineup_table(host, devices, rows, report["ebpf"])
         order = {d: i for i, d in enumerate(devices)}
         for f in sorted(mine, key=lambda f: (checks.SEVERITIES.index(f.severity), order[f.device])):
-            lines += [f"  {f.severity.upper()} {f.check}: {host.label(f.device)}",
-                      f"    what      {f.what}"]
+            lines += [
+                f"  {f.severity.upper()} {f.check}: {host.label(f.device)}",
+                f"    what      {f.what}",
+            ]
             lines += [f"    {'evidence' if i == 0 else '':9} {e}" for i, e in enumerate(f.evidence)]
             lines += [f"    why       {f.why}", f"    fix now   {f.fix}"]
             lines += _persist_lines(f)
@@ -359,8 +468,10 @@ def render_text(report, host):
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     shown_stacks = len(report["stacks"])
     scope = f"{len(host.devices)} devices, {shown_stacks} stack{'s' if shown_stacks != 1 else ''}"
-    lines.append(f"{scope}{' shown' if report['narrowed'] else ''}: "
-                 f"{total} finding{'s' if total != 1 else ''}{f' ({summary})' if summary else ''}")
+    lines.append(
+        f"{scope}{' shown' if report['narrowed'] else ''}: "
+        f"{total} finding{'s' if total != 1 else ''}{f' ({summary})' if summary else ''}"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -390,8 +501,10 @@ def _lineup_table(host, devices, rows, ebpf):
         for op, r in rows.get(d, {}).items():
             if r["rps"] <= 0:
                 continue
-            line = (f"    {host.label(d)[:34]:34} {op:5} {r['rps']:8.1f} {r['kbps']:9.0f} {r['sectors']:8.1f} "
-                    f"{r['merges_ps']:8.1f}")
+            line = (
+                f"    {host.label(d)[:34]:34} {op:5} {r['rps']:8.1f} {r['kbps']:9.0f} {r['sectors']:8.1f} "
+                f"{r['merges_ps']:8.1f}"
+            )
             if ebpf:
                 line += f" {r.get('missed_merges_ps', 0):9.1f} {r.get('splits_ps', 0):8.1f}"
             out.append(line)
@@ -399,50 +512,112 @@ def _lineup_table(host, devices, rows, ebpf):
 
 
 def render_json(report, host):
-    return json.dumps({
-        "devices": {d: {"label": host.label(d), **host.devices[d], "lower": host.lower.get(d, [])}
-                    for d in sorted(host.devices)},
-        "stacks": [{"top": top, "devices": devices} for top, devices in report["stacks"]],
-        "findings": [f.as_dict() for f in report["findings"]],
-        "lineup": report.get("lineup"),
-        "problems": report["problems"],
-        "ebpf_sets": report["ebpf_sets"],
-        "exit": report["exit"],
-    }, indent=2, sort_keys=True) + "\n"
+    return (
+        json.dumps(
+            {
+                "devices": {
+                    d: {"label": host.label(d), **host.devices[d], "lower": host.lower.get(d, [])}
+                    for d in sorted(host.devices)
+                },
+                "stacks": [{"top": top, "devices": devices} for top, devices in report["stacks"]],
+                "findings": [f.as_dict() for f in report["findings"]],
+                "lineup": report.get("lineup"),
+                "problems": report["problems"],
+                "ebpf_sets": report["ebpf_sets"],
+                "exit": report["exit"],
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
 
 
 # --- command line ------------------------------------------------------------------------------
 
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="blockstack-doctor", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 2)[2], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--path.sysfs", dest="sysfs", default="/sys", help="sysfs mountpoint (default %(default)s)")
-    p.add_argument("--path.procfs", dest="procfs", default="/proc", help="procfs mountpoint (default %(default)s)")
-    p.add_argument("--path.dev", dest="dev", default="/dev",
-                   help="device nodes, read for ext4 superblocks (default %(default)s)")
-    p.add_argument("--path.lvmconf", dest="lvmconf", default="/etc/lvm/lvm.conf",
-                   help="lvm.conf, read for the autoextend thresholds (default %(default)s)")
-    p.add_argument("--path.rootfs", dest="rootfs", default="/",
-                   help="the root holding /etc, /run and /usr: udev rules, udev's database and tuned profiles, read "
-                        "for the persist recipes and what would set a queue attribute again (default %(default)s)")
-    p.add_argument("--collector.dm.dmsetup", dest="dmsetup", default="dmsetup",
-                   help="dmsetup binary (default %(default)s)")
-    p.add_argument("--collector.dm.timeout", dest="dmsetup_timeout", type=float, default=10.0,
-                   help="seconds before a dmsetup call is abandoned (default %(default)s)")
-    p.add_argument("--config.knobs", dest="knobs", default=None, metavar="PATH",
-                   help="the alerts' config.yml whose thresholds to judge by (default: the copy shipped "
-                        "with the exporter)")
-    p.add_argument("--device", help="only the stacks holding this device (dm-3, /dev/mapper/vg-lv, vg/lv, sda)")
+    p = argparse.ArgumentParser(
+        prog="blockstack-doctor",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--path.sysfs", dest="sysfs", default="/sys", help="sysfs mountpoint (default %(default)s)"
+    )
+    p.add_argument(
+        "--path.procfs",
+        dest="procfs",
+        default="/proc",
+        help="procfs mountpoint (default %(default)s)",
+    )
+    p.add_argument(
+        "--path.dev",
+        dest="dev",
+        default="/dev",
+        help="device nodes, read for ext4 superblocks (default %(default)s)",
+    )
+    p.add_argument(
+        "--path.lvmconf",
+        dest="lvmconf",
+        default="/etc/lvm/lvm.conf",
+        help="lvm.conf, read for the autoextend thresholds (default %(default)s)",
+    )
+    p.add_argument(
+        "--path.rootfs",
+        dest="rootfs",
+        default="/",
+        help="the root holding /etc, /run and /usr: udev rules, udev's database and tuned profiles, read "
+        "for the persist recipes and what would set a queue attribute again (default %(default)s)",
+    )
+    p.add_argument(
+        "--collector.dm.dmsetup",
+        dest="dmsetup",
+        default="dmsetup",
+        help="dmsetup binary (default %(default)s)",
+    )
+    p.add_argument(
+        "--collector.dm.timeout",
+        dest="dmsetup_timeout",
+        type=float,
+        default=10.0,
+        help="seconds before a dmsetup call is abandoned (default %(default)s)",
+    )
+    p.add_argument(
+        "--config.knobs",
+        dest="knobs",
+        default=None,
+        metavar="PATH",
+        help="the alerts' config.yml whose thresholds to judge by (default: the copy shipped "
+        "with the exporter)",
+    )
+    p.add_argument(
+        "--device", help="only the stacks holding this device (dm-3, /dev/mapper/vg-lv, vg/lv, sda)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--interval", type=float, default=None, metavar="SECONDS",
-                   help="read twice, SECONDS apart, and show each layer's requests (iostat's lineup), COW fill "
-                        "rates and live collapses")
-    p.add_argument("--ebpf", metavar="URL", help="ebpf_exporter's /metrics: refused merges, splits and jbd2 "
-                                                "credit waits in the lineup (needs --interval)")
-    p.add_argument("--collector.ebpf.status-file", dest="ebpf_status_file", metavar="PATH",
-                   help="ebpf-configs/select-configs.sh's status file (make up: STATE_DIR/ebpf-status.tsv): a set "
-                        "of BPF programs this kernel does not load is a warning (exit 1)")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="read twice, SECONDS apart, and show each layer's requests (iostat's lineup), COW fill "
+        "rates and live collapses",
+    )
+    p.add_argument(
+        "--ebpf",
+        metavar="URL",
+        help="ebpf_exporter's /metrics: refused merges, splits and jbd2 "
+        "credit waits in the lineup (needs --interval)",
+    )
+    p.add_argument(
+        "--collector.ebpf.status-file",
+        dest="ebpf_status_file",
+        metavar="PATH",
+        help="ebpf-configs/select-configs.sh's status file (make up: STATE_DIR/ebpf-status.tsv): a set "
+        "of BPF programs this kernel does not load is a warning (exit 1)",
+    )
     p.add_argument("--version", action="version", version=__version__)
     args = p.parse_args(argv)
     if args.ebpf and not args.interval:

@@ -8,6 +8,7 @@ Every reader stops at a bound and raises TooLarge past it: a file is never read 
 memory just because it is large. Files are opened O_NONBLOCK, so a FIFO in their place
 answers at once (EAGAIN/ESPIPE or nothing) instead of blocking the scrape.
 """
+
 import os
 import re
 import resource
@@ -165,9 +166,13 @@ class _PendingRead:
 
     def _run(self):
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # may block: a FIFO without a writer
+            fd = os.open(
+                self.path, os.O_RDONLY | os.O_CLOEXEC
+            )  # may block: a FIFO without a writer
             try:
-                self.result = os.pread(fd, self.size, self.offset)  # may block: a device that does not answer
+                self.result = os.pread(
+                    fd, self.size, self.offset
+                )  # may block: a device that does not answer
             finally:
                 os.close(fd)
         except OSError as e:
@@ -189,8 +194,10 @@ class BlockingReads:
         pending = self._pending.get(path)
         if pending is not None:
             if not pending.done.is_set():
-                raise TimeoutError(f"{path}: a read started {time.monotonic() - pending.started:.0f} s ago "
-                                   "has not returned; skipped")
+                raise TimeoutError(
+                    f"{path}: a read started {time.monotonic() - pending.started:.0f} s ago "
+                    "has not returned; skipped"
+                )
             del self._pending[path]  # it came back: read afresh
         read = _PendingRead(path, size, offset)
         if not read.done.wait(max(0.0, timeout)):

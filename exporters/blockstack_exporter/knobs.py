@@ -7,6 +7,7 @@ or doctor installed anywhere judges with the thresholds its alerts were generate
 generated from (`make generate`): the doctor, the exporter's blockstack_finding and the alerts
 then cannot disagree.
 """
+
 import os
 
 import yaml

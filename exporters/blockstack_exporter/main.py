@@ -1,4 +1,5 @@
 """blockstack-exporter command line: flags in node_exporter's style, listens on 127.0.0.1."""
+
 import argparse
 import logging
 import os
@@ -9,8 +10,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from . import __version__, server
-from . import checks, knobs
+from . import __version__, checks, knobs, server
 from .collectors import ALL, DmCollector, EbpfCollector, FindingsCollector
 from .scrape import BlockstackCollector, Paths
 
@@ -22,7 +22,11 @@ def build_collectors(args):
     collectors = []
     for name in args.collectors:
         if name == "dm":
-            collectors.append(DmCollector(dmsetup=args.dmsetup, timeout=args.dmsetup_timeout, helper=args.dm_helper))
+            collectors.append(
+                DmCollector(
+                    dmsetup=args.dmsetup, timeout=args.dmsetup_timeout, helper=args.dm_helper
+                )
+            )
         elif name == "findings":
             collectors.append(FindingsCollector(knobs.load(args.knobs, checks.KNOBS)))
         elif name == "ebpf":
@@ -34,7 +38,9 @@ def build_collectors(args):
 
 def build_registry(args):
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BlockstackCollector(build_collectors(args), Paths(args.sysfs, args.procfs, args.dev)))
+    registry.register(
+        BlockstackCollector(build_collectors(args), Paths(args.sysfs, args.procfs, args.dev))
+    )
     registry.register(_BuildInfo())
     # process_* of the exporter itself (the real /proc, not --path.procfs): its open descriptors
     # (sysfs attributes are kept open between scrapes), RSS and CPU.
@@ -60,22 +66,43 @@ class _ProcessCollector(ProcessCollector):
             with open("/proc/self/stat", "rb") as f:
                 parts = f.read().split(b")")[-1].split()
             families += [
-                GaugeMetricFamily("process_virtual_memory_bytes", "Virtual memory size in bytes.", value=float(parts[20])),
-                GaugeMetricFamily("process_resident_memory_bytes", "Resident memory size in bytes.",
-                                  value=float(parts[21]) * self._pagesize),
-                GaugeMetricFamily("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
-                                  value=float(parts[19]) / self._ticks + self._btime),
-                CounterMetricFamily("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
-                                    value=(float(parts[11]) + float(parts[12])) / self._ticks)]
+                GaugeMetricFamily(
+                    "process_virtual_memory_bytes",
+                    "Virtual memory size in bytes.",
+                    value=float(parts[20]),
+                ),
+                GaugeMetricFamily(
+                    "process_resident_memory_bytes",
+                    "Resident memory size in bytes.",
+                    value=float(parts[21]) * self._pagesize,
+                ),
+                GaugeMetricFamily(
+                    "process_start_time_seconds",
+                    "Start time of the process since unix epoch in seconds.",
+                    value=float(parts[19]) / self._ticks + self._btime,
+                ),
+                CounterMetricFamily(
+                    "process_cpu_seconds_total",
+                    "Total user and system CPU time spent in seconds.",
+                    value=(float(parts[11]) + float(parts[12])) / self._ticks,
+                ),
+            ]
         except (OSError, IndexError, ValueError):
             pass
-        families.append(GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", value=count))
+        families.append(
+            GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", value=count)
+        )
         try:
             with open("/proc/self/limits", "rb") as f:
                 for line in f:
                     if line.startswith(b"Max open file"):
-                        families.append(GaugeMetricFamily("process_max_fds", "Maximum number of open file descriptors.",
-                                                          value=float(line.split()[3])))
+                        families.append(
+                            GaugeMetricFamily(
+                                "process_max_fds",
+                                "Maximum number of open file descriptors.",
+                                value=float(line.split()[3]),
+                            )
+                        )
                         break
         except (OSError, IndexError, ValueError):
             pass
@@ -84,64 +111,145 @@ class _ProcessCollector(ProcessCollector):
 
 class _BuildInfo(Collector):
     def collect(self):
-        g = GaugeMetricFamily("blockstack_exporter_build_info", "The exporter's version (value always 1).",
-                              labels=["version"])
+        g = GaugeMetricFamily(
+            "blockstack_exporter_build_info",
+            "The exporter's version (value always 1).",
+            labels=["version"],
+        )
         g.add_metric([__version__], 1)
         yield g
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="blockstack-exporter", description=__doc__, allow_abbrev=False)
-    p.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN,
-                   help="host:port to serve /metrics on (default %(default)s; loopback only unless you say so)")
-    p.add_argument("--path.sysfs", dest="sysfs", default="/sys", help="sysfs mountpoint (default %(default)s)")
-    p.add_argument("--path.procfs", dest="procfs", default="/proc", help="procfs mountpoint (default %(default)s)")
-    p.add_argument("--path.dev", dest="dev", default="/dev",
-                   help="device nodes, read for ext4 superblocks (default %(default)s)")
+    p.add_argument(
+        "--web.listen-address",
+        dest="listen",
+        default=DEFAULT_LISTEN,
+        help="host:port to serve /metrics on (default %(default)s; loopback only unless you say so)",
+    )
+    p.add_argument(
+        "--path.sysfs", dest="sysfs", default="/sys", help="sysfs mountpoint (default %(default)s)"
+    )
+    p.add_argument(
+        "--path.procfs",
+        dest="procfs",
+        default="/proc",
+        help="procfs mountpoint (default %(default)s)",
+    )
+    p.add_argument(
+        "--path.dev",
+        dest="dev",
+        default="/dev",
+        help="device nodes, read for ext4 superblocks (default %(default)s)",
+    )
     for name in ALL:  # node_exporter's --collector.NAME / --no-collector.NAME
-        p.add_argument(f"--collector.{name}", dest=f"collector_{name}", action=argparse.BooleanOptionalAction,
-                       default=None, help=f"enable the {name} collector (default: enabled)")
-    p.add_argument("--collector.disable-defaults", dest="disable_defaults", action="store_true",
-                   help="disable every collector not enabled by its own --collector.NAME flag")
-    p.add_argument("--collector.dm.dmsetup", dest="dmsetup", default="dmsetup",
-                   help="dmsetup binary (default %(default)s)")
-    p.add_argument("--collector.dm.timeout", dest="dmsetup_timeout", type=float, default=5.0,
-                   help="seconds before a dmsetup call is abandoned (default %(default)s)")
-    p.add_argument("--collector.dm.helper", dest="dm_helper", default=None, metavar="SOCKET",
-                   help="ask the dm helper on this Unix socket (python -m blockstack_exporter.dm_helper) for the "
-                        "device-mapper tables and status instead of running dmsetup (default: run dmsetup)")
-    p.add_argument("--collector.ebpf.status-file", dest="ebpf_status_file", default=None, metavar="PATH",
-                   help="ebpf-configs/select-configs.sh's status file: which sets of BPF programs load on this "
-                        "kernel, and why the others do not (default: none, nothing published)")
-    p.add_argument("--config.knobs", dest="knobs", default=None, metavar="PATH",
-                   help="the alerts' config.yml whose thresholds the findings use (default: the copy shipped "
-                        "with the exporter, the repository's alerts/config.yml)")
-    p.add_argument("--web.default-scrape-timeout", dest="scrape_timeout", type=float, default=4.5,
-                   help="seconds a collection may take when the request has no X-Prometheus-Scrape-Timeout-Seconds "
-                        "header (default %(default)s: the stack scrapes every 5 s with a 5 s timeout)")
-    p.add_argument("--web.scrape-timeout-offset", dest="timeout_offset", type=float, default=0.5,
-                   help="seconds subtracted from X-Prometheus-Scrape-Timeout-Seconds for the answer to arrive in "
-                        "time (default %(default)s)")
-    p.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"])
+        p.add_argument(
+            f"--collector.{name}",
+            dest=f"collector_{name}",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"enable the {name} collector (default: enabled)",
+        )
+    p.add_argument(
+        "--collector.disable-defaults",
+        dest="disable_defaults",
+        action="store_true",
+        help="disable every collector not enabled by its own --collector.NAME flag",
+    )
+    p.add_argument(
+        "--collector.dm.dmsetup",
+        dest="dmsetup",
+        default="dmsetup",
+        help="dmsetup binary (default %(default)s)",
+    )
+    p.add_argument(
+        "--collector.dm.timeout",
+        dest="dmsetup_timeout",
+        type=float,
+        default=5.0,
+        help="seconds before a dmsetup call is abandoned (default %(default)s)",
+    )
+    p.add_argument(
+        "--collector.dm.helper",
+        dest="dm_helper",
+        default=None,
+        metavar="SOCKET",
+        help="ask the dm helper on this Unix socket (python -m blockstack_exporter.dm_helper) for the "
+        "device-mapper tables and status instead of running dmsetup (default: run dmsetup)",
+    )
+    p.add_argument(
+        "--collector.ebpf.status-file",
+        dest="ebpf_status_file",
+        default=None,
+        metavar="PATH",
+        help="ebpf-configs/select-configs.sh's status file: which sets of BPF programs load on this "
+        "kernel, and why the others do not (default: none, nothing published)",
+    )
+    p.add_argument(
+        "--config.knobs",
+        dest="knobs",
+        default=None,
+        metavar="PATH",
+        help="the alerts' config.yml whose thresholds the findings use (default: the copy shipped "
+        "with the exporter, the repository's alerts/config.yml)",
+    )
+    p.add_argument(
+        "--web.default-scrape-timeout",
+        dest="scrape_timeout",
+        type=float,
+        default=4.5,
+        help="seconds a collection may take when the request has no X-Prometheus-Scrape-Timeout-Seconds "
+        "header (default %(default)s: the stack scrapes every 5 s with a 5 s timeout)",
+    )
+    p.add_argument(
+        "--web.scrape-timeout-offset",
+        dest="timeout_offset",
+        type=float,
+        default=0.5,
+        help="seconds subtracted from X-Prometheus-Scrape-Timeout-Seconds for the answer to arrive in "
+        "time (default %(default)s)",
+    )
+    p.add_argument(
+        "--log.level",
+        dest="log_level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+    )
     p.add_argument("--version", action="version", version=__version__)
     args = p.parse_args(argv)
-    args.collectors = [name for name in ALL
-                       if (getattr(args, f"collector_{name}") if getattr(args, f"collector_{name}") is not None
-                           else not args.disable_defaults)]
+    args.collectors = [
+        name
+        for name in ALL
+        if (
+            getattr(args, f"collector_{name}")
+            if getattr(args, f"collector_{name}") is not None
+            else not args.disable_defaults
+        )
+    ]
     return args
 
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     host, _, port = args.listen.rpartition(":")
     try:
         registry = build_registry(args)
     except knobs.KnobsError as e:
         sys.exit(f"blockstack-exporter: --config.knobs: {e}")
-    httpd, _ = server.serve(registry, host.strip("[]") or "127.0.0.1", int(port), args.scrape_timeout,
-                            args.timeout_offset)
-    logging.getLogger("blockstack_exporter").info("listening on %s, collectors %s", args.listen, ",".join(args.collectors))
+    httpd, _ = server.serve(
+        registry,
+        host.strip("[]") or "127.0.0.1",
+        int(port),
+        args.scrape_timeout,
+        args.timeout_offset,
+    )
+    logging.getLogger("blockstack_exporter").info(
+        "listening on %s, collectors %s", args.listen, ",".join(args.collectors)
+    )
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

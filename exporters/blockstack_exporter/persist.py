@@ -22,6 +22,7 @@ stable identity in sysfs and udev's database) under the doctor's roots. Each rec
 The inverse case, `setters()`: a udev rule or the active tuned profile that writes a queue
 attribute again after an operator fixed it by hand, named with its file and line.
 """
+
 import fnmatch
 import os
 import re
@@ -31,8 +32,13 @@ import shlex
 # a later one (udev(7), "Rules Files"); all files are then processed in lexical order of name.
 # /lib/udev/rules.d is where Debian 12's split-/usr udev installs its rules (/usr/lib's twin on a
 # merged-/usr host, read once).
-UDEV_RULES_DIRS = ("/etc/udev/rules.d", "/run/udev/rules.d", "/usr/local/lib/udev/rules.d", "/usr/lib/udev/rules.d",
-                   "/lib/udev/rules.d")
+UDEV_RULES_DIRS = (
+    "/etc/udev/rules.d",
+    "/run/udev/rules.d",
+    "/usr/local/lib/udev/rules.d",
+    "/usr/lib/udev/rules.d",
+    "/lib/udev/rules.d",
+)
 # tuned(8): a profile in /etc masks the one of the same name in /usr/lib; tuned 2.20 moved them
 # to .../tuned/profiles (Debian 12 ships 2.19: /etc/tuned/NAME, /usr/lib/tuned/NAME).
 TUNED_DIRS = ("/etc/tuned/profiles", "/etc/tuned", "/usr/lib/tuned/profiles", "/usr/lib/tuned")
@@ -87,6 +93,7 @@ class Context:
 
 # --- a device's stable identity ----------------------------------------------------------------
 
+
 def _glob_safe(value):
     """A udev match value standing for exactly `value`: characters udev reads as a pattern or
     cannot hold in a string become '?', which matches them."""
@@ -102,46 +109,84 @@ def identity(ctx, device, info):
     if kind == "dm":
         uuid = info.get("uuid") or ctx.sys_attr(device, "dm/uuid")
         if uuid:
-            return [f'ENV{{DM_UUID}}=="{_glob_safe(uuid)}"'], "the dm uuid (10-dm.rules' DM_UUID)", True
+            return (
+                [f'ENV{{DM_UUID}}=="{_glob_safe(uuid)}"'],
+                "the dm uuid (10-dm.rules' DM_UUID)",
+                True,
+            )
         name = info.get("name") or ctx.sys_attr(device, "dm/name")
         if name:
-            return [f'ENV{{DM_NAME}}=="{_glob_safe(name)}"'], "the dm name (10-dm.rules' DM_NAME)", True
+            return (
+                [f'ENV{{DM_NAME}}=="{_glob_safe(name)}"'],
+                "the dm name (10-dm.rules' DM_NAME)",
+                True,
+            )
     if kind == "loop":
         backing = info.get("backing_file") or ctx.sys_attr(device, "loop/backing_file")
         if backing:
-            return ([f'ATTR{{loop/backing_file}}=="{_glob_safe(backing)}"'],
-                    "its backing file (loop/backing_file, read when it is attached)", True)
+            return (
+                [f'ATTR{{loop/backing_file}}=="{_glob_safe(backing)}"'],
+                "its backing file (loop/backing_file, read when it is attached)",
+                True,
+            )
     env = ctx.udev_env(device)
     if kind == "md":
         if env.get("MD_UUID"):
-            return [f'ENV{{MD_UUID}}=="{_glob_safe(env["MD_UUID"])}"'], "the array's uuid (MD_UUID)", True
+            return (
+                [f'ENV{{MD_UUID}}=="{_glob_safe(env["MD_UUID"])}"'],
+                "the array's uuid (MD_UUID)",
+                True,
+            )
         uuid = ctx.sys_attr(device, "md/uuid")
         if uuid:
             return [f'ATTR{{md/uuid}}=="{_glob_safe(uuid)}"'], "the array's uuid (md/uuid)", True
     wwid = ctx.sys_attr(device, "wwid")
     if device.startswith("nvme") and wwid:
-        return [f'ATTR{{wwid}}=="{_glob_safe(wwid)}"'], "the NVMe namespace's WWID (ATTR{wwid})", True
-    for key, what in (("ID_SERIAL", "udev's ID_SERIAL (60-persistent-storage.rules)"),
-                      ("ID_WWN", "udev's ID_WWN (60-persistent-storage.rules)")):
+        return (
+            [f'ATTR{{wwid}}=="{_glob_safe(wwid)}"'],
+            "the NVMe namespace's WWID (ATTR{wwid})",
+            True,
+        )
+    for key, what in (
+        ("ID_SERIAL", "udev's ID_SERIAL (60-persistent-storage.rules)"),
+        ("ID_WWN", "udev's ID_WWN (60-persistent-storage.rules)"),
+    ):
         if env.get(key):
             return [f'ENV{{{key}}}=="{_glob_safe(env[key])}"'], what, True
     serial = ctx.sys_attr(device, "serial")
     if serial:
-        return [f'ATTR{{serial}}=="{_glob_safe(serial)}"'], "the disk's serial (ATTR{serial}, virtio)", True
+        return (
+            [f'ATTR{{serial}}=="{_glob_safe(serial)}"'],
+            "the disk's serial (ATTR{serial}, virtio)",
+            True,
+        )
     scsi = ctx.sys_attr(device, "device/wwid")
     if scsi:
-        return [f'ATTRS{{wwid}}=="{_glob_safe(scsi)}"'], "the SCSI device's WWID (ATTRS{wwid})", True
+        return (
+            [f'ATTRS{{wwid}}=="{_glob_safe(scsi)}"'],
+            "the SCSI device's WWID (ATTRS{wwid})",
+            True,
+        )
     if wwid:
         return [f'ATTR{{wwid}}=="{_glob_safe(wwid)}"'], "the device's WWID (ATTR{wwid})", True
     if env.get("ID_PATH"):
-        return ([f'ENV{{ID_PATH}}=="{_glob_safe(env["ID_PATH"])}"'],
-                "udev's ID_PATH (the bus position: stable while the hardware stays where it is)", True)
-    return ([f'KERNEL=="{device}"'], f"the kernel name {device}: NOT stable across reboots (no serial, WWID or "
-            "path found); replace it with a match from `udevadm info --query=property --name=" + device + "`",
-            False)
+        return (
+            [f'ENV{{ID_PATH}}=="{_glob_safe(env["ID_PATH"])}"'],
+            "udev's ID_PATH (the bus position: stable while the hardware stays where it is)",
+            True,
+        )
+    return (
+        [f'KERNEL=="{device}"'],
+        f"the kernel name {device}: NOT stable across reboots (no serial, WWID or "
+        "path found); replace it with a match from `udevadm info --query=property --name="
+        + device
+        + "`",
+        False,
+    )
 
 
 # --- recipes -----------------------------------------------------------------------------------
+
 
 def _slug(text):
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "device"
@@ -160,40 +205,74 @@ def udev_recipe(ctx, host, spec):
     match, what, stable = identity(ctx, device, info)
     name = info.get("name") if info.get("kind") == "dm" and info.get("name") else device
     path = f"/etc/udev/rules.d/{RULE_PREFIX}-{_slug(name)}-{attr}.rules"
-    rule = ", ".join(['ACTION=="add|change"', 'SUBSYSTEM=="block"', 'ENV{DEVTYPE}=="disk"', *match,
-                      f'ATTR{{queue/{attr}}}="{value}"'])
+    rule = ", ".join(
+        [
+            'ACTION=="add|change"',
+            'SUBSYSTEM=="block"',
+            'ENV{DEVTYPE}=="disk"',
+            *match,
+            f'ATTR{{queue/{attr}}}="{value}"',
+        ]
+    )
     key = match[0].split("==")[0]
     content = f"# blockstack-doctor: {attr}={value} on {device} (kernel name today), matched by its {key}\n{rule}\n"
-    then = ["udevadm control --reload",
-            f"udevadm trigger --action=change --subsystem-match=block --sysname-match={device}",
-            "udevadm settle"]
+    then = [
+        "udevadm control --reload",
+        f"udevadm trigger --action=change --subsystem-match=block --sysname-match={device}",
+        "udevadm settle",
+    ]
     write = f"printf '%s\\n' {shlex.quote(content.splitlines()[0])} {shlex.quote(rule)} > {path}"
-    return {"how": "udev", "summary": f"{path}, matched by {what}", "file": path, "content": content,
-            "command": " && ".join([write, *then]), "then": then,
-            "verify": (f"grep -q '\\[{value}\\]' /sys/block/{device}/queue/scheduler" if attr == "scheduler" else
-                       f'test "$(cat /sys/block/{device}/queue/{attr})" = {shlex.quote(value)}'),
-            "automatic": True, "clears": True, "needs": None, "stable": stable}
+    return {
+        "how": "udev",
+        "summary": f"{path}, matched by {what}",
+        "file": path,
+        "content": content,
+        "command": " && ".join([write, *then]),
+        "then": then,
+        "verify": (
+            f"grep -q '\\[{value}\\]' /sys/block/{device}/queue/scheduler"
+            if attr == "scheduler"
+            else f'test "$(cat /sys/block/{device}/queue/{attr})" = {shlex.quote(value)}'
+        ),
+        "automatic": True,
+        "clears": True,
+        "needs": None,
+        "stable": stable,
+    }
 
 
 def fstab_recipe(ctx, host, spec):
     mnt, add, drop = spec["mountpoint"], spec["add"], spec.get("drop", "")
-    awk = ('BEGIN {OFS = "\\t"} $1 !~ /^#/ && $2 == ENVIRON["MNT"] {n = split($4, o, ","); s = ""; '
-           'for (i = 1; i <= n; i++) if (o[i] != add && o[i] != drop && o[i] != "") s = s (s == "" ? "" : ",") o[i]; '
-           '$4 = (s == "" ? "" : s ",") add; if ($5 == "") $5 = 0; if ($6 == "") $6 = 0; found = 1} {print} '
-           'END {if (!found) {print "no line of /etc/fstab mounts " ENVIRON["MNT"] > "/dev/stderr"; exit 1}}')
+    awk = (
+        'BEGIN {OFS = "\\t"} $1 !~ /^#/ && $2 == ENVIRON["MNT"] {n = split($4, o, ","); s = ""; '
+        'for (i = 1; i <= n; i++) if (o[i] != add && o[i] != drop && o[i] != "") s = s (s == "" ? "" : ",") o[i]; '
+        '$4 = (s == "" ? "" : s ",") add; if ($5 == "") $5 = 0; if ($6 == "") $6 = 0; found = 1} {print} '
+        'END {if (!found) {print "no line of /etc/fstab mounts " ENVIRON["MNT"] > "/dev/stderr"; exit 1}}'
+    )
     bak, new = f"{FSTAB}.blockstack.bak", f"{FSTAB}.blockstack.new"
-    edit = (f"cp -p {FSTAB} {bak} && MNT={shlex.quote(_fstab_escape(mnt))} awk -v add={add} -v drop={drop or '-'} "
-            f"{shlex.quote(awk)} {bak} > {new} && cat {new} > {FSTAB} && rm {new}")
+    edit = (
+        f"cp -p {FSTAB} {bak} && MNT={shlex.quote(_fstab_escape(mnt))} awk -v add={add} -v drop={drop or '-'} "
+        f"{shlex.quote(awk)} {bak} > {new} && cat {new} > {FSTAB} && rm {new}"
+    )
     then = ["systemctl daemon-reload", f"mount -o remount,{add} {shlex.quote(mnt)}"]
-    return {"how": "fstab", "summary": f"{add} in {FSTAB}'s options for {mnt} (systemd-remount-fs applies them to / "
-                                       "at boot)",
-            "file": FSTAB, "content": None, "command": " && ".join([edit, *then]), "then": then,
-            # the kernel shows dioread_lock as nodioread_nolock, which grep -w does not take for dioread_nolock
-            "verify": f"findmnt --fstab -n -o OPTIONS --mountpoint {shlex.quote(mnt)} | grep -qw {add} && "
-                      f"! grep -qw {drop} /proc/fs/ext4/{spec['device']}/options",
-            "automatic": bool(spec["mountpoint"]), "clears": True,
-            "needs": None if spec["mountpoint"] else "the filesystem's mountpoint (not found in mountinfo)",
-            "stable": True}
+    return {
+        "how": "fstab",
+        "summary": f"{add} in {FSTAB}'s options for {mnt} (systemd-remount-fs applies them to / "
+        "at boot)",
+        "file": FSTAB,
+        "content": None,
+        "command": " && ".join([edit, *then]),
+        "then": then,
+        # the kernel shows dioread_lock as nodioread_nolock, which grep -w does not take for dioread_nolock
+        "verify": f"findmnt --fstab -n -o OPTIONS --mountpoint {shlex.quote(mnt)} | grep -qw {add} && "
+        f"! grep -qw {drop} /proc/fs/ext4/{spec['device']}/options",
+        "automatic": bool(spec["mountpoint"]),
+        "clears": True,
+        "needs": None
+        if spec["mountpoint"]
+        else "the filesystem's mountpoint (not found in mountinfo)",
+        "stable": True,
+    }
 
 
 def _fstab_escape(mnt):
@@ -204,46 +283,82 @@ def _fstab_escape(mnt):
 def journal_recipe(ctx, host, spec):
     device, mnt, size = spec["device"], spec["mountpoint"], spec["size_mib"]
     dev = _dev_path(host, device)
-    in_fstab = mnt and any(line.split()[1:2] == [_fstab_escape(mnt)] for line in
-                           (ctx.read(ctx.path(FSTAB)) or "").splitlines() if not line.lstrip().startswith("#"))
-    remount = f"mount {shlex.quote(mnt)}" if in_fstab else f"mount {dev} {shlex.quote(mnt)}" if mnt else None
+    in_fstab = mnt and any(
+        line.split()[1:2] == [_fstab_escape(mnt)]
+        for line in (ctx.read(ctx.path(FSTAB)) or "").splitlines()
+        if not line.lstrip().startswith("#")
+    )
+    remount = (
+        f"mount {shlex.quote(mnt)}"
+        if in_fstab
+        else f"mount {dev} {shlex.quote(mnt)}"
+        if mnt
+        else None
+    )
     # a cleanly unmounted filesystem needs no e2fsck for this (tune2fs refuses ^has_journal when it
     # needs recovery, and says so)
-    steps = [f"umount {shlex.quote(mnt)}" if mnt else None, f"tune2fs -O ^has_journal {dev}",
-             f"tune2fs -J size={size} {dev}", remount]
+    steps = [
+        f"umount {shlex.quote(mnt)}" if mnt else None,
+        f"tune2fs -O ^has_journal {dev}",
+        f"tune2fs -J size={size} {dev}",
+        remount,
+    ]
     root = mnt == "/"
-    return {"how": "journal", "summary": f"a {size} MiB journal, made unmounted (tune2fs cannot resize a journal: "
-                                         "remove it, then add one of the size)",
-            "file": None, "content": None, "command": " && ".join(s for s in steps if s), "then": [],
-            "verify": f"dumpe2fs -h {dev} 2>/dev/null | grep -Eq '^(Total j|J)ournal size: +{size}M$'",
-            "automatic": bool(mnt) and not root, "clears": True,
-            "needs": ("the filesystem unmounted: nothing may hold it open; for / boot a rescue system"
-                      if root or not mnt else "the filesystem unmounted: nothing may hold it open") +
-                     f"; a filesystem many times larger than {size} MiB (tune2fs refuses a journal too big for it)",
-            "stable": True}
+    return {
+        "how": "journal",
+        "summary": f"a {size} MiB journal, made unmounted (tune2fs cannot resize a journal: "
+        "remove it, then add one of the size)",
+        "file": None,
+        "content": None,
+        "command": " && ".join(s for s in steps if s),
+        "then": [],
+        "verify": f"dumpe2fs -h {dev} 2>/dev/null | grep -Eq '^(Total j|J)ournal size: +{size}M$'",
+        "automatic": bool(mnt) and not root,
+        "clears": True,
+        "needs": (
+            "the filesystem unmounted: nothing may hold it open; for / boot a rescue system"
+            if root or not mnt
+            else "the filesystem unmounted: nothing may hold it open"
+        )
+        + f"; a filesystem many times larger than {size} MiB (tune2fs refuses a journal too big for it)",
+        "stable": True,
+    }
 
 
 def lvm_conf_recipe(ctx, host, spec):
     settings = spec["settings"]
     f = LVM_CONF
-    parts = [f"cp -p {f} {f}.blockstack.bak",
-             f"{{ grep -Eq '^[[:space:]]*activation[[:space:]]*\\{{' {f} || printf 'activation {{\\n}}\\n' >> {f}; }}"]
+    parts = [
+        f"cp -p {f} {f}.blockstack.bak",
+        f"{{ grep -Eq '^[[:space:]]*activation[[:space:]]*\\{{' {f} || printf 'activation {{\\n}}\\n' >> {f}; }}",
+    ]
     for key, value in reversed(settings.items()):
         # an uncommented setting gets the value; else it goes first in the activation section (in
         # reverse, so that the settings read in their order)
         parts.append(
             f"if grep -Eq '^[[:space:]]*{key}[[:space:]]*=' {f}; then "
             f"sed -i -E 's/^([[:space:]]*{key}[[:space:]]*=[[:space:]]*)[0-9]+/\\1{value}/' {f}; else "
-            f"sed -i -E '0,/^[[:space:]]*activation[[:space:]]*\\{{/s//&\\n\\t{key} = {value}/' {f}; fi")
+            f"sed -i -E '0,/^[[:space:]]*activation[[:space:]]*\\{{/s//&\\n\\t{key} = {value}/' {f}; fi"
+        )
     then = [f"lvchange --monitor y {lv}" for lv in spec.get("monitor", ())]
     text = " and ".join(f"{k} = {v}" for k, v in settings.items())
-    return {"how": "lvm.conf", "summary": f"{f}: activation {{ {text} }}; dmeventd monitors the volume "
-                                          "(lvchange --monitor y)",
-            "file": f, "content": None, "command": " && ".join(parts + then),
-            "then": then,
-            "verify": " && ".join(f"lvmconfig --type full activation/{k} | grep -qx '{k}={v}'"
-                                  for k, v in settings.items()),
-            "automatic": True, "clears": spec.get("clears", True), "needs": None, "stable": True}
+    return {
+        "how": "lvm.conf",
+        "summary": f"{f}: activation {{ {text} }}; dmeventd monitors the volume "
+        "(lvchange --monitor y)",
+        "file": f,
+        "content": None,
+        "command": " && ".join(parts + then),
+        "then": then,
+        "verify": " && ".join(
+            f"lvmconfig --type full activation/{k} | grep -qx '{k}={v}'"
+            for k, v in settings.items()
+        ),
+        "automatic": True,
+        "clears": spec.get("clears", True),
+        "needs": None,
+        "stable": True,
+    }
 
 
 def snapshot_recipe(ctx, host, spec):
@@ -251,45 +366,75 @@ def snapshot_recipe(ctx, host, spec):
     vg, name = lv.split("/", 1) if "/" in lv else ("<VG>", lv)
     size = f"{-(-int(cow) // (1 << 20))}m" if cow else "<COW size>"
     command = f"lvremove -y {lv} && lvcreate -s -c {chunk}k -L {size} -n {name} {origin}"
-    return {"how": "snapshot", "summary": f"recreate the snapshot with -c {chunk}k (a chunk size is in the COW's "
-                                          "on-disk header, kept across reboots); give -c to every lvcreate -s that "
-                                          "makes snapshots (backup scripts): LVM has no default for it",
-            "file": None, "content": None, "command": command, "then": [],
-            "verify": f"test \"$(lvs --noheadings -o chunk_size --units k --nosuffix {lv} | tr -d ' ' | cut -d. -f1)\" "
-                      f"= {chunk}",
-            "automatic": bool(cow) and "/" in origin, "clears": True,
-            "needs": "the snapshot's reader done: lvremove discards what it holds", "stable": True}
+    return {
+        "how": "snapshot",
+        "summary": f"recreate the snapshot with -c {chunk}k (a chunk size is in the COW's "
+        "on-disk header, kept across reboots); give -c to every lvcreate -s that "
+        "makes snapshots (backup scripts): LVM has no default for it",
+        "file": None,
+        "content": None,
+        "command": command,
+        "then": [],
+        "verify": f"test \"$(lvs --noheadings -o chunk_size --units k --nosuffix {lv} | tr -d ' ' | cut -d. -f1)\" "
+        f"= {chunk}",
+        "automatic": bool(cow) and "/" in origin,
+        "clears": True,
+        "needs": "the snapshot's reader done: lvremove discards what it holds",
+        "stable": True,
+    }
 
 
 def crypt_recipes(ctx, host, spec):
     name = spec["name"]
     flags = "--perf-no_read_workqueue --perf-no_write_workqueue"
-    luks2 = {"how": "luks2", "summary": "the flags in the LUKS2 header (cryptsetup refresh --persistent)",
-             "file": None, "content": None, "command": f"cryptsetup refresh --persistent {flags} {name}", "then": [],
-             "verify": f"dmsetup table {name} | grep -q no_read_workqueue",
-             "automatic": False, "clears": True,
-             "needs": "LUKS2 and the passphrase (asked; --key-file FILE for a test)", "stable": True}
-    awk = ('BEGIN {OFS = "\\t"} $1 == name {if ($3 == "") $3 = "none"; n = split($4, o, ","); s = ""; '
-           'for (i = 1; i <= n; i++) if (o[i] != "no-read-workqueue" && o[i] != "no-write-workqueue" && o[i] != "") '
-           's = s (s == "" ? "" : ",") o[i]; $4 = (s == "" ? "" : s ",") "no-read-workqueue,no-write-workqueue"; '
-           'found = 1} {print} '
-           'END {if (!found) {print "no line of /etc/crypttab names " name > "/dev/stderr"; exit 1}}')
+    luks2 = {
+        "how": "luks2",
+        "summary": "the flags in the LUKS2 header (cryptsetup refresh --persistent)",
+        "file": None,
+        "content": None,
+        "command": f"cryptsetup refresh --persistent {flags} {name}",
+        "then": [],
+        "verify": f"dmsetup table {name} | grep -q no_read_workqueue",
+        "automatic": False,
+        "clears": True,
+        "needs": "LUKS2 and the passphrase (asked; --key-file FILE for a test)",
+        "stable": True,
+    }
+    awk = (
+        'BEGIN {OFS = "\\t"} $1 == name {if ($3 == "") $3 = "none"; n = split($4, o, ","); s = ""; '
+        'for (i = 1; i <= n; i++) if (o[i] != "no-read-workqueue" && o[i] != "no-write-workqueue" && o[i] != "") '
+        's = s (s == "" ? "" : ",") o[i]; $4 = (s == "" ? "" : s ",") "no-read-workqueue,no-write-workqueue"; '
+        "found = 1} {print} "
+        'END {if (!found) {print "no line of /etc/crypttab names " name > "/dev/stderr"; exit 1}}'
+    )
     bak, new = f"{CRYPTTAB}.blockstack.bak", f"{CRYPTTAB}.blockstack.new"
-    tab = {"how": "crypttab", "summary": f"no-read-workqueue,no-write-workqueue in {CRYPTTAB}'s options for {name} "
-                                         "(systemd-cryptsetup reads them at boot; for a volume the initramfs "
-                                         "unlocks, update-initramfs -u)",
-           "file": CRYPTTAB, "content": None,
-           "command": f"cp -p {CRYPTTAB} {bak} && awk -v name={shlex.quote(name)} {shlex.quote(awk)} {bak} > {new} && "
-                      f"cat {new} > {CRYPTTAB} && rm {new} && update-initramfs -u",
-           "then": ["update-initramfs -u"],
-           "verify": f"awk -v name={shlex.quote(name)} '$1 == name && $4 ~ /no-read-workqueue/ {{ok = 1}} "
-                     f"END {{exit !ok}}' {CRYPTTAB}",
-           "automatic": True, "clears": True, "needs": None, "stable": True}
+    tab = {
+        "how": "crypttab",
+        "summary": f"no-read-workqueue,no-write-workqueue in {CRYPTTAB}'s options for {name} "
+        "(systemd-cryptsetup reads them at boot; for a volume the initramfs "
+        "unlocks, update-initramfs -u)",
+        "file": CRYPTTAB,
+        "content": None,
+        "command": f"cp -p {CRYPTTAB} {bak} && awk -v name={shlex.quote(name)} {shlex.quote(awk)} {bak} > {new} && "
+        f"cat {new} > {CRYPTTAB} && rm {new} && update-initramfs -u",
+        "then": ["update-initramfs -u"],
+        "verify": f"awk -v name={shlex.quote(name)} '$1 == name && $4 ~ /no-read-workqueue/ {{ok = 1}} "
+        f"END {{exit !ok}}' {CRYPTTAB}",
+        "automatic": True,
+        "clears": True,
+        "needs": None,
+        "stable": True,
+    }
     return [luks2, tab]
 
 
-_BUILDERS = {"udev": udev_recipe, "fstab": fstab_recipe, "journal": journal_recipe, "lvm.conf": lvm_conf_recipe,
-             "snapshot": snapshot_recipe}
+_BUILDERS = {
+    "udev": udev_recipe,
+    "fstab": fstab_recipe,
+    "journal": journal_recipe,
+    "lvm.conf": lvm_conf_recipe,
+    "snapshot": snapshot_recipe,
+}
 
 
 def recipes(ctx, host, specs):
@@ -324,7 +469,14 @@ class Setter:
     """A udev rule or a tuned profile line that writes ATTR of a device."""
 
     def __init__(self, path, line, text, value, again, judged):
-        self.path, self.line, self.text, self.value, self.again, self.judged = path, line, text, value, again, judged
+        self.path, self.line, self.text, self.value, self.again, self.judged = (
+            path,
+            line,
+            text,
+            value,
+            again,
+            judged,
+        )
 
     def evidence(self, device):
         return f"set by {self.path}:{self.line} ({self.text}): {self.again}{self.judged}"
@@ -382,24 +534,35 @@ class Scan:
                 if key == "ATTR" and sub == f"queue/{attr}" and op in ("=", ":="):
                     writes.append(((0, i), f'ATTR{{queue/{attr}}}="{value}"', value))
                 elif key == "RUN" and op in ("+=", "=", ":="):
-                    for m in re.finditer(r"echo\s+['\"]?([\w.-]+)['\"]?\s*>\s*(\S*queue/" + re.escape(attr) + r")\b",
-                                         value):
+                    for m in re.finditer(
+                        r"echo\s+['\"]?([\w.-]+)['\"]?\s*>\s*(\S*queue/" + re.escape(attr) + r")\b",
+                        value,
+                    ):
                         writes.append(((1, i), f'RUN+="...echo {m[1]} > {m[2]}..."', m[1]))
             if not writes:
                 continue
             judged = self._judge(host, device, tokens)
             if judged is not None:
-                applied += [(order, shown, lineno, text, value, judged) for order, text, value in writes]
+                applied += [
+                    (order, shown, lineno, text, value, judged) for order, text, value in writes
+                ]
         applied.sort(key=lambda a: a[0])
         out = []
         for n, (_, shown, lineno, text, value, judged) in enumerate(applied):
             if value == good:
                 continue
-            later = [a for a in applied[n + 1:] if a[4] == good and a[5] == ""]
-            again = (f"overridden on each event by {later[-1][1]}:{later[-1][2]} ({later[-1][3]}), which runs after it"
-                     if later else "it will set it again on the next add/change event")
+            later = [a for a in applied[n + 1 :] if a[4] == good and a[5] == ""]
+            again = (
+                f"overridden on each event by {later[-1][1]}:{later[-1][2]} ({later[-1][3]}), which runs after it"
+                if later
+                else "it will set it again on the next add/change event"
+            )
             out.append(Setter(shown, lineno, text, value, again, judged))
-        return out + self.tuned_setters(device, attr, good) + self.sysfs_conf_setters(device, attr, good)
+        return (
+            out
+            + self.tuned_setters(device, attr, good)
+            + self.sysfs_conf_setters(device, attr, good)
+        )
 
     def _judge(self, host, device, tokens):
         """None when the rule cannot apply to the device (its KERNEL, DEVNAME, SUBSYSTEM, ACTION,
@@ -423,8 +586,12 @@ class Scan:
             elif key == "ENV" and sub:
                 if env is None:
                     env = self.ctx.udev_env(device)
-                    env.setdefault("DEVTYPE", "partition" if host.devices.get(device, {}).get("kind") == "partition"
-                                   else "disk")
+                    env.setdefault(
+                        "DEVTYPE",
+                        "partition"
+                        if host.devices.get(device, {}).get("kind") == "partition"
+                        else "disk",
+                    )
                 subject = env.get(sub)
             else:
                 subject = None
@@ -478,12 +645,22 @@ class Scan:
                     plugin = value
                 elif key == "devices":
                     devices = value
-                elif plugin == "sysfs" and fnmatch.fnmatchcase(f"/sys/block/{device}/queue/{attr}", key):
+                elif plugin == "sysfs" and fnmatch.fnmatchcase(
+                    f"/sys/block/{device}/queue/{attr}", key
+                ):
                     if value != good:
-                        out.append(self._tuned(name, shown, lineno, f"[{section}] {key}={value}", value))
-                elif plugin == "disk" and key == TUNED_DISK_OPTIONS.get(attr) and _tuned_devices(devices, device):
+                        out.append(
+                            self._tuned(name, shown, lineno, f"[{section}] {key}={value}", value)
+                        )
+                elif (
+                    plugin == "disk"
+                    and key == TUNED_DISK_OPTIONS.get(attr)
+                    and _tuned_devices(devices, device)
+                ):
                     if value.split()[0] != good:
-                        out.append(self._tuned(name, shown, lineno, f"[{section}] {key}={value}", value))
+                        out.append(
+                            self._tuned(name, shown, lineno, f"[{section}] {key}={value}", value)
+                        )
         return out
 
     def sysfs_conf_setters(self, device, attr, good):
@@ -491,27 +668,54 @@ class Scan:
         a path below /sys (a `mode`/`owner` prefix sets permissions instead)."""
         files = [SYSFS_CONF[0]]
         try:
-            files += sorted(f"{SYSFS_CONF[1]}/{n}" for n in os.listdir(self.ctx.path(SYSFS_CONF[1]))
-                            if n.endswith(".conf"))
+            files += sorted(
+                f"{SYSFS_CONF[1]}/{n}"
+                for n in os.listdir(self.ctx.path(SYSFS_CONF[1]))
+                if n.endswith(".conf")
+            )
         except OSError:
             pass
         out = []
         for shown in files:
-            for lineno, line in enumerate((self.ctx.read(self.ctx.path(shown)) or "").splitlines(), 1):
+            for lineno, line in enumerate(
+                (self.ctx.read(self.ctx.path(shown)) or "").splitlines(), 1
+            ):
                 key, eq, value = line.partition("=")
                 key, value = key.strip(), value.strip()
-                if not eq or not key or key.startswith("#") or key.split()[0] in ("mode", "owner") or value == good:
+                if (
+                    not eq
+                    or not key
+                    or key.startswith("#")
+                    or key.split()[0] in ("mode", "owner")
+                    or value == good
+                ):
                     continue
-                if fnmatch.fnmatchcase(f"block/{device}/queue/{attr}", key.lstrip("/").removeprefix("sys/")):
-                    out.append(Setter(shown, lineno, f"{key} = {value}", value,
-                                      "sysfsutils writes it again at every boot (the sysfsutils service)", ""))
+                if fnmatch.fnmatchcase(
+                    f"block/{device}/queue/{attr}", key.lstrip("/").removeprefix("sys/")
+                ):
+                    out.append(
+                        Setter(
+                            shown,
+                            lineno,
+                            f"{key} = {value}",
+                            value,
+                            "sysfsutils writes it again at every boot (the sysfsutils service)",
+                            "",
+                        )
+                    )
         return out
 
     @staticmethod
     def _tuned(name, shown, lineno, text, value):
-        return Setter(shown, lineno, text, value,
-                      f"tuned's active profile {name} sets it again whenever tuned starts or applies the profile "
-                      "(tuned-adm off, or a profile without it)", "")
+        return Setter(
+            shown,
+            lineno,
+            text,
+            value,
+            f"tuned's active profile {name} sets it again whenever tuned starts or applies the profile "
+            "(tuned-adm off, or a profile without it)",
+            "",
+        )
 
 
 def _tuned_devices(devices, device):

@@ -21,6 +21,7 @@ SHARES part of it, so their deadlines add up to the budget. A collector past its
 what is left (counted, reason "deadline"); reads that can block run with the deadline as
 timeout (dmsetup, ext4 superblocks).
 """
+
 import contextlib
 import logging
 import threading
@@ -35,10 +36,22 @@ from .fs import AttributeReader, ParseError, TooLarge, read_text
 log = logging.getLogger("blockstack_exporter")
 
 MAX_LABEL_VALUE = 512  # characters; a path or a mount option is far shorter
-MAX_SERIES_PER_DEVICE = 512  # per family; a device has ~30 ext4 options, and beneath it a few devices
+MAX_SERIES_PER_DEVICE = (
+    512  # per family; a device has ~30 ext4 options, and beneath it a few devices
+)
 MAX_LOG_LINES = 20  # new log lines per scrape; the rest is summed up in one line
-DEFAULT_TIMEOUT = 4.5  # seconds, without a deadline from the request (the stack's scrape timeout is 5 s)
-SHARES = {"queue": 0.15, "stack": 0.15, "dm": 0.35, "ext4": 0.2, "jbd2": 0.08, "ebpf": 0.02, "findings": 0.05}  # of a collection's budget
+DEFAULT_TIMEOUT = (
+    4.5  # seconds, without a deadline from the request (the stack's scrape timeout is 5 s)
+)
+SHARES = {
+    "queue": 0.15,
+    "stack": 0.15,
+    "dm": 0.35,
+    "ext4": 0.2,
+    "jbd2": 0.08,
+    "ebpf": 0.02,
+    "findings": 0.05,
+}  # of a collection's budget
 
 
 class CollectorFailed(Exception):
@@ -118,7 +131,9 @@ class Scrape:
 
     def __init__(self, paths, owner):
         self.paths = paths
-        self.attributes = owner.attributes  # AttributeReader: sysfs attributes through kept descriptors
+        self.attributes = (
+            owner.attributes
+        )  # AttributeReader: sysfs attributes through kept descriptors
         self._owner = owner
         self.collector = None
         self.deadline = None  # monotonic time the current collector should be done by
@@ -156,7 +171,12 @@ class Scrape:
         """True (and `skipped` items counted) once the current collector's deadline has passed."""
         if time.monotonic() < self.deadline:
             return False
-        self.error(f"deadline reached; {what} skipped", reason="deadline", subject="deadline", count=max(1, skipped))
+        self.error(
+            f"deadline reached; {what} skipped",
+            reason="deadline",
+            subject="deadline",
+            count=max(1, skipped),
+        )
         return True
 
     @property
@@ -176,7 +196,11 @@ class Scrape:
             try:
                 self._mounts, bad = devices.read_mountinfo(self.paths.procfs)
                 if bad:
-                    self.error(f"mountinfo: {bad} malformed lines skipped", subject="mountinfo lines", count=bad)
+                    self.error(
+                        f"mountinfo: {bad} malformed lines skipped",
+                        subject="mountinfo lines",
+                        count=bad,
+                    )
             except (OSError, ParseError) as e:
                 self.error(f"mountinfo: {e}", reason_of(e), subject="mountinfo")
                 self._mounts = []
@@ -190,8 +214,10 @@ class Scrape:
             for name, dev in self.devices.items():
                 if dev.parent is None and name.startswith("dm-"):
                     try:
-                        self._dm[name] = (self.attributes.read_text(f"{dev.path}/dm/name"),
-                                          self.attributes.read_text(f"{dev.path}/dm/uuid"))
+                        self._dm[name] = (
+                            self.attributes.read_text(f"{dev.path}/dm/name"),
+                            self.attributes.read_text(f"{dev.path}/dm/uuid"),
+                        )
                     except FileNotFoundError:
                         pass  # vanished between listing and reading
                     except (OSError, ParseError) as e:
@@ -282,8 +308,11 @@ class BlockstackCollector(Collector):
                     self._log(logging.INFO, "collector %s: no longer: %s", collector, message)
             self._logged = self._seen
             if self._unlogged:
-                log.warning("%d more problems or changes not logged this scrape; see "
-                            "blockstack_collector_errors_total", self._unlogged)
+                log.warning(
+                    "%d more problems or changes not logged this scrape; see "
+                    "blockstack_collector_errors_total",
+                    self._unlogged,
+                )
         return families
 
     def _collect(self):
@@ -296,10 +325,13 @@ class BlockstackCollector(Collector):
         success = GaugeMetricFamily(
             "blockstack_scrape_collector_success",
             "Whether the collector's last scrape succeeded (1) or failed as a whole (0).",
-            labels=["collector"])
+            labels=["collector"],
+        )
         duration = GaugeMetricFamily(
             "blockstack_scrape_collector_duration_seconds",
-            "How long the collector's last scrape took.", labels=["collector"])
+            "How long the collector's last scrape took.",
+            labels=["collector"],
+        )
         for c in self.collectors:
             scrape.collector = c.name
             start = time.monotonic()
@@ -323,7 +355,8 @@ class BlockstackCollector(Collector):
             "vanished, parse (a bad value), too_large, timeout, deadline, command (dmsetup failed), "
             "label_value, value_range, series_limit (samples dropped), failed (the whole collector). "
             "Counted on every scrape that meets it; logged once while it lasts.",
-            labels=["collector", "reason"])
+            labels=["collector", "reason"],
+        )
         for (name, reason), n in self.errors.items():
             errors.add_metric([name, reason], n)
         yield success
@@ -361,6 +394,10 @@ class BlockstackCollector(Collector):
                 family.samples[:] = kept
             family._blockstack_dropped = dropped
         for reason, n in dropped.items():
-            scrape.error(f"{family.name}: {n} samples dropped ({reason})", reason=reason,
-                         subject=f"{family.name} {reason}", count=n)
+            scrape.error(
+                f"{family.name}: {n} samples dropped ({reason})",
+                reason=reason,
+                subject=f"{family.name} {reason}",
+                count=n,
+            )
         return bool(family.samples) or not dropped

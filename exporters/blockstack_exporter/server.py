@@ -18,14 +18,16 @@
   longest is closed to make room for a new one (Prometheus sends a request in one go; a client
   that trickles it is the one to go); a request that arrived whole is never closed for another.
 """
+
 import gzip
 import logging
 import threading
 import time
 from urllib.parse import urlsplit
 
-import blockstack_http
 from prometheus_client.exposition import choose_encoder, gzip_accepted
+
+import blockstack_http
 
 from . import __version__
 
@@ -33,8 +35,10 @@ log = logging.getLogger("blockstack_exporter")
 
 GZIP_LEVEL = 6  # zlib's and Go's default (node_exporter); the library's 9 takes 4x as long for 2 % fewer bytes
 MAX_TIMEOUT_HEADER = 300.0  # a larger X-Prometheus-Scrape-Timeout-Seconds is taken as this
-LANDING = (b"<html><head><title>blockstack-exporter</title></head><body><h1>blockstack-exporter</h1>"
-           b"<p><a href=\"/metrics\">Metrics</a></p></body></html>\n")
+LANDING = (
+    b"<html><head><title>blockstack-exporter</title></head><body><h1>blockstack-exporter</h1>"
+    b'<p><a href="/metrics">Metrics</a></p></body></html>\n'
+)
 
 
 class _Families:
@@ -72,7 +76,7 @@ class FamilyTextCache:
                 else:
                     text = encoder(_Families([family]))
                     if openmetrics and text.endswith(eof):
-                        text = text[:-len(eof)]
+                        text = text[: -len(eof)]
                 current[key] = (state, text)
                 parts.append(text)
             self._texts[content_type] = current
@@ -116,6 +120,7 @@ class Exporter:
 
     def _collect(self, flight):
         from .scrape import deadline  # set for the collectors of this thread
+
         with deadline(flight.deadline):
             return list(self.registry.collect())
 
@@ -145,7 +150,9 @@ class Exporter:
         encoder, content_type = choose_encoder(accept)
         with flight.lock:
             if content_type not in flight.bodies:
-                flight.bodies[content_type] = self.texts.render(flight.families, encoder, content_type)
+                flight.bodies[content_type] = self.texts.render(
+                    flight.families, encoder, content_type
+                )
             return flight.bodies[content_type], content_type
 
 
@@ -185,7 +192,9 @@ class Handler(blockstack_http.Handler):
             return
         flight, families = exporter.families(deadline)
         if flight is None:
-            return self._reply(503, b"collection in flight did not finish in time\n", "text/plain; charset=utf-8")
+            return self._reply(
+                503, b"collection in flight did not finish in time\n", "text/plain; charset=utf-8"
+            )
         if families is None:
             return self._reply(500, b"collection failed\n", "text/plain; charset=utf-8")
         body, content_type = exporter.body(flight, self.headers.get("Accept"))
@@ -197,8 +206,13 @@ class Handler(blockstack_http.Handler):
 
 
 class Server(blockstack_http.Server):
-    def __init__(self, address, exporter, max_connections=blockstack_http.MAX_CONNECTIONS,
-                 request_seconds=blockstack_http.REQUEST_SECONDS):
+    def __init__(
+        self,
+        address,
+        exporter,
+        max_connections=blockstack_http.MAX_CONNECTIONS,
+        request_seconds=blockstack_http.REQUEST_SECONDS,
+    ):
         self.exporter = exporter
         super().__init__(address, Handler, max_connections, request_seconds)
 

@@ -8,6 +8,7 @@ trailing newline stays missing), and of each ext4 device only its first 2 KiB (t
 Run it as root on a real machine, then commit OUT_DIR; update the golden output with
 `make update-fixtures`.
 """
+
 import os
 import shutil
 import sys
@@ -47,7 +48,11 @@ def capture(out, wanted):
         for f in DEVICE_FILES:
             copy_file(os.path.join(real, f), os.path.join(sys_out, rel, f))
         for d in ("slaves", "holders"):
-            for entry in sorted(os.listdir(os.path.join(real, d))) if os.path.isdir(os.path.join(real, d)) else ():
+            for entry in (
+                sorted(os.listdir(os.path.join(real, d)))
+                if os.path.isdir(os.path.join(real, d))
+                else ()
+            ):
                 copy_link(os.path.join(real, d, entry), os.path.join(sys_out, rel, d, entry))
         if os.path.isdir(os.path.join(real, "queue")):
             for f in QUEUE_FILES:
@@ -55,7 +60,9 @@ def capture(out, wanted):
             copy_link(os.path.join("/sys/block", name), os.path.join(sys_out, "block", name))
         with open(os.path.join(real, "dev")) as f:
             majmin = f.read().strip()
-        copy_link(os.path.join("/sys/dev/block", majmin), os.path.join(sys_out, "dev/block", majmin))
+        copy_link(
+            os.path.join("/sys/dev/block", majmin), os.path.join(sys_out, "dev/block", majmin)
+        )
 
     proc_out = os.path.join(out, "proc")
     copy_file("/proc/self/mountinfo", os.path.join(proc_out, "self/mountinfo"))
@@ -63,7 +70,9 @@ def capture(out, wanted):
     for fs, leaf in (("ext4", "options"), ("jbd2", "info")):
         base = os.path.join("/proc/fs", fs)
         for entry in sorted(os.listdir(base)) if os.path.isdir(base) else ():
-            copy_file(os.path.join(base, entry, leaf), os.path.join(proc_out, "fs", fs, entry, leaf))
+            copy_file(
+                os.path.join(base, entry, leaf), os.path.join(proc_out, "fs", fs, entry, leaf)
+            )
             if fs == "ext4":
                 try:
                     with open(os.path.join("/dev", entry), "rb") as f:

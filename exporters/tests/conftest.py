@@ -1,12 +1,13 @@
 import shutil
 
 import pytest
-
 from exporter_testlib import HOST_LOOP
 
 
 def pytest_addoption(parser):
-    parser.addoption("--update-golden", action="store_true", help="rewrite exporters/tests/e2e-output.txt")
+    parser.addoption(
+        "--update-golden", action="store_true", help="rewrite exporters/tests/e2e-output.txt"
+    )
 
 
 @pytest.fixture

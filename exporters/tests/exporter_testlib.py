@@ -1,5 +1,6 @@
 """Helpers shared by the exporter's tests (imported by name: conftest modules of several
 test directories would shadow each other)."""
+
 import os
 import shutil
 import sys
@@ -23,9 +24,13 @@ def tree_flags(tree):
     """The exporter's flags for a fixture tree; its ebpf-status.tsv (select-configs.sh's status
     file, where the tree has one) for the ebpf collector."""
     status = os.path.join(tree, "ebpf-status.tsv")
-    return [f"--path.sysfs={tree}/sys", f"--path.procfs={tree}/proc", f"--path.dev={tree}/dev",
-            f"--collector.dm.dmsetup={FAKE_DMSETUP}",
-            *([f"--collector.ebpf.status-file={status}"] if os.path.exists(status) else [])]
+    return [
+        f"--path.sysfs={tree}/sys",
+        f"--path.procfs={tree}/proc",
+        f"--path.dev={tree}/dev",
+        f"--collector.dm.dmsetup={FAKE_DMSETUP}",
+        *([f"--collector.ebpf.status-file={status}"] if os.path.exists(status) else []),
+    ]
 
 
 def registry_for(tree, *flags):
@@ -42,7 +47,9 @@ class Scraped:
     def __init__(self, source):
         self.text = source if isinstance(source, str) else generate_latest(source).decode()
         self.families = list(text_string_to_metric_families(self.text))
-        self.samples = {(s.name, frozenset(s.labels.items())): s.value for f in self.families for s in f.samples}
+        self.samples = {
+            (s.name, frozenset(s.labels.items())): s.value for f in self.families for s in f.samples
+        }
 
     def get(self, metric, /, **labels):
         return self.samples.get((metric, frozenset((k, str(v)) for k, v in labels.items())))
@@ -56,21 +63,32 @@ class Scraped:
 
     def errors(self, collector=None, reason=None):
         """blockstack_collector_errors_total, over every collector and reason or for one."""
-        return sum(v for (name, labels), v in self.samples.items()
-                   if name == "blockstack_collector_errors_total"
-                   and (collector is None or ("collector", collector) in labels)
-                   and (reason is None or ("reason", reason) in labels))
+        return sum(
+            v
+            for (name, labels), v in self.samples.items()
+            if name == "blockstack_collector_errors_total"
+            and (collector is None or ("collector", collector) in labels)
+            and (reason is None or ("reason", reason) in labels)
+        )
 
 
 # --- a tree with every kind of file the exporter reads, dm devices and dmsetup included ------------
 
 # dm-N: (dev, dm name, devices beneath); majors 252 (the fixture's zram0 holds 253:0)
-DM_DEVICES = {"dm-0": ("252:0", "vg-lv-real", ["loop0"]), "dm-1": ("252:1", "vg-snap-cow", ["loop0"]),
-              "dm-2": ("252:2", "vg-lv", ["dm-0"]), "dm-3": ("252:3", "vg-snap", ["dm-0", "dm-1"])}
-DMSETUP_TABLE = ("vg-lv-real: 0 2048 linear 7:0 0\nvg-snap-cow: 0 1024 linear 7:0 2048\n"
-                 "vg-lv: 0 2048 snapshot-origin 252:0\nvg-snap: 0 2048 snapshot 252:0 252:1 P 8\n")
-DMSETUP_STATUS = ("vg-lv-real: 0 2048 linear \nvg-snap-cow: 0 1024 linear \n"
-                  "vg-lv: 0 2048 snapshot-origin \nvg-snap: 0 2048 snapshot 16/1024 16\n")
+DM_DEVICES = {
+    "dm-0": ("252:0", "vg-lv-real", ["loop0"]),
+    "dm-1": ("252:1", "vg-snap-cow", ["loop0"]),
+    "dm-2": ("252:2", "vg-lv", ["dm-0"]),
+    "dm-3": ("252:3", "vg-snap", ["dm-0", "dm-1"]),
+}
+DMSETUP_TABLE = (
+    "vg-lv-real: 0 2048 linear 7:0 0\nvg-snap-cow: 0 1024 linear 7:0 2048\n"
+    "vg-lv: 0 2048 snapshot-origin 252:0\nvg-snap: 0 2048 snapshot 252:0 252:1 P 8\n"
+)
+DMSETUP_STATUS = (
+    "vg-lv-real: 0 2048 linear \nvg-snap-cow: 0 1024 linear \n"
+    "vg-lv: 0 2048 snapshot-origin \nvg-snap: 0 2048 snapshot 16/1024 16\n"
+)
 
 
 def full_tree(base):
@@ -81,7 +99,9 @@ def full_tree(base):
     for name, (devno, dm_name, slaves) in DM_DEVICES.items():
         rel = f"devices/virtual/block/{name}"
         d = os.path.join(tree, "sys", rel)
-        shutil.copytree(os.path.join(tree, "sys/devices/virtual/block/loop0/queue"), os.path.join(d, "queue"))
+        shutil.copytree(
+            os.path.join(tree, "sys/devices/virtual/block/loop0/queue"), os.path.join(d, "queue")
+        )
         os.makedirs(os.path.join(d, "dm"))
         os.makedirs(os.path.join(d, "slaves"))
         for path, text in (("dev", devno), ("dm/name", dm_name), ("dm/uuid", f"LVM-{name}fixture")):
@@ -93,7 +113,10 @@ def full_tree(base):
         os.symlink(f"../../{rel}", os.path.join(tree, "sys/dev/block", devno))
     fixtures = os.path.join(base, "dmsetup")
     os.makedirs(fixtures)
-    for command, text in (("dmsetup_table", DMSETUP_TABLE), ("dmsetup_status_--noflush", DMSETUP_STATUS)):
+    for command, text in (
+        ("dmsetup_table", DMSETUP_TABLE),
+        ("dmsetup_status_--noflush", DMSETUP_STATUS),
+    ):
         with open(os.path.join(fixtures, command), "w") as f:
             f.write(text)
     return tree, fixtures

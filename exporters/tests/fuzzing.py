@@ -14,6 +14,7 @@ fail) raised blockstack_collector_errors_total.
 Damaged requests (test_hardening.py, and fuzz_exporter.py's HTTP abuse): ABORTED, HALF_SENT and
 SLOW, sent by damaged_request().
 """
+
 import os
 import random
 import re
@@ -23,8 +24,9 @@ import subprocess
 import time
 import urllib.parse
 
-from blockstack_exporter.collectors.queue import SETTINGS
 from exporter_testlib import DM_DEVICES, Scraped, exporter_argv, full_tree, http
+
+from blockstack_exporter.collectors.queue import SETTINGS
 
 # (path relative to the tree, kind): numeric attributes re-read every scrape drop a value when
 # damaged; other files are read too, but a damage there need not drop anything (a device
@@ -41,16 +43,27 @@ def targets():
         out += [(f"{queue}/{f}", "file") for f in FIXED]
         out += [(f"{queue}/scheduler", "text"), (f"sys/devices/virtual/block/{dev}/dev", "file")]
     for dev in DM_DEVICES:
-        out += [(f"sys/devices/virtual/block/{dev}/dm/name", "text"),
-                (f"sys/devices/virtual/block/{dev}/dm/uuid", "text"),
-                (f"sys/devices/virtual/block/{dev}/slaves", "dir")]
-    out += [("sys/devices/virtual/block/loop1/loop/backing_file", "text"), ("proc/self/mountinfo", "text"),
-            ("proc/fs/ext4/loop0/options", "text"), ("proc/fs/ext4/loop1/options", "text"),
-            ("proc/fs/jbd2/loop0-8/info", "info"), ("proc/fs/jbd2/loop1-8/info", "info"),
-            ("dev/loop0", "file"), ("dev/loop1", "file"),
-            ("sys/class/block/loop1", "name"), ("sys/class/block/dm-2", "name"),
-            ("proc/fs/ext4/loop0", "name"), ("proc/fs/jbd2/loop1-8", "name"),
-            ("dmsetup_table", "command"), ("dmsetup_status_--noflush", "command")]
+        out += [
+            (f"sys/devices/virtual/block/{dev}/dm/name", "text"),
+            (f"sys/devices/virtual/block/{dev}/dm/uuid", "text"),
+            (f"sys/devices/virtual/block/{dev}/slaves", "dir"),
+        ]
+    out += [
+        ("sys/devices/virtual/block/loop1/loop/backing_file", "text"),
+        ("proc/self/mountinfo", "text"),
+        ("proc/fs/ext4/loop0/options", "text"),
+        ("proc/fs/ext4/loop1/options", "text"),
+        ("proc/fs/jbd2/loop0-8/info", "info"),
+        ("proc/fs/jbd2/loop1-8/info", "info"),
+        ("dev/loop0", "file"),
+        ("dev/loop1", "file"),
+        ("sys/class/block/loop1", "name"),
+        ("sys/class/block/dm-2", "name"),
+        ("proc/fs/ext4/loop0", "name"),
+        ("proc/fs/jbd2/loop1-8", "name"),
+        ("dmsetup_table", "command"),
+        ("dmsetup_status_--noflush", "command"),
+    ]
     return out
 
 
@@ -96,9 +109,18 @@ class Fuzzer:
         self.tree, self.fixtures = full_tree(base)
         self.rng = random.Random(seed)
         self.log_path = os.path.join(base, "exporter.log")
-        self.stats = {"iterations": 0, "http_non_200": 0, "slowest": 0.0, "peak_rss": 0, "log_lines": 0,
-                      "uncounted": 0, "promtool_runs": 0, "promtool_failures": 0, "parse_failures": 0,
-                      "failures": []}
+        self.stats = {
+            "iterations": 0,
+            "http_non_200": 0,
+            "slowest": 0.0,
+            "peak_rss": 0,
+            "log_lines": 0,
+            "uncounted": 0,
+            "promtool_runs": 0,
+            "promtool_failures": 0,
+            "parse_failures": 0,
+            "failures": [],
+        }
 
     def argv(self, port):
         return exporter_argv(self.tree, port, "--log.level=info")
@@ -142,6 +164,7 @@ class Fuzzer:
                 if os.path.lexists(path):
                     os.unlink(path)
                 os.rename(aside, path)
+
             return undo
         if kind == "dir":
             return self._replace_dir(path, rng)
@@ -161,6 +184,7 @@ class Fuzzer:
             with open(path, "r+b") as f:
                 f.truncate()
                 f.write(original)
+
         return undo
 
     @staticmethod
@@ -170,11 +194,14 @@ class Fuzzer:
         os.rename(path, aside)
         os.makedirs(path)
         for i in range(rng.randint(1, 5)):
-            os.symlink(f"../../nowhere{i}", os.path.join(os.fsencode(path), b"x\xff" + str(i).encode()))
+            os.symlink(
+                f"../../nowhere{i}", os.path.join(os.fsencode(path), b"x\xff" + str(i).encode())
+            )
 
         def undo():
             shutil.rmtree(path)
             os.rename(aside, path)
+
         return undo
 
     # -- one iteration ----------------------------------------------------------------------------
@@ -219,8 +246,13 @@ class Fuzzer:
                 errors = None
             if promtool:
                 self.stats["promtool_runs"] += 1
-                r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, text=True,
-                                   timeout=60)
+                r = subprocess.run(
+                    ["promtool", "check", "metrics"],
+                    input=body,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
                 if r.returncode != 0:
                     self.stats["promtool_failures"] += 1
                     problems.append("promtool: " + (r.stdout + r.stderr)[:300])
@@ -236,8 +268,11 @@ class Fuzzer:
         self.errors_total = errors
         # a renamed directory whose file inside was deleted publishes nothing: nothing to drop
         deleted = [t[0] for t, d in chosen if d == "deleted"]
-        expected = [(t, d) for t, d in chosen
-                    if not (t[1] == "name" and any(p.startswith(t[0] + "/") for p in deleted))]
+        expected = [
+            (t, d)
+            for t, d in chosen
+            if not (t[1] == "name" and any(p.startswith(t[0] + "/") for p in deleted))
+        ]
         if any(must_count(t[0], t[1], d) for t, d in expected) and counted < 1:
             self.stats["uncounted"] += 1
             problems.append(f"nothing counted (errors_total +{counted:g} over the baseline)")

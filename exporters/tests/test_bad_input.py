@@ -1,4 +1,5 @@
 """Bad input never crashes the exporter: it counts an error, logs it, and serves the rest."""
+
 import os
 import shutil
 import subprocess
@@ -6,8 +7,8 @@ import sys
 import tempfile
 
 import pytest
-
 from exporter_testlib import EXPORTER, HOST_LOOP, Scraped, registry_for
+
 from blockstack_deploy import procs
 
 LOOP0_QUEUE = "sys/devices/virtual/block/loop0/queue"
@@ -66,7 +67,9 @@ def test_missing_procfs_files_fail_only_what_needs_them(host_tree):
     assert s.errors("jbd2") == 1
     for c in ("queue", "stack", "ext4", "jbd2"):
         assert s.success(c) == 1
-    assert s.get("blockstack_jbd2_transactions_total", device="loop1", journal="loop1-8") is not None
+    assert (
+        s.get("blockstack_jbd2_transactions_total", device="loop1", journal="loop1-8") is not None
+    )
 
 
 def test_empty_tree_is_an_empty_scrape_not_a_crash(tmp_path):
@@ -79,7 +82,9 @@ def test_empty_tree_is_an_empty_scrape_not_a_crash(tmp_path):
 def test_permission_denied_as_an_unprivileged_exporter(tmp_path):
     """Run the real exporter as nobody (root reads everything, so drop privileges) over a tree
     where one queue file is mode 000: the scrape answers, the error is counted."""
-    base = tempfile.mkdtemp(prefix="blockstack-perm-")  # /tmp/pytest-of-root is 0700: not for nobody
+    base = tempfile.mkdtemp(
+        prefix="blockstack-perm-"
+    )  # /tmp/pytest-of-root is 0700: not for nobody
     try:
         os.chmod(base, 0o755)
         host_tree = os.path.join(base, "tree")
@@ -92,9 +97,17 @@ def test_permission_denied_as_an_unprivileged_exporter(tmp_path):
 
 def _scrape_as_nobody(host_tree, tmp_path):
     port = procs.free_port()
-    argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", EXPORTER,
-            f"--web.listen-address=127.0.0.1:{port}", f"--path.sysfs={host_tree}/sys",
-            f"--path.procfs={host_tree}/proc", f"--path.dev={host_tree}/dev"]
+    argv = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        EXPORTER,
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--path.sysfs={host_tree}/sys",
+        f"--path.procfs={host_tree}/proc",
+        f"--path.dev={host_tree}/dev",
+    ]
     log = tmp_path / "exporter.log"
     with procs.running(argv, health_url=f"http://127.0.0.1:{port}/metrics", log_path=str(log)):
         s = Scraped(procs.http_get(f"http://127.0.0.1:{port}/metrics"))
@@ -123,8 +136,13 @@ out = generate_latest(reg).decode()
 assert "blockstack_queue_nomerges" in out, out[:200]
 print("WRITES", bad)
 """
-    out = subprocess.run([sys.executable, "-c", code, f"{host_tree}/sys", f"{host_tree}/proc", f"{host_tree}/dev"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code, f"{host_tree}/sys", f"{host_tree}/proc", f"{host_tree}/dev"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert "WRITES []" in out
 
 

@@ -1,4 +1,5 @@
 """The table of checks on hand-made Hosts: each check's edges, at the knobs' values."""
+
 import os
 
 import pytest
@@ -22,33 +23,49 @@ def host(devices, lower=None, queue=None, **parts):
 
 
 def found(h, check=None):
-    return {(f.check, f.device, f.severity) for f in checks.evaluate(h, K) if check in (None, f.check)}
+    return {
+        (f.check, f.device, f.severity) for f in checks.evaluate(h, K) if check in (None, f.check)
+    }
 
 
 def test_max_sectors_low_at_the_alerts_edges():
     floor = K["max_sectors_floor_bytes"]
-    below = host({"sda": "disk"}, queue={"sda": {"max_sectors": floor - KIB, "max_hw_sectors": 32767 * KIB}})
+    below = host(
+        {"sda": "disk"}, queue={"sda": {"max_sectors": floor - KIB, "max_hw_sectors": 32767 * KIB}}
+    )
     at = host({"sda": "disk"}, queue={"sda": {"max_sectors": floor, "max_hw_sectors": 32767 * KIB}})
     # below the floor but not below ratio x hardware: as the alert, nothing
-    small_hw = host({"sda": "disk"}, queue={"sda": {"max_sectors": 64 * KIB, "max_hw_sectors": 128 * KIB}})
+    small_hw = host(
+        {"sda": "disk"}, queue={"sda": {"max_sectors": 64 * KIB, "max_hw_sectors": 128 * KIB}}
+    )
     assert found(below, "max_sectors_low") == {("max_sectors_low", "sda", "info")}
     assert found(at, "max_sectors_low") == set()
     assert found(small_hw, "max_sectors_low") == set()
 
 
 def test_max_sectors_below_what_the_dm_device_above_sends():
-    q = {"dm-0": {"max_sectors": 1280 * KIB, "max_hw_sectors": 32767 * KIB},
-         "sda": {"max_sectors": 512 * KIB, "max_hw_sectors": 32767 * KIB}}
+    q = {
+        "dm-0": {"max_sectors": 1280 * KIB, "max_hw_sectors": 32767 * KIB},
+        "sda": {"max_sectors": 512 * KIB, "max_hw_sectors": 32767 * KIB},
+    }
     h = host({"dm-0": "dm", "sda": "disk"}, {"dm-0": ["sda"]}, q)
     f = [f for f in checks.evaluate(h, K) if f.check == "max_sectors_below_upper"]
-    assert [(x.device, x.fix) for x in f] == [("sda", "echo 1280 > /sys/block/sda/queue/max_sectors_kb")]
+    assert [(x.device, x.fix) for x in f] == [
+        ("sda", "echo 1280 > /sys/block/sda/queue/max_sectors_kb")
+    ]
     q["sda"]["max_sectors"] = 1280 * KIB
-    assert found(host({"dm-0": "dm", "sda": "disk"}, {"dm-0": ["sda"]}, q), "max_sectors_below_upper") == set()
+    assert (
+        found(host({"dm-0": "dm", "sda": "disk"}, {"dm-0": ["sda"]}, q), "max_sectors_below_upper")
+        == set()
+    )
 
 
 def test_nomerges_beneath_a_partition_names_the_disks_queue():
-    h = host({"dm-0": "dm", "sda1": "partition", "sda": "disk"}, {"dm-0": ["sda1"], "sda1": ["sda"]},
-             {"sda1": {"nomerges": 2}, "sda": {"nomerges": 2}})
+    h = host(
+        {"dm-0": "dm", "sda1": "partition", "sda": "disk"},
+        {"dm-0": ["sda1"], "sda1": ["sda"]},
+        {"sda1": {"nomerges": 2}, "sda": {"nomerges": 2}},
+    )
     f = {x.device: x for x in checks.evaluate(h, K) if x.check == "nomerges_beneath_stack"}
     assert set(f) == {"sda", "sda1"}  # both sit beneath something, as in the alert
     assert f["sda1"].fix == "echo 0 > /sys/block/sda/queue/nomerges"
@@ -56,21 +73,37 @@ def test_nomerges_beneath_a_partition_names_the_disks_queue():
 
 def test_cow_filling_predicted_full_within_the_horizon_warns():
     size = 1 * GIB
-    now = host({"dm-3": "dm"}, snapshots={"dm-3": {"name": "vg-snap", "used": 0.5 * size, "size": size}})
+    now = host(
+        {"dm-3": "dm"}, snapshots={"dm-3": {"name": "vg-snap", "used": 0.5 * size, "size": size}}
+    )
     assert found(now, "snapshot_cow_filling") == {("snapshot_cow_filling", "dm-3", "info")}
-    before = host({"dm-3": "dm"}, snapshots={"dm-3": {"name": "vg-snap", "used": 0.5 * size - 10 * MIB, "size": size}})
+    before = host(
+        {"dm-3": "dm"},
+        snapshots={"dm-3": {"name": "vg-snap", "used": 0.5 * size - 10 * MIB, "size": size}},
+    )
     now.previous, now.elapsed = before, 10.0  # 1 MiB/s: 512 MiB left fills in 512 s
     assert found(now, "snapshot_cow_filling") == {("snapshot_cow_filling", "dm-3", "warning")}
-    slow = host({"dm-3": "dm"}, snapshots={"dm-3": {"name": "vg-snap", "used": 0.5 * size - 1024, "size": size}})
+    slow = host(
+        {"dm-3": "dm"},
+        snapshots={"dm-3": {"name": "vg-snap", "used": 0.5 * size - 1024, "size": size}},
+    )
     now.previous = slow  # 100 B/s: days
     assert found(now, "snapshot_cow_filling") == {("snapshot_cow_filling", "dm-3", "info")}
-    below = host({"dm-3": "dm"}, snapshots={"dm-3": {"name": "s", "used": 0.3 * size, "size": size}})
+    below = host(
+        {"dm-3": "dm"}, snapshots={"dm-3": {"name": "s", "used": 0.3 * size, "size": size}}
+    )
     assert found(below, "snapshot_cow_filling") == set()
 
 
 def test_thin_pool_use_and_state():
-    pool = {"name": "vg-pool-tpool", "data_used": 79, "data_size": 100, "meta_used": 1, "meta_size": 100,
-            "state": "rw"}
+    pool = {
+        "name": "vg-pool-tpool",
+        "data_used": 79,
+        "data_size": 100,
+        "meta_used": 1,
+        "meta_size": 100,
+        "state": "rw",
+    }
     h = host({"dm-6": "dm"}, pools={"dm-6": pool})
     assert found(h, "thin_pool_full") == set()
     pool["data_used"] = 80
@@ -90,31 +123,53 @@ def test_ext4_journal_small_warns_on_waits():
     assert found(h, "ext4_journal_small") == set()
     fs["options"], fs["journal"] = {"dioread_nolock": ""}, 1 * GIB  # the write-up's fix
     assert found(h, "ext4_journal_small") == set()
-    fs["options"], fs["journal"] = {"dioread_nolock": "", "nodelalloc": ""}, 128 * MIB  # the write-up's other fix:
-    assert found(h, "ext4_journal_small") == set()  # ext4_should_dioread_nolock() is false without delalloc
+    fs["options"], fs["journal"] = (
+        {"dioread_nolock": "", "nodelalloc": ""},
+        128 * MIB,
+    )  # the write-up's other fix:
+    assert (
+        found(h, "ext4_journal_small") == set()
+    )  # ext4_should_dioread_nolock() is false without delalloc
 
 
 def test_ext4_journal_small_with_ebpf_uses_the_alerts_predicate():
     fs = {"mountpoint": "/srv", "options": {"dioread_nolock": ""}, "journal": 128 * MIB}
     h = host({"sdb": "disk"}, ext4={"sdb": fs})
-    h.ebpf = {("jbd2_credit_wait", "sdb"): K["jbd2_credit_wait_min_rate"] - 1, ("jbd2_credit_wait_avg", "sdb"): 0.154}
+    h.ebpf = {
+        ("jbd2_credit_wait", "sdb"): K["jbd2_credit_wait_min_rate"] - 1,
+        ("jbd2_credit_wait_avg", "sdb"): 0.154,
+    }
     assert found(h, "ext4_journal_small") == {("ext4_journal_small", "sdb", "info")}  # a trickle
     h.ebpf[("jbd2_credit_wait", "sdb")] = K["jbd2_credit_wait_min_rate"]
     assert found(h, "ext4_journal_small") == {("ext4_journal_small", "sdb", "warning")}
 
 
-@pytest.mark.parametrize("rot,sched,expected", [(1, "none", True), (1, "mq-deadline", False), (0, "bfq", True),
-                                                (0, "none", False)])
+@pytest.mark.parametrize(
+    "rot,sched,expected",
+    [(1, "none", True), (1, "mq-deadline", False), (0, "bfq", True), (0, "none", False)],
+)
 def test_scheduler_against_the_device(rot, sched, expected):
-    h = host({"sda": "disk", "loop0": "loop"}, queue={"sda": {"rotational": rot, "scheduler": sched},
-                                                      "loop0": {"rotational": rot, "scheduler": sched}})
-    assert found(h, "scheduler_mismatch") == ({("scheduler_mismatch", "sda", "info")} if expected else set())
+    h = host(
+        {"sda": "disk", "loop0": "loop"},
+        queue={
+            "sda": {"rotational": rot, "scheduler": sched},
+            "loop0": {"rotational": rot, "scheduler": sched},
+        },
+    )
+    assert found(h, "scheduler_mismatch") == (
+        {("scheduler_mismatch", "sda", "info")} if expected else set()
+    )
 
 
 def test_crypt_on_fast_devices_without_the_flags():
     q = {"nvme0n1": {"rotational": 0}, "sda": {"rotational": 1}}
-    h = host({"dm-0": "dm", "nvme0n1": "disk"}, {"dm-0": ["nvme0n1"]}, q, targets={"dm-0": {"crypt"}},
-             crypt_flags={"dm-0": {"allow_discards"}})
+    h = host(
+        {"dm-0": "dm", "nvme0n1": "disk"},
+        {"dm-0": ["nvme0n1"]},
+        q,
+        targets={"dm-0": {"crypt"}},
+        crypt_flags={"dm-0": {"allow_discards"}},
+    )
     assert found(h, "crypt_workqueue") == {("crypt_workqueue", "dm-0", "info")}
     h.crypt_flags = {"dm-0": {"no_read_workqueue", "no_write_workqueue"}}
     assert found(h, "crypt_workqueue") == set()
@@ -124,8 +179,10 @@ def test_crypt_on_fast_devices_without_the_flags():
 
 def test_crypt_flags_never_take_the_key():
     from blockstack_exporter.collectors.dm import crypt_flags
-    assert crypt_flags("aes-xts-plain64 no_read_workqueue 0 8:19 32768 2 allow_discards no_write_workqueue") == \
-        {"allow_discards", "no_write_workqueue"}
+
+    assert crypt_flags(
+        "aes-xts-plain64 no_read_workqueue 0 8:19 32768 2 allow_discards no_write_workqueue"
+    ) == {"allow_discards", "no_write_workqueue"}
 
 
 def test_lvm_autoextend_only_with_lvm_conf():
@@ -140,8 +197,9 @@ def test_lvm_autoextend_only_with_lvm_conf():
 def test_every_check_is_documented():
     with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
         readme = f.read()
-    missing = [c.id for c in checks.CHECKS if f"`{c.id}`" not in readme] + \
-        ([] if "`merge_collapse`" in readme else ["merge_collapse"])
+    missing = [c.id for c in checks.CHECKS if f"`{c.id}`" not in readme] + (
+        [] if "`merge_collapse`" in readme else ["merge_collapse"]
+    )
     assert not missing, f"checks not in exporters/README.md's table: {missing}"
 
 
@@ -151,24 +209,42 @@ def test_the_write_ups_iostat_lineup_is_a_collapse():
     (the rules page on nothing else either); with nvme1n1's own requests refused merges
     (ebpf_exporter), the collapse is critical, fixed on nvme1n1."""
     from blockstack_exporter.doctor import INTERVAL_KNOBS, Sample, collapse_findings, lineup
-    h = host({"dm-3": "dm", "dm-1": "dm", "dm-2": "dm", "nvme1n1": "disk"},
-             {"dm-3": ["dm-1", "dm-2"], "dm-1": ["nvme1n1"], "dm-2": ["nvme1n1"]},
-             {"nvme1n1": {"nomerges": 2, "max_sectors": 256 * KIB, "max_hw_sectors": 256 * KIB}})
+
+    h = host(
+        {"dm-3": "dm", "dm-1": "dm", "dm-2": "dm", "nvme1n1": "disk"},
+        {"dm-3": ["dm-1", "dm-2"], "dm-1": ["nvme1n1"], "dm-2": ["nvme1n1"]},
+        {"nvme1n1": {"nomerges": 2, "max_sectors": 256 * KIB, "max_hw_sectors": 256 * KIB}},
+    )
     k = knobs.load(required=INTERVAL_KNOBS)
     zero = {d: (0,) * 6 for d in h.devices}
-    after = {"dm-3": (235, 0, 235 * 512, 0, 0, 0), "dm-1": (15002, 0, 15002 * 8, 0, 0, 0),
-             "dm-2": (0,) * 6, "nvme1n1": (15000, 0, 15000 * 8, 0, 0, 0)}
+    after = {
+        "dm-3": (235, 0, 235 * 512, 0, 0, 0),
+        "dm-1": (15002, 0, 15002 * 8, 0, 0, 0),
+        "dm-2": (0,) * 6,
+        "nvme1n1": (15000, 0, 15000 * 8, 0, 0, 0),
+    }
     rows = lineup(Sample(h, {}, [], zero, None, 0.0), Sample(h, {}, [], after, None, 5.0), 5.0)
     assert rows["dm-3"]["read"]["sectors"] == 512 and rows["nvme1n1"]["read"]["rps"] == 3000
     found_ = collapse_findings(h, rows, k)
-    assert [(f.check, f.device, f.severity) for f in found_] == [("merge_collapse", "nvme1n1", "info")]
+    assert [(f.check, f.device, f.severity) for f in found_] == [
+        ("merge_collapse", "nvme1n1", "info")
+    ]
     assert found_[0].what.startswith("layered: nvme1n1 reads 8-sector requests")
-    ebpf = {("issued", "nvme1n1", "read"): 15000, ("issued_bytes", "nvme1n1", "read"): 15000 * 4096,
-            ("missed_merges", "nvme1n1", "read"): 14000, ("splits", "nvme1n1", "read"): 0}
+    ebpf = {
+        ("issued", "nvme1n1", "read"): 15000,
+        ("issued_bytes", "nvme1n1", "read"): 15000 * 4096,
+        ("missed_merges", "nvme1n1", "read"): 14000,
+        ("splits", "nvme1n1", "read"): 0,
+    }
     rows = lineup(Sample(h, {}, [], zero, {}, 0.0), Sample(h, {}, [], after, ebpf, 5.0), 5.0)
     found_ = collapse_findings(h, rows, k)
-    assert [(f.check, f.device, f.severity) for f in found_] == [("merge_collapse", "nvme1n1", "critical")]
-    assert found_[0].what.startswith("merging refused") and "ebpf: 2800 merges/s refused" in found_[0].evidence[2]
+    assert [(f.check, f.device, f.severity) for f in found_] == [
+        ("merge_collapse", "nvme1n1", "critical")
+    ]
+    assert (
+        found_[0].what.startswith("merging refused")
+        and "ebpf: 2800 merges/s refused" in found_[0].evidence[2]
+    )
     assert found_[0].fix == "echo 0 > /sys/block/nvme1n1/queue/nomerges"
     # healthy: 512 sectors on every layer
     healthy = {d: (v[0] and 235, 0, (v[0] and 235) * 512, 0, 0, 0) for d, v in after.items()}
@@ -179,8 +255,10 @@ def test_the_write_ups_iostat_lineup_is_a_collapse():
 def test_layers_top_down_and_the_stack_flattened():
     """The NVMe incident's stack: dm-3 over its -real and -cow volumes over nvme1n1, which the
     origin dm-2 holds too; a cycle (a damaged tree) ends."""
-    h = host({"dm-3": "dm", "dm-2": "dm", "dm-0": "dm", "dm-1": "dm", "nvme1n1": "disk"},
-             {"dm-3": ["dm-0", "dm-1"], "dm-2": ["dm-0"], "dm-0": ["nvme1n1"], "dm-1": ["nvme1n1"]})
+    h = host(
+        {"dm-3": "dm", "dm-2": "dm", "dm-0": "dm", "dm-1": "dm", "nvme1n1": "disk"},
+        {"dm-3": ["dm-0", "dm-1"], "dm-2": ["dm-0"], "dm-0": ["nvme1n1"], "dm-1": ["nvme1n1"]},
+    )
     assert h.layers("dm-3") == [["dm-3"], ["dm-0", "dm-1"], ["nvme1n1"]]
     assert h.stack("dm-3") == ["dm-3", "dm-0", "dm-1", "nvme1n1"]
     assert h.uppers("nvme1n1") == ["dm-0", "dm-1", "dm-2", "dm-3"]
@@ -189,8 +267,17 @@ def test_layers_top_down_and_the_stack_flattened():
 
 
 def test_a_failing_check_costs_its_own_findings_only():
-    h = host({"sda": "disk"}, queue={"sda": {"rotational": 1, "scheduler": "none", "max_sectors": 1,
-                                             "max_hw_sectors": "not a number"}})
+    h = host(
+        {"sda": "disk"},
+        queue={
+            "sda": {
+                "rotational": 1,
+                "scheduler": "none",
+                "max_sectors": 1,
+                "max_hw_sectors": "not a number",
+            }
+        },
+    )
     failed = []
     result = checks.evaluate(h, K, failed=failed)
     assert [c for c, _ in failed] == ["max_sectors_low"]

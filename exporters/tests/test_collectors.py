@@ -1,10 +1,12 @@
 """Collectors on the host-loop fixture: a tree captured on a real machine (kernel 6.18) with
 loop1 on a file on ext4 on loop0 (loop0 nomerges=2, max_sectors_kb=4), ext4 on loop1 mounted
 dioread_lock,nodelalloc,commit=10, a partitioned loop2, and the host's vda and zram0."""
+
 import os
 
-from blockstack_exporter.collectors import stack
 from exporter_testlib import HOST_LOOP, Scraped, full_tree, registry_for
+
+from blockstack_exporter.collectors import stack
 
 
 def value(metric, **labels):
@@ -23,8 +25,12 @@ def test_queue_settings_in_base_units():
 
 def test_partition_reports_its_disks_queue():
     registry = registry_for(HOST_LOOP)
-    for metric in ("blockstack_queue_nomerges", "blockstack_queue_max_sectors_bytes",
-                   "blockstack_queue_read_ahead_bytes", "blockstack_queue_nr_requests"):
+    for metric in (
+        "blockstack_queue_nomerges",
+        "blockstack_queue_max_sectors_bytes",
+        "blockstack_queue_read_ahead_bytes",
+        "blockstack_queue_nr_requests",
+    ):
         disk = registry.get_sample_value(metric, {"device": "loop2"})
         assert disk is not None
         assert registry.get_sample_value(metric, {"device": "loop2p1"}) == disk
@@ -38,26 +44,69 @@ def test_stack_edges_follow_loop_backing_files_and_partitions():
     assert value("blockstack_device_beneath_info", device="loop1", lower="vda", depth="2") == 1
     assert value("blockstack_device_holders", device="loop1") == 0
     assert value("blockstack_device_holders", device="loop0") == 1
-    assert value("blockstack_device_info", device="loop2p1", kind="partition", name="loop2p1", uuid="",
-                 vg_name="", lv_name="", lv_layer="", backing_file="") == 1
+    assert (
+        value(
+            "blockstack_device_info",
+            device="loop2p1",
+            kind="partition",
+            name="loop2p1",
+            uuid="",
+            vg_name="",
+            lv_name="",
+            lv_layer="",
+            backing_file="",
+        )
+        == 1
+    )
 
 
 def test_ext4_effective_options():
-    assert value("blockstack_ext4_dioread_nolock", device="loop0", mountpoint="/mnt/blockstack-lower") == 1
-    assert value("blockstack_ext4_dioread_nolock", device="loop1", mountpoint="/mnt/blockstack-upper") == 0
-    assert value("blockstack_ext4_delalloc", device="loop1", mountpoint="/mnt/blockstack-upper") == 0
-    assert value("blockstack_ext4_commit_interval_seconds", device="loop1", mountpoint="/mnt/blockstack-upper") == 10
-    assert value("blockstack_ext4_option_info", device="loop0", mountpoint="/mnt/blockstack-lower",
-                 option="data", value="ordered") == 1
+    assert (
+        value("blockstack_ext4_dioread_nolock", device="loop0", mountpoint="/mnt/blockstack-lower")
+        == 1
+    )
+    assert (
+        value("blockstack_ext4_dioread_nolock", device="loop1", mountpoint="/mnt/blockstack-upper")
+        == 0
+    )
+    assert (
+        value("blockstack_ext4_delalloc", device="loop1", mountpoint="/mnt/blockstack-upper") == 0
+    )
+    assert (
+        value(
+            "blockstack_ext4_commit_interval_seconds",
+            device="loop1",
+            mountpoint="/mnt/blockstack-upper",
+        )
+        == 10
+    )
+    assert (
+        value(
+            "blockstack_ext4_option_info",
+            device="loop0",
+            mountpoint="/mnt/blockstack-lower",
+            option="data",
+            value="ordered",
+        )
+        == 1
+    )
     # mkfs.ext4 -J size=8 on loop1: 8 MiB journal, read from the superblock's journal inode backup
-    assert value("blockstack_ext4_journal_size_bytes", device="loop1", mountpoint="/mnt/blockstack-upper") == 8 << 20
+    assert (
+        value(
+            "blockstack_ext4_journal_size_bytes", device="loop1", mountpoint="/mnt/blockstack-upper"
+        )
+        == 8 << 20
+    )
 
 
 def test_jbd2_statistics_in_base_units():
     labels = dict(device="loop0", journal="loop0-8")
     assert value("blockstack_jbd2_transactions_total", **labels) == 6
     assert value("blockstack_jbd2_transaction_max_blocks", **labels) == 2730
-    assert value("blockstack_jbd2_transaction_phase_average_seconds", phase="running", **labels) == 0.004
+    assert (
+        value("blockstack_jbd2_transaction_phase_average_seconds", phase="running", **labels)
+        == 0.004
+    )
     assert value("blockstack_jbd2_commit_average_seconds", **labels) == 0.001672
     assert value("blockstack_jbd2_logged_blocks_per_transaction", **labels) == 5
 
@@ -73,15 +122,38 @@ def test_dm_identity_labels_are_node_exporters(tmp_path):
     the two join on `device` alone. The layer names LVM's hidden devices only."""
     tree, _ = full_tree(str(tmp_path))
     s = Scraped(registry_for(tree, "--no-collector.dm"))
-    for device, name, lv, layer in (("dm-0", "vg-lv-real", "lv", "real"), ("dm-1", "vg-snap-cow", "snap", "cow"),
-                                    ("dm-2", "vg-lv", "lv", ""), ("dm-3", "vg-snap", "snap", "")):
-        assert s.get("blockstack_device_info", device=device, kind="dm", name=name, uuid=f"LVM-{device}fixture",
-                     vg_name="vg", lv_name=lv, lv_layer=layer, backing_file="") == 1
+    for device, name, lv, layer in (
+        ("dm-0", "vg-lv-real", "lv", "real"),
+        ("dm-1", "vg-snap-cow", "snap", "cow"),
+        ("dm-2", "vg-lv", "lv", ""),
+        ("dm-3", "vg-snap", "snap", ""),
+    ):
+        assert (
+            s.get(
+                "blockstack_device_info",
+                device=device,
+                kind="dm",
+                name=name,
+                uuid=f"LVM-{device}fixture",
+                vg_name="vg",
+                lv_name=lv,
+                lv_layer=layer,
+                backing_file="",
+            )
+            == 1
+        )
 
 
 def test_device_numbers_encoded_as_st_rdev():
     # loop0 is 7:0 in the fixture; devno is what stat(2) gives as st_rdev (os.makedev)
-    assert value("blockstack_device_number_info", device="loop0", major_minor="7:0",
-                 devno=str(os.makedev(7, 0))) == 1
+    assert (
+        value(
+            "blockstack_device_number_info",
+            device="loop0",
+            major_minor="7:0",
+            devno=str(os.makedev(7, 0)),
+        )
+        == 1
+    )
     assert stack.encode_dev(259, 300) == os.makedev(259, 300)
     assert stack.encode_dev(7, 1048575) == os.makedev(7, 1048575)

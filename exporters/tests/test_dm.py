@@ -5,17 +5,25 @@ timeout), which prints fixtures/dm/<scenario>/dmsetup_<args joined by _>. Each s
 is built in tmp_path from the compact description in SYSFS below. Where each fixture comes from:
 fixtures/dm/README.md.
 """
+
 import os
 import time
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from exporter_testlib import Scraped, registry_for
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blockstack_exporter.collectors.dm import (
-    parse_line, parse_listing, parse_origin_table, parse_snapshot_status, parse_snapshot_table,
-    parse_thin_pool_status, parse_thin_pool_table)
+    parse_line,
+    parse_listing,
+    parse_origin_table,
+    parse_snapshot_status,
+    parse_snapshot_table,
+    parse_thin_pool_status,
+    parse_thin_pool_table,
+)
 from blockstack_exporter.fs import ParseError
-from exporter_testlib import Scraped, registry_for
 
 DM_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "dm")
 DM_ONLY = ("--collector.disable-defaults", "--collector.dm")
@@ -140,7 +148,9 @@ def fake(tmp_path, monkeypatch):
 
     def registry(scenario, sysfs=None, flags=()):
         monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", os.path.join(DM_FIXTURES, scenario))
-        return registry_for(build_sysfs(str(tmp_path / "root"), sysfs or SYSFS[scenario]), *DM_ONLY, *flags)
+        return registry_for(
+            build_sysfs(str(tmp_path / "root"), sysfs or SYSFS[scenario]), *DM_ONLY, *flags
+        )
 
     def scrape(scenario, sysfs=None, dmsetup=None, timeout=5.0, also=()):
         flags = [f"--collector.dm.timeout={timeout}", *(f"--collector.{c}" for c in also)]
@@ -155,25 +165,54 @@ def fake(tmp_path, monkeypatch):
 
 # --- scenarios ---------------------------------------------------------------------------------
 
+
 def test_nvme_incident_snapshot_of_seclv(fake):
     r = fake("nvme-incident")
     assert r.success("dm") == 1 and r.errors("dm") == 0
-    for device, name, target in (("dm-0", "secvol-seclv", "snapshot-origin"), ("dm-1", "secvol-seclv-real", "linear"),
-                                 ("dm-2", "secvol-tmp_backup1-cow", "linear"), ("dm-3", "secvol-tmp_backup1", "snapshot")):
+    for device, name, target in (
+        ("dm-0", "secvol-seclv", "snapshot-origin"),
+        ("dm-1", "secvol-seclv-real", "linear"),
+        ("dm-2", "secvol-tmp_backup1-cow", "linear"),
+        ("dm-3", "secvol-tmp_backup1", "snapshot"),
+    ):
         assert r.get("blockstack_dm_target_info", device=device, name=name, target=target) == 1
     snap = dict(device="dm-3", name="secvol-tmp_backup1")
-    assert r.get("blockstack_dm_snapshot_info", **snap, origin="dm-1", cow="dm-2", persistent="P", merge="false") == 1
-    assert r.get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096  # lvcreate's default, 8 sectors
+    assert (
+        r.get(
+            "blockstack_dm_snapshot_info",
+            **snap,
+            origin="dm-1",
+            cow="dm-2",
+            persistent="P",
+            merge="false",
+        )
+        == 1
+    )
+    assert (
+        r.get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
+    )  # lvcreate's default, 8 sectors
     assert r.get("blockstack_dm_snapshot_cow_used_bytes", **snap) == 208 * SECTOR
-    assert r.get("blockstack_dm_snapshot_cow_size_bytes", **snap) == 75497472 * SECTOR  # 36 GiB, 90%FREE
+    assert (
+        r.get("blockstack_dm_snapshot_cow_size_bytes", **snap) == 75497472 * SECTOR
+    )  # 36 GiB, 90%FREE
     assert r.get("blockstack_dm_snapshot_metadata_bytes", **snap) == 16 * SECTOR
     assert r.get("blockstack_dm_snapshot_state", **snap, state="valid") == 1
     for other in ("invalid", "overflow", "merge_failed", "merging"):
         assert r.get("blockstack_dm_snapshot_state", **snap, state=other) == 0
-    assert r.get("blockstack_dm_snapshot_origin_info", device="dm-0", name="secvol-seclv", origin="dm-1") == 1
+    assert (
+        r.get(
+            "blockstack_dm_snapshot_origin_info", device="dm-0", name="secvol-seclv", origin="dm-1"
+        )
+        == 1
+    )
     # linear and snapshot-origin devices carry no snapshot series
-    assert r.get("blockstack_dm_snapshot_chunk_size_bytes", device="dm-0", name="secvol-seclv") is None
-    assert [c.split(" ", 1)[1] for c in fake.calls()] == ["dmsetup table", "dmsetup status --noflush"]
+    assert (
+        r.get("blockstack_dm_snapshot_chunk_size_bytes", device="dm-0", name="secvol-seclv") is None
+    )
+    assert [c.split(" ", 1)[1] for c in fake.calls()] == [
+        "dmsetup table",
+        "dmsetup status --noflush",
+    ]
 
 
 def test_snapshot_merge_in_progress(fake):
@@ -181,7 +220,17 @@ def test_snapshot_merge_in_progress(fake):
     assert r.success("dm") == 1 and r.errors("dm") == 0
     base = dict(device="dm-10", name="volumeGroup-base")
     assert r.get("blockstack_dm_target_info", **base, target="snapshot-merge") == 1
-    assert r.get("blockstack_dm_snapshot_info", **base, origin="dm-11", cow="dm-12", persistent="P", merge="true") == 1
+    assert (
+        r.get(
+            "blockstack_dm_snapshot_info",
+            **base,
+            origin="dm-11",
+            cow="dm-12",
+            persistent="P",
+            merge="true",
+        )
+        == 1
+    )
     assert r.get("blockstack_dm_snapshot_origin_info", **base, origin="dm-11") == 1
     assert r.get("blockstack_dm_snapshot_state", **base, state="merging") == 1
     assert r.get("blockstack_dm_snapshot_state", **base, state="valid") == 0
@@ -195,16 +244,37 @@ def test_invalid_overflow_and_merge_failed_snapshots(fake):
     r = fake("snapshot-states")
     assert r.success("dm") == 1
     assert r.errors("dm") == 0  # states the exporter observed, not errors in reading them
-    cases = (("dm-3", "vg0-full", "invalid"), ("dm-5", "vg0-kept", "overflow"), ("dm-8", "vg1-home", "merge_failed"))
+    cases = (
+        ("dm-3", "vg0-full", "invalid"),
+        ("dm-5", "vg0-kept", "overflow"),
+        ("dm-8", "vg1-home", "merge_failed"),
+    )
     for device, name, state in cases:
         for s in ("valid", "invalid", "overflow", "merge_failed", "merging"):
-            assert r.get("blockstack_dm_snapshot_state", device=device, name=name, state=s) == (s == state)
+            assert r.get("blockstack_dm_snapshot_state", device=device, name=name, state=s) == (
+                s == state
+            )
         # the kernel reports no usage for them; the table is still known
         assert r.get("blockstack_dm_snapshot_cow_used_bytes", device=device, name=name) is None
-        assert r.get("blockstack_dm_snapshot_chunk_size_bytes", device=device, name=name) is not None
-    assert r.get("blockstack_dm_snapshot_info", device="dm-5", name="vg0-kept", origin="dm-1", cow="dm-4",
-                   persistent="PO", merge="false") == 1
-    assert r.get("blockstack_dm_snapshot_origin_info", device="dm-8", name="vg1-home", origin="dm-6") == 1
+        assert (
+            r.get("blockstack_dm_snapshot_chunk_size_bytes", device=device, name=name) is not None
+        )
+    assert (
+        r.get(
+            "blockstack_dm_snapshot_info",
+            device="dm-5",
+            name="vg0-kept",
+            origin="dm-1",
+            cow="dm-4",
+            persistent="PO",
+            merge="false",
+        )
+        == 1
+    )
+    assert (
+        r.get("blockstack_dm_snapshot_origin_info", device="dm-8", name="vg1-home", origin="dm-6")
+        == 1
+    )
 
 
 def test_thin_pool_usage_in_bytes(fake):
@@ -213,26 +283,45 @@ def test_thin_pool_usage_in_bytes(fake):
     pool = dict(device="dm-6", name="x22v0-tp_ssd-tpool")
     block = 3072 * SECTOR  # the table's data block size: 1.5 MiB, the RAID stripe
     assert r.get("blockstack_dm_thin_pool_data_used_bytes", **pool) == 629535 * block
-    assert r.get("blockstack_dm_thin_pool_data_size_bytes", **pool) == 838960 * block == 2577285120 * SECTOR
+    assert (
+        r.get("blockstack_dm_thin_pool_data_size_bytes", **pool)
+        == 838960 * block
+        == 2577285120 * SECTOR
+    )
     assert r.get("blockstack_dm_thin_pool_metadata_used_bytes", **pool) == 8886 * 4096
-    assert r.get("blockstack_dm_thin_pool_metadata_size_bytes", **pool) == 552960 * 4096 == 4423680 * SECTOR
+    assert (
+        r.get("blockstack_dm_thin_pool_metadata_size_bytes", **pool)
+        == 552960 * 4096
+        == 4423680 * SECTOR
+    )
     assert r.get("blockstack_dm_thin_pool_state", **pool, state="rw") == 1
     assert r.get("blockstack_dm_thin_pool_state", **pool, state="fail") == 0
     # lvs in the same post: Data% 75.04, Meta% 1.61
     assert round(100 * 629535 / 838960, 2) == 75.04 and round(100 * 8886 / 552960, 2) == 1.61
-    assert r.get("blockstack_dm_target_info", device="dm-4", name="x22v0-tp_ssd_tmeta", target="raid") == 1
-    assert r.get("blockstack_dm_target_info", device="dm-8", name="x22v0-gitlab_root", target="thin") == 1
+    assert (
+        r.get("blockstack_dm_target_info", device="dm-4", name="x22v0-tp_ssd_tmeta", target="raid")
+        == 1
+    )
+    assert (
+        r.get("blockstack_dm_target_info", device="dm-8", name="x22v0-gitlab_root", target="thin")
+        == 1
+    )
     # tdata has two linear segments: one target_info series, not two
-    assert len([l for l in r.series("blockstack_dm_target_info") if l["device"] == "dm-5"]) == 1
+    assert len([s for s in r.series("blockstack_dm_target_info") if s["device"] == "dm-5"]) == 1
     assert len(r.series("blockstack_dm_target_info")) == 11
 
 
 def test_unknown_targets_get_target_info_only_and_no_key_material(fake):
     r = fake("unknown-targets")
     assert r.success("dm") == 1 and r.errors("dm") == 0
-    assert r.get("blockstack_dm_target_info", device="dm-0", name="debian_crypt", target="crypt") == 1
-    assert r.get("blockstack_dm_target_info", device="dm-3", name="frob-test", target="frobnicate") == 1
-    assert len([l for l in r.series("blockstack_dm_target_info") if l["device"] == "dm-3"]) == 1
+    assert (
+        r.get("blockstack_dm_target_info", device="dm-0", name="debian_crypt", target="crypt") == 1
+    )
+    assert (
+        r.get("blockstack_dm_target_info", device="dm-3", name="frob-test", target="frobnicate")
+        == 1
+    )
+    assert len([s for s in r.series("blockstack_dm_target_info") if s["device"] == "dm-3"]) == 1
     assert "logon" not in r.text and "aes-xts" not in r.text
     # no snapshot, snapshot-merge or thin-pool target: nothing to read in `dmsetup status`
     assert [c.split(" ", 1)[1] for c in fake.calls()] == ["dmsetup table"]
@@ -252,8 +341,11 @@ def test_garbage_is_counted_and_the_rest_is_published(fake, caplog):
     assert r.get("blockstack_dm_snapshot_chunk_size_bytes", device="dm-2", name="g-snap") == 4096
     assert r.get("blockstack_dm_snapshot_cow_used_bytes", device="dm-2", name="g-snap") is None
     assert r.get("blockstack_dm_thin_pool_data_size_bytes", device="dm-4", name="g-pool") is None
-    assert r.get("blockstack_dm_snapshot_origin_info", device="dm-6", name="g-origin", origin="253:99") == 1
-    assert not any(l["device"] == "dm-7" for l in r.series("blockstack_dm_target_info"))
+    assert (
+        r.get("blockstack_dm_snapshot_origin_info", device="dm-6", name="g-origin", origin="253:99")
+        == 1
+    )
+    assert not any(s["device"] == "dm-7" for s in r.series("blockstack_dm_target_info"))
     assert "vanished-lv" in caplog.text and "ghost-dev" in caplog.text
 
 
@@ -266,14 +358,20 @@ def test_no_dm_devices_means_no_dmsetup_call(fake, monkeypatch):
 
 # --- dmsetup failing ---------------------------------------------------------------------------
 
+
 def test_dmsetup_missing_binary_fails_only_the_dm_collector(fake, tmp_path):
     r = fake("nvme-incident", dmsetup=str(tmp_path / "no-such-dmsetup"), also=["jbd2"])
     assert r.success("dm") == 0 and r.errors("dm") == 1
     assert r.success("jbd2") == 1 and r.errors("jbd2") == 0
 
 
-@pytest.mark.parametrize("mode,message", [("fail", "exited with 1: /dev/mapper/control: open failed: Permission denied"),
-                                          ("absent", "exited with 127")])
+@pytest.mark.parametrize(
+    "mode,message",
+    [
+        ("fail", "exited with 1: /dev/mapper/control: open failed: Permission denied"),
+        ("absent", "exited with 127"),
+    ],
+)
 def test_dmsetup_exiting_non_zero(fake, monkeypatch, caplog, mode, message):
     monkeypatch.setenv("FAKE_DMSETUP_MODE", mode)
     r = fake("nvme-incident", also=["jbd2"])
@@ -316,12 +414,26 @@ def test_table_timing_out_keeps_the_last_table_of_the_same_devices(fake, monkeyp
     monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
     r = Scraped(registry)
     assert r.success("dm") == 1 and r.errors("dm") >= 1  # counted all the same
-    assert r.get("blockstack_dm_snapshot_info", **snap, origin="dm-1", cow="dm-2", persistent="P", merge="false") == 1
+    assert (
+        r.get(
+            "blockstack_dm_snapshot_info",
+            **snap,
+            origin="dm-1",
+            cow="dm-2",
+            persistent="P",
+            merge="false",
+        )
+        == 1
+    )
     assert r.get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
-    assert r.get("blockstack_dm_snapshot_cow_used_bytes", **snap) is None  # status is never stood in for
+    assert (
+        r.get("blockstack_dm_snapshot_cow_used_bytes", **snap) is None
+    )  # status is never stood in for
 
 
-def test_table_timing_out_after_the_devices_changed_fails_the_collector(fake, monkeypatch, tmp_path):
+def test_table_timing_out_after_the_devices_changed_fails_the_collector(
+    fake, monkeypatch, tmp_path
+):
     registry = fake.registry("nvme-incident", flags=["--collector.dm.timeout=0.5"])
     assert Scraped(registry).success("dm") == 1
     monkeypatch.setenv("FAKE_DMSETUP_MODE", "hang")
@@ -335,27 +447,47 @@ def test_table_timing_out_after_the_devices_changed_fails_the_collector(fake, mo
 def test_device_vanished_between_sysfs_and_dmsetup(fake):
     r = fake("nvme-incident", sysfs=SYSFS["nvme-incident"] + "\n dm dm-4 253:4 secvol-gone")
     assert r.success("dm") == 1 and r.errors("dm") == 1
-    assert r.get("blockstack_dm_snapshot_chunk_size_bytes", device="dm-3", name="secvol-tmp_backup1") == 4096
+    assert (
+        r.get("blockstack_dm_snapshot_chunk_size_bytes", device="dm-3", name="secvol-tmp_backup1")
+        == 4096
+    )
 
 
 # --- parsers -----------------------------------------------------------------------------------
 
+
 def test_parsers_on_documented_lines():
     # snapshot.rst: "# dmsetup status volumeGroup-snap" / "0 8388608 snapshot 397896/2097152 1560"
     assert parse_snapshot_status("397896/2097152 1560") == {
-        "state": "valid", "used_sectors": 397896, "total_sectors": 2097152, "metadata_sectors": 1560}
+        "state": "valid",
+        "used_sectors": 397896,
+        "total_sectors": 2097152,
+        "metadata_sectors": 1560,
+    }
     assert parse_snapshot_status("16/2097152")["metadata_sectors"] is None  # before 2.6.33
     assert parse_snapshot_status("Invalid")["state"] == "invalid"
     assert parse_snapshot_status("Merge failed")["state"] == "merge_failed"
     assert parse_snapshot_status("Overflow")["state"] == "overflow"
     assert parse_snapshot_table("254:11 254:12 P 16")["chunk_sectors"] == 16
     t = parse_snapshot_table("254:11 254:12 PO 8 2 discard_zeroes_cow discard_passdown_origin")
-    assert t["persistent"] == "PO" and t["features"] == ["discard_zeroes_cow", "discard_passdown_origin"]
+    assert t["persistent"] == "PO" and t["features"] == [
+        "discard_zeroes_cow",
+        "discard_passdown_origin",
+    ]
     assert parse_origin_table("254:11") == "254:11"
     assert parse_thin_pool_status("Fail") == {"failed": "Fail"}
-    s = parse_thin_pool_status("19 8886/552960 629535/838960 - rw no_discard_passdown queue_if_no_space - 1024 ")
-    assert (s["used_data_blocks"], s["total_data_blocks"], s["mode"], s["held_root"]) == (629535, 838960, "rw", None)
-    assert parse_thin_pool_table("253:4 253:5 3072 0 1 skip_block_zeroing")["features"] == ["skip_block_zeroing"]
+    s = parse_thin_pool_status(
+        "19 8886/552960 629535/838960 - rw no_discard_passdown queue_if_no_space - 1024 "
+    )
+    assert (s["used_data_blocks"], s["total_data_blocks"], s["mode"], s["held_root"]) == (
+        629535,
+        838960,
+        "rw",
+        None,
+    )
+    assert parse_thin_pool_table("253:4 253:5 3072 0 1 skip_block_zeroing")["features"] == [
+        "skip_block_zeroing"
+    ]
     assert parse_line("x22v0-tp_ssd_tdata: 0 2147696640 linear ").params == ""
     assert parse_line("vg-a\\x20b: 0 8 zero").name == "vg-a b"  # dmsetup mangles a space as \x20
     assert parse_listing("No devices found\n") == ([], [])
@@ -367,10 +499,36 @@ def test_parsers_on_documented_lines():
             parse_snapshot_status(bad)
 
 
-PARSERS = (parse_line, parse_snapshot_status, parse_snapshot_table, parse_origin_table,
-           parse_thin_pool_status, parse_thin_pool_table)
-WORD = st.one_of(st.text(max_size=12), st.integers(0, 2**64).map(str), st.sampled_from(
-    ["253:1", "P", "PO", "N", "-", "rw", "ro", "Fail", "Invalid", "1/2", "/", ":", "0", "snapshot"]))
+PARSERS = (
+    parse_line,
+    parse_snapshot_status,
+    parse_snapshot_table,
+    parse_origin_table,
+    parse_thin_pool_status,
+    parse_thin_pool_table,
+)
+WORD = st.one_of(
+    st.text(max_size=12),
+    st.integers(0, 2**64).map(str),
+    st.sampled_from(
+        [
+            "253:1",
+            "P",
+            "PO",
+            "N",
+            "-",
+            "rw",
+            "ro",
+            "Fail",
+            "Invalid",
+            "1/2",
+            "/",
+            ":",
+            "0",
+            "snapshot",
+        ]
+    ),
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -386,41 +544,88 @@ def test_parsers_raise_only_parse_error(text):
 
 
 U64 = st.integers(0, 2**64 - 1)
-NAME = st.text(st.sampled_from("abcXYZ019#+-.:=@_"), min_size=1, max_size=20).filter(lambda n: ": " not in n)
+NAME = st.text(st.sampled_from("abcXYZ019#+-.:=@_"), min_size=1, max_size=20).filter(
+    lambda n: ": " not in n
+)
 
 
 @given(U64, U64, st.one_of(st.none(), U64))
 def test_snapshot_status_round_trips(used, total, metadata):
-    line = f"{used}/{total}" if metadata is None else f"{used}/{total} {metadata}"  # dm-snap.c DMEMIT
-    assert parse_snapshot_status(line) == {"state": "valid", "used_sectors": used, "total_sectors": total,
-                                           "metadata_sectors": metadata}
+    line = (
+        f"{used}/{total}" if metadata is None else f"{used}/{total} {metadata}"
+    )  # dm-snap.c DMEMIT
+    assert parse_snapshot_status(line) == {
+        "state": "valid",
+        "used_sectors": used,
+        "total_sectors": total,
+        "metadata_sectors": metadata,
+    }
 
 
-@given(U64, U64, U64, U64, U64, st.one_of(st.none(), U64), st.sampled_from(["rw", "ro", "out_of_data_space"]),
-       st.booleans())
+@given(
+    U64,
+    U64,
+    U64,
+    U64,
+    U64,
+    st.one_of(st.none(), U64),
+    st.sampled_from(["rw", "ro", "out_of_data_space"]),
+    st.booleans(),
+)
 def test_thin_pool_status_round_trips(txn, um, tm, ud, td, held, mode, needs_check):
     # dm-thin.c pool_status: every field followed by a space
-    line = (f"{txn} {um}/{tm} {ud}/{td} {'-' if held is None else held} {mode} discard_passdown "
-            f"queue_if_no_space {'needs_check' if needs_check else '-'} 1024 ")
+    line = (
+        f"{txn} {um}/{tm} {ud}/{td} {'-' if held is None else held} {mode} discard_passdown "
+        f"queue_if_no_space {'needs_check' if needs_check else '-'} 1024 "
+    )
     assert parse_thin_pool_status(line) == {
-        "failed": None, "transaction_id": txn, "used_metadata_blocks": um, "total_metadata_blocks": tm,
-        "used_data_blocks": ud, "total_data_blocks": td, "held_root": held, "mode": mode,
-        "needs_check": needs_check}
+        "failed": None,
+        "transaction_id": txn,
+        "used_metadata_blocks": um,
+        "total_metadata_blocks": tm,
+        "used_data_blocks": ud,
+        "total_data_blocks": td,
+        "held_root": held,
+        "mode": mode,
+        "needs_check": needs_check,
+    }
 
 
-@given(NAME, U64, U64, st.sampled_from(["linear", "snapshot", "thin-pool", "crypt", "x"]),
-       st.lists(st.text(st.characters(blacklist_categories=("Cs", "Zs", "Cc")), min_size=1), max_size=5))
+@given(
+    NAME,
+    U64,
+    U64,
+    st.sampled_from(["linear", "snapshot", "thin-pool", "crypt", "x"]),
+    st.lists(
+        st.text(st.characters(blacklist_categories=("Cs", "Zs", "Cc")), min_size=1), max_size=5
+    ),
+)
 def test_table_line_round_trips(name, start, length, target, params):
     line = f"{name}: {start} {length} {target} {' '.join(params)}"
     t = parse_line(line)
-    assert (t.name, t.start, t.length, t.target, t.params.split()) == (name, start, length, target, params)
+    assert (t.name, t.start, t.length, t.target, t.params.split()) == (
+        name,
+        start,
+        length,
+        target,
+        params,
+    )
 
 
-@given(st.sampled_from(["P", "PO", "N"]), st.integers(1, 2**20), st.integers(0, 4096), st.integers(0, 4096))
+@given(
+    st.sampled_from(["P", "PO", "N"]),
+    st.integers(1, 2**20),
+    st.integers(0, 4096),
+    st.integers(0, 4096),
+)
 def test_snapshot_table_round_trips(store, chunk, origin_minor, cow_minor):
     t = parse_snapshot_table(f"253:{origin_minor} 253:{cow_minor} {store} {chunk}")
     assert (t["origin"], t["cow"], t["persistent"], t["chunk_sectors"]) == (
-        f"253:{origin_minor}", f"253:{cow_minor}", store, chunk)
+        f"253:{origin_minor}",
+        f"253:{cow_minor}",
+        store,
+        chunk,
+    )
 
 
 def test_unchanged_output_is_not_parsed_again_but_still_counted(fake):
@@ -430,6 +635,9 @@ def test_unchanged_output_is_not_parsed_again_but_still_counted(fake):
     first = Scraped(registry)
     second = Scraped(registry)
     assert first.errors("dm") == 10 and second.errors("dm") == 20
-    dm_series = lambda r: {k: v for k, v in r.samples.items() if k[0].startswith("blockstack_dm_")}
+
+    def dm_series(r):
+        return {k: v for k, v in r.samples.items() if k[0].startswith("blockstack_dm_")}
+
     assert dm_series(first) == dm_series(second) and len(dm_series(first)) > 5
     assert len(fake.calls()) == 4  # both scrapes ran dmsetup table and status

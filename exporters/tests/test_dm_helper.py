@@ -2,6 +2,7 @@
 Unix socket, tests/fake_dmsetup as its dmsetup. The exporter publishes what it publishes when it
 runs dmsetup itself; a helper that is down, failing or slow is an error count, never a crash; a
 request other than its two names runs nothing."""
+
 import os
 import socket
 import subprocess
@@ -9,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from exporter_testlib import FAKE_DMSETUP, Scraped, registry_for
 from test_dm import DM_FIXTURES, DM_ONLY, SYSFS, build_sysfs
 
@@ -22,13 +22,31 @@ def helper(tmp_path):
 
     def start(scenario, **env):
         sock = str(tmp_path / f"dm{len(procs)}.sock")
-        env = dict(os.environ, FAKE_DMSETUP_FIXTURES=os.path.join(DM_FIXTURES, scenario), FAKE_DMSETUP_LOG=str(log),
-                   **{f"FAKE_DMSETUP_{k.upper()}": v for k, v in env.items()})
-        procs.append(subprocess.Popen([sys.executable, "-I", "-m", "blockstack_exporter.dm_helper", f"--socket={sock}",
-                                       f"--dmsetup={FAKE_DMSETUP}", "--timeout=2"], env=env))
+        env = dict(
+            os.environ,
+            FAKE_DMSETUP_FIXTURES=os.path.join(DM_FIXTURES, scenario),
+            FAKE_DMSETUP_LOG=str(log),
+            **{f"FAKE_DMSETUP_{k.upper()}": v for k, v in env.items()},
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",
+                    "-m",
+                    "blockstack_exporter.dm_helper",
+                    f"--socket={sock}",
+                    f"--dmsetup={FAKE_DMSETUP}",
+                    "--timeout=2",
+                ],
+                env=env,
+            )
+        )
         deadline = time.monotonic() + 30
         while not os.path.exists(sock):
-            assert procs[-1].poll() is None and time.monotonic() < deadline, "the dm helper did not start"
+            assert procs[-1].poll() is None and time.monotonic() < deadline, (
+                "the dm helper did not start"
+            )
             time.sleep(0.05)
         return sock
 
@@ -42,25 +60,58 @@ def helper(tmp_path):
 def scrape(tmp_path, scenario, sock, timeout=5.0):
     root = tmp_path / "root"
     tree = str(root) if root.exists() else build_sysfs(str(root), SYSFS[scenario])
-    return Scraped(registry_for(tree, *DM_ONLY, f"--collector.dm.helper={sock}", f"--collector.dm.timeout={timeout}",
-                                "--collector.dm.dmsetup=/nonexistent/dmsetup"))  # the exporter runs no dmsetup
+    return Scraped(
+        registry_for(
+            tree,
+            *DM_ONLY,
+            f"--collector.dm.helper={sock}",
+            f"--collector.dm.timeout={timeout}",
+            "--collector.dm.dmsetup=/nonexistent/dmsetup",
+        )
+    )  # the exporter runs no dmsetup
 
 
 def test_the_helper_answers_what_dmsetup_would(tmp_path, helper):
     r = scrape(tmp_path, "nvme-incident", helper("nvme-incident"))
     assert r.success("dm") == 1 and r.errors("dm") == 0
     snap = dict(device="dm-3", name="secvol-tmp_backup1")
-    assert r.get("blockstack_dm_snapshot_info", **snap, origin="dm-1", cow="dm-2", persistent="P", merge="false") == 1
+    assert (
+        r.get(
+            "blockstack_dm_snapshot_info",
+            **snap,
+            origin="dm-1",
+            cow="dm-2",
+            persistent="P",
+            merge="false",
+        )
+        == 1
+    )
     assert r.get("blockstack_dm_snapshot_cow_used_bytes", **snap) == 208 * 512
     assert r.get("blockstack_dm_snapshot_state", **snap, state="valid") == 1
-    assert [c.split(" ", 1)[1] for c in helper.calls()] == ["dmsetup table", "dmsetup status --noflush"]
+    assert [c.split(" ", 1)[1] for c in helper.calls()] == [
+        "dmsetup table",
+        "dmsetup status --noflush",
+    ]
 
 
-@pytest.mark.parametrize("env,reason,message", [
-    ({"mode": "fail"}, "command", "exited with 1: /dev/mapper/control: open failed: Permission denied"),
-    ({"mode": "hang", "sleep": "30"}, "timeout", "timed out after 2s; killed"),  # the helper's own timeout
-])
-def test_dmsetup_failing_in_the_helper_is_an_error_count(tmp_path, helper, caplog, env, reason, message):
+@pytest.mark.parametrize(
+    "env,reason,message",
+    [
+        (
+            {"mode": "fail"},
+            "command",
+            "exited with 1: /dev/mapper/control: open failed: Permission denied",
+        ),
+        (
+            {"mode": "hang", "sleep": "30"},
+            "timeout",
+            "timed out after 2s; killed",
+        ),  # the helper's own timeout
+    ],
+)
+def test_dmsetup_failing_in_the_helper_is_an_error_count(
+    tmp_path, helper, caplog, env, reason, message
+):
     r = scrape(tmp_path, "nvme-incident", helper("nvme-incident", **env))
     assert r.success("dm") == 0 and r.errors("dm", reason) == 1
     assert message in caplog.text
@@ -95,7 +146,14 @@ def ask(sock, request):
 
 def test_the_helper_runs_nothing_but_its_two_requests(helper):
     sock = helper("nvme-incident")
-    for request in (b"remove_all\n", b"table --help\n", b"status\x00message\n", b"../table\n", b"", b"x" * 16):
+    for request in (
+        b"remove_all\n",
+        b"table --help\n",
+        b"status\x00message\n",
+        b"../table\n",
+        b"",
+        b"x" * 16,
+    ):
         assert ask(sock, request).startswith(b"error command\nunknown request"), request
     try:  # more than a request: read no further, answered or reset
         ask(sock, b"x" * 100000)

@@ -2,6 +2,7 @@
 `make update-fixtures`), its exit status, and the one table of checks seen three ways: the
 doctor, the exporter's blockstack_finding and the alerts (promtool evaluates each settings
 alert's own expression on the exporter's scrape of the same tree) name the same devices."""
+
 import difflib
 import json
 import os
@@ -9,16 +10,16 @@ import re
 import subprocess
 import sys
 
+import doctor_trees
 import pytest
 import yaml
+from exporter_testlib import HERE, registry_for, tree_flags
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import doctor_trees
-from blockstack_rules import knobs as deploy_knobs
 from blockstack_exporter import checks, knobs
 from blockstack_exporter.doctor import parse_diskstats, parse_lvm_conf
-from exporter_testlib import HERE, registry_for, tree_flags
+from blockstack_rules import knobs as deploy_knobs
 
 DOCTOR = os.path.join(os.path.dirname(sys.executable), "blockstack-doctor")
 GOLDEN = os.path.join(HERE, "doctor-output.txt")
@@ -28,8 +29,19 @@ NO_LVM_CONF = "/nonexistent/lvm.conf"  # LVM's defaults: autoextend off
 def doctor(tree, dm_fixtures, *flags):
     """(exit status, stdout) of the real command on a tree."""
     env = dict(os.environ, FAKE_DMSETUP_FIXTURES=dm_fixtures or "")
-    r = subprocess.run([DOCTOR, *tree_flags(tree), f"--path.lvmconf={NO_LVM_CONF}", f"--path.rootfs={tree}", *flags],
-                       capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run(
+        [
+            DOCTOR,
+            *tree_flags(tree),
+            f"--path.lvmconf={NO_LVM_CONF}",
+            f"--path.rootfs={tree}",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert not r.stderr, r.stderr
     return r.returncode, r.stdout
 
@@ -44,15 +56,23 @@ def test_golden_output(trees, request):
     parts = []
     for name, (tree, dm) in trees.items():
         status, out = doctor(tree, dm)
-        parts.append(f"## blockstack-doctor on fixture {name}: exit {status}\n\n{out.replace(tree, '<tree>')}\n")
+        parts.append(
+            f"## blockstack-doctor on fixture {name}: exit {status}\n\n{out.replace(tree, '<tree>')}\n"
+        )
     body = "".join(parts)
     if request.config.getoption("--update-golden"):
         with open(GOLDEN, "w") as f:
             f.write(body)
     with open(GOLDEN) as f:
         expected = f.read()
-    diff = "".join(difflib.unified_diff(expected.splitlines(True), body.splitlines(True), "doctor-output.txt", "run"))
-    assert not diff, "doctor output differs from the golden file (make update-fixtures if intended):\n" + diff
+    diff = "".join(
+        difflib.unified_diff(
+            expected.splitlines(True), body.splitlines(True), "doctor-output.txt", "run"
+        )
+    )
+    assert not diff, (
+        "doctor output differs from the golden file (make update-fixtures if intended):\n" + diff
+    )
 
 
 def findings(tree, dm, *flags):
@@ -68,15 +88,24 @@ def test_exit_status_and_what_it_names(trees):
     assert ("snapshot_chunk_small", "dm-3", "info") in named
     f = next(f for f in report["findings"] if f["check"] == "nomerges_beneath_stack")
     assert f["fix"] == "echo 0 > /sys/block/nvme1n1/queue/nomerges"
-    assert "ATTR{queue/nomerges}=\"0\"" in f["recipes"][0]["content"] and "lvm-snapshot-nvme-merges.md" in f["why"]
-    assert f["persist"].startswith("/etc/udev/rules.d/90-blockstack-nvme1n1-nomerges.rules, matched by the NVMe")
+    assert (
+        'ATTR{queue/nomerges}="0"' in f["recipes"][0]["content"]
+        and "lvm-snapshot-nvme-merges.md" in f["why"]
+    )
+    assert f["persist"].startswith(
+        "/etc/udev/rules.d/90-blockstack-nvme1n1-nomerges.rules, matched by the NVMe"
+    )
     assert any("nomerges = 2" in e for e in f["evidence"])
 
     status, report = findings(*trees["snapshot-states"])
     assert status == 1
-    assert {f["device"] for f in report["findings"] if f["severity"] == "critical"} == {"dm-3", "dm-5"}
-    assert ("snapshot_invalid", "dm-8", "warning") in {(f["check"], f["device"], f["severity"])
-                                                       for f in report["findings"]}  # merge failed
+    assert {f["device"] for f in report["findings"] if f["severity"] == "critical"} == {
+        "dm-3",
+        "dm-5",
+    }
+    assert ("snapshot_invalid", "dm-8", "warning") in {
+        (f["check"], f["device"], f["severity"]) for f in report["findings"]
+    }  # merge failed
 
 
 def test_device_narrows_to_its_stacks(trees):
@@ -94,9 +123,16 @@ def test_exit_2_when_it_cannot_read(trees, tmp_path):
     assert status == 2 and "--device sdz: no such block device" in report["problems"]
     status, out = doctor(str(tmp_path), None)  # no sysfs at all
     assert status == 2 and "no block devices" in out
-    env = dict(os.environ, FAKE_DMSETUP_FIXTURES=trees["nvme-incident"][1], FAKE_DMSETUP_MODE="fail")
-    r = subprocess.run([DOCTOR, *tree_flags(trees["nvme-incident"][0]), f"--path.lvmconf={NO_LVM_CONF}"],
-                       capture_output=True, text=True, env=env, timeout=60)
+    env = dict(
+        os.environ, FAKE_DMSETUP_FIXTURES=trees["nvme-incident"][1], FAKE_DMSETUP_MODE="fail"
+    )
+    r = subprocess.run(
+        [DOCTOR, *tree_flags(trees["nvme-incident"][0]), f"--path.lvmconf={NO_LVM_CONF}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 2 and "collector(s) dm failed as a whole" in r.stdout
     assert "nomerges_beneath_stack" in r.stdout  # what it could read is still judged
 
@@ -125,12 +161,18 @@ def test_exporter_publishes_the_doctors_findings(trees):
             text = generate_latest(registry_for(tree)).decode()
         finally:
             del os.environ["FAKE_DMSETUP_FIXTURES"]
-        published = {(s.labels["device"], s.labels["check"], s.labels["severity"])
-                     for f in text_string_to_metric_families(text) if f.name == "blockstack_finding"
-                     for s in f.samples}
+        published = {
+            (s.labels["device"], s.labels["check"], s.labels["severity"])
+            for f in text_string_to_metric_families(text)
+            if f.name == "blockstack_finding"
+            for s in f.samples
+        }
         _, report = findings(tree, dm)
-        doctors = {(f["device"], f["check"], f["severity"]) for f in report["findings"]
-                   if checks.BY_ID[f["check"]].needs == "scrape"}
+        doctors = {
+            (f["device"], f["check"], f["severity"])
+            for f in report["findings"]
+            if checks.BY_ID[f["check"]].needs == "scrape"
+        }
         assert published == doctors, name
 
 
@@ -140,16 +182,20 @@ def _series(text):
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels = {**s.labels, "job": "blockstack", "host": "h"}
-            body = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()))  # Go's escapes
+            body = ",".join(
+                f"{k}={json.dumps(v)}" for k, v in sorted(labels.items())
+            )  # Go's escapes
             out.append({"series": f"{s.name}{{{body}}}", "values": f"{s.value:g}x30"})
     return out
 
 
 # alert -> (check, severity of the check's findings it fires for: None for all)
-ALERTS = {"BlockStackNomergesBeneathStack": ("nomerges_beneath_stack", None),
-          "BlockStackMaxSectorsLow": ("max_sectors_low", None),
-          "BlockStackSnapshotChunkSmall": ("snapshot_chunk_small", None),
-          "BlockStackSnapshotInvalid": ("snapshot_invalid", "critical")}
+ALERTS = {
+    "BlockStackNomergesBeneathStack": ("nomerges_beneath_stack", None),
+    "BlockStackMaxSectorsLow": ("max_sectors_low", None),
+    "BlockStackSnapshotChunkSmall": ("snapshot_chunk_small", None),
+    "BlockStackSnapshotInvalid": ("snapshot_invalid", "critical"),
+}
 
 
 def test_settings_alerts_and_doctor_agree(trees, tmp_path):
@@ -160,7 +206,12 @@ def test_settings_alerts_and_doctor_agree(trees, tmp_path):
     rules = deploy_knobs.rule_files(k)
     groups = yaml.safe_load(rules[deploy_knobs.REPO / "alerts/alerts.rules.yml"])["groups"]
     exprs = {r["alert"]: r["expr"] for g in groups for r in g["rules"] if r.get("alert") in ALERTS}
-    severities = {r["alert"]: r["labels"]["severity"] for g in groups for r in g["rules"] if r.get("alert") in ALERTS}
+    severities = {
+        r["alert"]: r["labels"]["severity"]
+        for g in groups
+        for r in g["rules"]
+        if r.get("alert") in ALERTS
+    }
     recording = tmp_path / "recording.rules.yml"
     recording.write_text(rules[deploy_knobs.REPO / "alerts/recording.rules.yml"])
     tests = []
@@ -172,24 +223,58 @@ def test_settings_alerts_and_doctor_agree(trees, tmp_path):
             del os.environ["FAKE_DMSETUP_FIXTURES"]
         _, report = findings(tree, dm)
         series = _series(text)
-        devices = {low for s in series if s["series"].startswith("blockstack_device_info")
-                   for low in re.findall(r'device="([^"]+)"', s["series"])}
-        series += [{"series": f'node_disk_writes_completed_total{{job="node",host="h",device="{d}"}}',
-                    "values": "0+50x30"} for d in sorted(devices)]
+        devices = {
+            low
+            for s in series
+            if s["series"].startswith("blockstack_device_info")
+            for low in re.findall(r'device="([^"]+)"', s["series"])
+        }
+        series += [
+            {
+                "series": f'node_disk_writes_completed_total{{job="node",host="h",device="{d}"}}',
+                "values": "0+50x30",
+            }
+            for d in sorted(devices)
+        ]
         cases = []
         for alert, (check, severity) in ALERTS.items():
-            expected = sorted({f["device"] for f in report["findings"]
-                               if f["check"] == check and severity in (None, f["severity"])})
+            expected = sorted(
+                {
+                    f["device"]
+                    for f in report["findings"]
+                    if f["check"] == check and severity in (None, f["severity"])
+                }
+            )
             # and with the alert's severity: a setting the doctor calls info never warns, and so on
-            assert {f["severity"] for f in report["findings"] if f["check"] == check and f["device"] in expected} \
-                <= {severities[alert]}, (name, alert)
-            cases.append({"expr": f"group by (device) ({exprs[alert]})", "eval_time": "2m",
-                          "exp_samples": [{"labels": f'{{device="{d}"}}', "value": 1} for d in expected]})
-        tests.append({"name": f"{name}: the settings alerts name the doctor's devices", "interval": "5s",
-                      "input_series": series, "promql_expr_test": cases})
+            assert {
+                f["severity"]
+                for f in report["findings"]
+                if f["check"] == check and f["device"] in expected
+            } <= {severities[alert]}, (name, alert)
+            cases.append(
+                {
+                    "expr": f"group by (device) ({exprs[alert]})",
+                    "eval_time": "2m",
+                    "exp_samples": [{"labels": f'{{device="{d}"}}', "value": 1} for d in expected],
+                }
+            )
+        tests.append(
+            {
+                "name": f"{name}: the settings alerts name the doctor's devices",
+                "interval": "5s",
+                "input_series": series,
+                "promql_expr_test": cases,
+            }
+        )
     path = tmp_path / "agree.test.yml"
-    path.write_text(yaml.safe_dump({"rule_files": [str(recording)], "evaluation_interval": "5s", "tests": tests}))
-    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+    path.write_text(
+        yaml.safe_dump(
+            {"rule_files": [str(recording)], "evaluation_interval": "5s", "tests": tests}
+        )
+    )
+    r = subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -211,16 +296,24 @@ def test_knobs_flag_changes_the_threshold(trees, tmp_path):
     assert "snapshot_chunk_small" not in {f["check"] for f in report["findings"]}
     path.write_text("snapshot_chunk_min_bytes: [1\n")
     env = dict(os.environ, FAKE_DMSETUP_FIXTURES=trees["nvme-incident"][1])
-    r = subprocess.run([DOCTOR, *tree_flags(trees["nvme-incident"][0]), f"--config.knobs={path}"],
-                       capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run(
+        [DOCTOR, *tree_flags(trees["nvme-incident"][0]), f"--config.knobs={path}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 2 and "--config.knobs" in r.stderr
 
 
 def test_lvm_conf_and_diskstats_parsers():
-    assert parse_lvm_conf("activation {\n  # snapshot_autoextend_threshold = 100\n"
-                          "  snapshot_autoextend_threshold = 70\n  thin_pool_autoextend_threshold=80\n}\n") == \
-        {"snapshot_autoextend_threshold": 70, "thin_pool_autoextend_threshold": 80}
-    stats = parse_diskstats(" 259 0 nvme1n1 3000 2 24000 100 10 0 80 5 0 100 105 0 0 0 0\n 7 0 loop0 bad\n")
+    assert parse_lvm_conf(
+        "activation {\n  # snapshot_autoextend_threshold = 100\n"
+        "  snapshot_autoextend_threshold = 70\n  thin_pool_autoextend_threshold=80\n}\n"
+    ) == {"snapshot_autoextend_threshold": 70, "thin_pool_autoextend_threshold": 80}
+    stats = parse_diskstats(
+        " 259 0 nvme1n1 3000 2 24000 100 10 0 80 5 0 100 105 0 0 0 0\n 7 0 loop0 bad\n"
+    )
     assert stats == {"nvme1n1": (3000, 2, 24000, 10, 0, 80)}
 
 
@@ -228,6 +321,7 @@ def test_findings_collector_reads_no_file(trees, monkeypatch):
     """The findings cost no second walk: with the scrape's families in hand it opens nothing."""
     from blockstack_exporter.collectors import findings as findings_module
     from blockstack_exporter.scrape import BlockstackCollector
+
     tree, dm = trees["nvme-incident"]
     monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", dm)
     registry = registry_for(tree)
@@ -242,10 +336,13 @@ def test_findings_collector_reads_no_file(trees, monkeypatch):
             mp.setattr(os, "open", lambda *a, **kw: opened.append(a[0]))
             mp.setattr("builtins.open", lambda *a, **kw: opened.append(a[0]))
             return real_collect(scrape)
+
     findings_collector.collect = watched
     list(registry.collect())
     assert opened == []
-    assert {(f.device, f.check) for f in findings_collector.last} >= {("nvme1n1", "nomerges_beneath_stack")}
+    assert {(f.device, f.check) for f in findings_collector.last} >= {
+        ("nvme1n1", "nomerges_beneath_stack")
+    }
 
 
 # --- --interval's merge_collapse against the collapse rules ---------------------------------------
@@ -254,59 +351,94 @@ def test_findings_collector_reads_no_file(trees, monkeypatch):
 #          eBPF {device: (requests issued/s, sectors each, refused merges/s, split pieces/s)} or None,
 #          what the doctor must say {device: severity})
 # The NVMe write-up's stack and iostat lineup: dm-3 at 512 sectors over dm-1 and nvme1n1 at 8
-NVME = ({"dm-3": "dm", "dm-0": "dm", "dm-1": "dm", "nvme1n1": "disk"},
-        {"dm-3": ["dm-0", "dm-1"], "dm-0": ["nvme1n1"], "dm-1": ["nvme1n1"]},
-        {"dm-3": (47, 512), "dm-1": (3000, 8), "nvme1n1": (3000, 8)})
+NVME = (
+    {"dm-3": "dm", "dm-0": "dm", "dm-1": "dm", "nvme1n1": "disk"},
+    {"dm-3": ["dm-0", "dm-1"], "dm-0": ["nvme1n1"], "dm-1": ["nvme1n1"]},
+    {"dm-3": (47, 512), "dm-1": (3000, 8), "nvme1n1": (3000, 8)},
+)
 COLLAPSES = {
     "NVMe incident, with eBPF: nvme1n1 refuses merges (dm-3 splits bios but issues no request)": (
-        *NVME, {"nvme1n1": (3000, 8, 2800, 0), "dm-3": (0, 0, 0, 2800)}, {"nvme1n1": "critical"}),
-    "NVMe incident's lineup without eBPF: the layered shape only": (*NVME, None, {"nvme1n1": "info"}),
+        *NVME,
+        {"nvme1n1": (3000, 8, 2800, 0), "dm-3": (0, 0, 0, 2800)},
+        {"nvme1n1": "critical"},
+    ),
+    "NVMe incident's lineup without eBPF: the layered shape only": (
+        *NVME,
+        None,
+        {"nvme1n1": "info"},
+    ),
     "the layered shape with eBPF counting nothing refused or split on vda (a shared disk)": (
-        {"dm-0": "dm", "vda": "disk"}, {"dm-0": ["vda"]},
+        {"dm-0": "dm", "vda": "disk"},
+        {"dm-0": ["vda"]},
         {"dm-0": (47, 512), "vda": (3000, 8)},
         {"vda": (3000, 8, 0, 0)},
-        {"vda": "info"}),
+        {"vda": "info"},
+    ),
     "loop lab, max_sectors_kb=4: loop0's requests are pieces split off loop1's": (
-        {"loop1": "loop", "loop0": "loop"}, {"loop1": ["loop0"]},
+        {"loop1": "loop", "loop0": "loop"},
+        {"loop1": ["loop0"]},
         {"loop1": (100, 1024), "loop0": (12800, 8)},
         {"loop0": (12800, 8, 0, 12700)},
-        {"loop0": "critical"}),
+        {"loop0": "critical"},
+    ),
     "1 MiB bios split into 128 KiB pieces: how large I/O is issued, no collapse": (
-        {"dm-0": "dm", "sda": "disk"}, {"dm-0": ["sda"]},
+        {"dm-0": "dm", "sda": "disk"},
+        {"dm-0": ["sda"]},
         {"dm-0": (100, 2048), "sda": (800, 256)},
         {"sda": (800, 256, 0, 700)},
-        {}),
+        {},
+    ),
     "refused merges over the requests issued (eBPF), not diskstats' completions": (
-        {"sdb": "disk"}, {},
+        {"sdb": "disk"},
+        {},
         {"sdb": (3500, 8)},
         {"sdb": (3000, 8, 1600, 0)},
-        {"sdb": "critical"}),
+        {"sdb": "critical"},
+    ),
     "a trickle of refused merges": (
-        {"dm-0": "dm", "nvme0n1": "disk"}, {"dm-0": ["nvme0n1"]},
+        {"dm-0": "dm", "nvme0n1": "disk"},
+        {"dm-0": ["nvme0n1"]},
         {"dm-0": (1, 512), "nvme0n1": (60, 8)},
         {"nvme0n1": (60, 8, 60, 0)},
-        {}),
+        {},
+    ),
 }
 
 
 def _collapse_case(devices, edges, disk, ebpf):
     """The doctor's merge_collapse findings on one interval of 10 s, and the promtool series of
     the same counters (5 s scrapes)."""
-    from blockstack_exporter.doctor import Sample, collapse_findings, lineup, INTERVAL_KNOBS
+    from blockstack_exporter.doctor import INTERVAL_KNOBS, Sample, collapse_findings, lineup
+
     h = checks.Host()
     for name, kind in devices.items():
         h.devices[name] = {"kind": kind, "name": name}
         h.lower[name] = list(edges.get(name, []))
     zero = {d: (0,) * 6 for d in devices}
     after = {d: (rps * 10, 0, rps * 10 * size, 0, 0, 0) for d, (rps, size) in disk.items()}
-    counters = None if ebpf is None else {
-        (what, d, "read"): v * 10 for d, (rq, size, missed, splits) in ebpf.items()
-        for what, v in (("issued", rq), ("issued_bytes", rq * size * 512), ("missed_merges", missed),
-                        ("splits", splits))}
-    rows = lineup(Sample(h, {}, [], zero, None if ebpf is None else {}, 0.0),
-                  Sample(h, {}, [], {**zero, **after}, counters, 10.0), 10.0)
-    found = {(f.device, "read"): f.severity
-             for f in collapse_findings(h, rows, knobs.load(required=INTERVAL_KNOBS))}
+    counters = (
+        None
+        if ebpf is None
+        else {
+            (what, d, "read"): v * 10
+            for d, (rq, size, missed, splits) in ebpf.items()
+            for what, v in (
+                ("issued", rq),
+                ("issued_bytes", rq * size * 512),
+                ("missed_merges", missed),
+                ("splits", splits),
+            )
+        }
+    )
+    rows = lineup(
+        Sample(h, {}, [], zero, None if ebpf is None else {}, 0.0),
+        Sample(h, {}, [], {**zero, **after}, counters, 10.0),
+        10.0,
+    )
+    found = {
+        (f.device, "read"): f.severity
+        for f in collapse_findings(h, rows, knobs.load(required=INTERVAL_KNOBS))
+    }
 
     def counter(name, labels, per_second):
         body = ",".join(f'{k}="{v}"' for k, v in {"host": "h", **labels}.items())
@@ -314,27 +446,51 @@ def _collapse_case(devices, edges, disk, ebpf):
 
     series = []
     for i, (name, kind) in enumerate(sorted(devices.items())):
-        series += [{"series": f'blockstack_device_info{{job="blockstack",host="h",device="{name}",kind="{kind}"}}',
-                    "values": "1x60"},
-                   {"series": f'blockstack_device_number_info{{job="blockstack",host="h",device="{name}",'
-                              f'major_minor="8:{i}",devno="{2048 + i}"}}', "values": "1x60"}]
-        series += [{"series": f'blockstack_device_lower_info{{job="blockstack",host="h",device="{name}",'
-                              f'lower="{low}"}}', "values": "1x60"} for low in edges.get(name, [])]
-        series += [{"series": f'blockstack_device_beneath_info{{job="blockstack",host="h",device="{name}",'
-                              f'lower="{low}",depth="{depth}"}}', "values": "1x60"}
-                   for depth, layer in enumerate(h.layers(name)) if depth for low in layer]
+        series += [
+            {
+                "series": f'blockstack_device_info{{job="blockstack",host="h",device="{name}",kind="{kind}"}}',
+                "values": "1x60",
+            },
+            {
+                "series": f'blockstack_device_number_info{{job="blockstack",host="h",device="{name}",'
+                f'major_minor="8:{i}",devno="{2048 + i}"}}',
+                "values": "1x60",
+            },
+        ]
+        series += [
+            {
+                "series": f'blockstack_device_lower_info{{job="blockstack",host="h",device="{name}",'
+                f'lower="{low}"}}',
+                "values": "1x60",
+            }
+            for low in edges.get(name, [])
+        ]
+        series += [
+            {
+                "series": f'blockstack_device_beneath_info{{job="blockstack",host="h",device="{name}",'
+                f'lower="{low}",depth="{depth}"}}',
+                "values": "1x60",
+            }
+            for depth, layer in enumerate(h.layers(name))
+            if depth
+            for low in layer
+        ]
         if name in disk:
             rps, size = disk[name]
             node = {"job": "node", "device": name}
-            series += [counter("node_disk_reads_completed_total", node, rps),
-                       counter("node_disk_read_bytes_total", node, rps * size * 512)]
+            series += [
+                counter("node_disk_reads_completed_total", node, rps),
+                counter("node_disk_read_bytes_total", node, rps * size * 512),
+            ]
         if ebpf and name in ebpf:
             rq, size, missed, splits = ebpf[name]
             e = {"job": "ebpf", "devno": str(2048 + i), "operation": "read"}
-            series += [counter("ebpf_exporter_block_rq_size_bytes_count", e, rq),
-                       counter("ebpf_exporter_block_rq_size_bytes_sum", e, rq * size * 512),
-                       counter("ebpf_exporter_block_rq_missed_merges_total", e, missed),
-                       counter("ebpf_exporter_block_bio_splits_total", e, splits)]
+            series += [
+                counter("ebpf_exporter_block_rq_size_bytes_count", e, rq),
+                counter("ebpf_exporter_block_rq_size_bytes_sum", e, rq * size * 512),
+                counter("ebpf_exporter_block_rq_missed_merges_total", e, missed),
+                counter("ebpf_exporter_block_bio_splits_total", e, splits),
+            ]
     return found, series
 
 
@@ -345,7 +501,9 @@ def test_interval_collapse_and_the_collapse_rules_agree(tmp_path):
     k = deploy_knobs.load()
     rules = deploy_knobs.rule_files(k)
     groups = yaml.safe_load(rules[deploy_knobs.REPO / "alerts/alerts.rules.yml"])["groups"]
-    page = next(r["expr"] for g in groups for r in g["rules"] if r.get("alert") == "BlockStackMergeCollapse")
+    page = next(
+        r["expr"] for g in groups for r in g["rules"] if r.get("alert") == "BlockStackMergeCollapse"
+    )
     recording = tmp_path / "recording.rules.yml"
     recording.write_text(rules[deploy_knobs.REPO / "alerts/recording.rules.yml"])
     tests = []
@@ -354,15 +512,39 @@ def test_interval_collapse_and_the_collapse_rules_agree(tmp_path):
         assert found == {(d, "read"): s for d, s in expected.items()}, name
 
         def samples(severity):
-            return [{"labels": f'{{device="{d}",operation="{op}"}}', "value": 1}
-                    for (d, op), s in sorted(found.items()) if s == severity]
-        tests.append({"name": name, "interval": "5s", "input_series": series, "promql_expr_test": [
-            {"expr": f"group by (device, operation) ({page})", "eval_time": "2m",
-             "exp_samples": samples("critical")},
-            {"expr": "group by (device, operation) (host_device_operation:blockstack_collapse_layered:split_ratio "
-                     f"unless on (host, device, operation) ({page}))", "eval_time": "2m",
-             "exp_samples": samples("info")}]})
+            return [
+                {"labels": f'{{device="{d}",operation="{op}"}}', "value": 1}
+                for (d, op), s in sorted(found.items())
+                if s == severity
+            ]
+
+        tests.append(
+            {
+                "name": name,
+                "interval": "5s",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": f"group by (device, operation) ({page})",
+                        "eval_time": "2m",
+                        "exp_samples": samples("critical"),
+                    },
+                    {
+                        "expr": "group by (device, operation) (host_device_operation:blockstack_collapse_layered:split_ratio "
+                        f"unless on (host, device, operation) ({page}))",
+                        "eval_time": "2m",
+                        "exp_samples": samples("info"),
+                    },
+                ],
+            }
+        )
     path = tmp_path / "collapse.test.yml"
-    path.write_text(yaml.safe_dump({"rule_files": [str(recording)], "evaluation_interval": "5s", "tests": tests}))
-    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+    path.write_text(
+        yaml.safe_dump(
+            {"rule_files": [str(recording)], "evaluation_interval": "5s", "tests": tests}
+        )
+    )
+    r = subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stdout + r.stderr

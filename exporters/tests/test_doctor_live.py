@@ -2,6 +2,7 @@
 on a file on ext4 on a lower loop device, backing files on tmpfs, so nothing sits beneath the
 lower), healthy and then with each sick setting in turn. Every setting is restored and every
 loop device and mount removed on exit, also on failure (blockstack_lab.loop's context managers)."""
+
 import contextlib
 import json
 import os
@@ -9,10 +10,10 @@ import subprocess
 import sys
 
 import pytest
+from exporter_testlib import Scraped
 
 from blockstack_exporter.main import build_registry, parse_args
 from blockstack_lab import loop
-from exporter_testlib import Scraped
 
 pytestmark = [pytest.mark.root]
 
@@ -20,8 +21,12 @@ DOCTOR = os.path.join(os.path.dirname(sys.executable), "blockstack-doctor")
 
 
 def doctor(device, *flags, timeout=60):
-    r = subprocess.run([DOCTOR, "--json", f"--device={device}", *flags], capture_output=True, text=True,
-                       timeout=timeout)
+    r = subprocess.run(
+        [DOCTOR, "--json", f"--device={device}", *flags],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert r.returncode in (0, 1), r.stdout + r.stderr
     return r.returncode, json.loads(r.stdout)
 
@@ -54,10 +59,18 @@ def test_nomerges_beneath_the_stack(pair, value):
         registry = Scraped(build_registry(parse_args([])))
     assert status == 1
     f = named(report)[("nomerges_beneath_stack", lower)]
-    assert f["severity"] == "warning" and f"/sys/block/{lower}/queue/nomerges = {value}" in f["evidence"][0]
+    assert (
+        f["severity"] == "warning"
+        and f"/sys/block/{lower}/queue/nomerges = {value}" in f["evidence"][0]
+    )
     assert f["fix"] == f"echo 0 > /sys/block/{lower}/queue/nomerges"
     # the exporter publishes the same finding
-    assert registry.get("blockstack_finding", device=lower, check="nomerges_beneath_stack", severity="warning") == 1
+    assert (
+        registry.get(
+            "blockstack_finding", device=lower, check="nomerges_beneath_stack", severity="warning"
+        )
+        == 1
+    )
     assert doctor(upper)[0] == 0  # restored
 
 
@@ -74,7 +87,9 @@ def test_max_sectors_kb_low(pair):
     with loop.sysfs_setting(dev, "queue/max_sectors_kb", "4"):
         _, report = doctor(upper)
     f = named(report)[("max_sectors_low", lower)]
-    assert "max_sectors_kb = 4" in f["evidence"][0] and f["fix"].endswith(f"/sys/block/{lower}/queue/max_sectors_kb")
+    assert "max_sectors_kb = 4" in f["evidence"][0] and f["fix"].endswith(
+        f"/sys/block/{lower}/queue/max_sectors_kb"
+    )
 
 
 def test_ext4_dioread_nolock_with_a_small_journal(pair):
@@ -93,12 +108,24 @@ def test_interval_shows_each_layers_requests_and_the_collapse(pair):
     with contextlib.ExitStack() as es:
         es.enter_context(loop.sysfs_setting(dev, "queue/max_sectors_kb", "4"))
         # the device is read again and again for at most 30 s (killed once the doctor is done)
-        reader = subprocess.Popen(["timeout", "30", "sh", "-c", f"while :; do dd if={updev} of=/dev/null bs=1M "
-                                   "iflag=direct 2>/dev/null; done"], start_new_session=True)
+        reader = subprocess.Popen(
+            [
+                "timeout",
+                "30",
+                "sh",
+                "-c",
+                f"while :; do dd if={updev} of=/dev/null bs=1M iflag=direct 2>/dev/null; done",
+            ],
+            start_new_session=True,
+        )
         es.callback(reader.wait, 30)
         es.callback(os.killpg, reader.pid, 9)
-        r = subprocess.run([DOCTOR, "--json", f"--device={upper}", "--interval=3"], capture_output=True,
-                           text=True, timeout=60)
+        r = subprocess.run(
+            [DOCTOR, "--json", f"--device={upper}", "--interval=3"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     report = json.loads(r.stdout)
     up, low = report["lineup"][upper]["read"], report["lineup"][lower]["read"]
     assert up["rps"] > 0 and low["rps"] > 0, report["lineup"]
@@ -115,25 +142,51 @@ def test_ebpf_adds_splits_to_the_lineup(pair, tmp_path):
     names the collapse critical on that evidence, as the page does."""
     from blockstack_deploy import procs
     from blockstack_deploy.stack import EBPF_CONFIG_DIR, EBPF_EXPORTER
+
     lower, upper, _, dev, updev = pair
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    argv = [EBPF_EXPORTER, f"--config.dir={EBPF_CONFIG_DIR}", "--config.names=block_io",
-            f"--web.listen-address=127.0.0.1:{port}"]
+    argv = [
+        EBPF_EXPORTER,
+        f"--config.dir={EBPF_CONFIG_DIR}",
+        "--config.names=block_io",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
     with contextlib.ExitStack() as es:
-        es.enter_context(procs.running(argv, env={"OTEL_TRACES_EXPORTER": "none"}, health_url=url,
-                                       log_path=str(tmp_path / "ebpf_exporter.log"), timeout=60))
+        es.enter_context(
+            procs.running(
+                argv,
+                env={"OTEL_TRACES_EXPORTER": "none"},
+                health_url=url,
+                log_path=str(tmp_path / "ebpf_exporter.log"),
+                timeout=60,
+            )
+        )
         es.enter_context(loop.sysfs_setting(dev, "queue/max_sectors_kb", "4"))
-        reader = subprocess.Popen(["timeout", "30", "sh", "-c", f"while :; do dd if={updev} of=/dev/null bs=1M "
-                                   "iflag=direct 2>/dev/null; done"], start_new_session=True)
+        reader = subprocess.Popen(
+            [
+                "timeout",
+                "30",
+                "sh",
+                "-c",
+                f"while :; do dd if={updev} of=/dev/null bs=1M iflag=direct 2>/dev/null; done",
+            ],
+            start_new_session=True,
+        )
         es.callback(reader.wait, 30)
         es.callback(os.killpg, reader.pid, 9)
-        r = subprocess.run([DOCTOR, "--json", f"--device={upper}", "--interval=3", f"--ebpf={url}"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [DOCTOR, "--json", f"--device={upper}", "--interval=3", f"--ebpf={url}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     report = json.loads(r.stdout)
     low = report["lineup"][lower]["read"]
     assert low["splits_ps"] > 0.5 * low["rps"], report["lineup"]
     assert "missed_merges_ps" in low and low["issued_sectors"] <= 8
     collapse = named(report)[("merge_collapse", lower)]
-    assert collapse["severity"] == "critical" and collapse["what"].startswith("requests split"), collapse
+    assert collapse["severity"] == "critical" and collapse["what"].startswith("requests split"), (
+        collapse
+    )
     assert collapse["fix"].endswith(f"/sys/block/{lower}/queue/max_sectors_kb")

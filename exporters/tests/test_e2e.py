@@ -1,12 +1,14 @@
 """Golden end-to-end test: the real exporter on the fixture tree, scraped over HTTP, diffed
 against e2e-output.txt and linted with `promtool check metrics`.
 Update the golden file with `make update-fixtures` after a reviewed change."""
+
 import difflib
 import os
 import re
 import subprocess
 
 from exporter_testlib import EXPORTER, HERE, HOST_LOOP, exporter_argv, tree_flags
+
 from blockstack_deploy import procs
 
 GOLDEN = os.path.join(HERE, "e2e-output.txt")
@@ -40,23 +42,35 @@ def test_golden_output(request):
             f.write(body)
     with open(GOLDEN) as f:
         expected = f.read()
-    diff = "".join(difflib.unified_diff(expected.splitlines(True), body.splitlines(True), "e2e-output.txt", "scrape"))
-    assert not diff, "scrape differs from the golden file (make update-fixtures if intended):\n" + diff
+    diff = "".join(
+        difflib.unified_diff(
+            expected.splitlines(True), body.splitlines(True), "e2e-output.txt", "scrape"
+        )
+    )
+    assert not diff, (
+        "scrape differs from the golden file (make update-fixtures if intended):\n" + diff
+    )
 
 
 def test_promtool_check_metrics():
     body = scrape_fixture()
-    r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["promtool", "check", "metrics"], input=body, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def listening_addresses(pid):
     """Local addresses of the TCP sockets `pid` listens on (ss -ltnp)."""
-    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True, timeout=30).stdout
+    out = subprocess.run(
+        ["ss", "-ltnpH"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
     return {line.split()[3] for line in out.splitlines() if f"pid={pid}," in line}
 
 
 def test_listens_on_loopback_only_by_default():
     """No --web.listen-address: the default (127.0.0.1:9363), never all interfaces."""
-    with procs.running([EXPORTER, *tree_flags(HOST_LOOP)], health_url="http://127.0.0.1:9363/metrics") as proc:
+    with procs.running(
+        [EXPORTER, *tree_flags(HOST_LOOP)], health_url="http://127.0.0.1:9363/metrics"
+    ) as proc:
         assert listening_addresses(proc.pid) == {"127.0.0.1:9363"}

@@ -1,6 +1,7 @@
 """Issue 14: bad values cost one sample, hung devices and commands cost their own metrics only,
 and the HTTP side serves only scrapes, one collection for many requests. Each test failed on
 the exporter before the hardening (noted per test)."""
+
 import contextlib
 import errno
 import logging
@@ -12,14 +13,14 @@ import threading
 import time
 
 import pytest
+from exporter_testlib import HOST_LOOP, Scraped, exporter_argv, full_tree, http, registry_for
+from fuzzing import ABORTED, HALF_SENT, SLOW, closed_by_exporter, damaged_request
 
+from blockstack_deploy import procs
 from blockstack_exporter import server
 from blockstack_exporter.collectors import ALL
 from blockstack_exporter.fs import BlockingReads
 from blockstack_exporter.scrape import SHARES, deadline
-from exporter_testlib import HOST_LOOP, Scraped, exporter_argv, full_tree, http, registry_for
-from fuzzing import ABORTED, HALF_SENT, SLOW, closed_by_exporter, damaged_request
-from blockstack_deploy import procs
 
 LOOP0 = "sys/devices/virtual/block/loop0"
 
@@ -32,18 +33,26 @@ def write(tree, rel, data):
 
 
 def promtool_ok(text):
-    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
     return r.returncode == 0, r.stdout + r.stderr
 
 
 # --- one bad value costs one sample --------------------------------------------------------------
 
+
 def test_names_that_are_not_utf8_cost_their_samples_only(host_tree):
     """Old: UnicodeEncodeError in the exposition, HTTP 500 for the whole scrape."""
-    os.symlink("../../devices/virtual/block/loop0", os.fsencode(host_tree) + b"/sys/class/block/sd\xff")
+    os.symlink(
+        "../../devices/virtual/block/loop0", os.fsencode(host_tree) + b"/sys/class/block/sd\xff"
+    )
     write(host_tree, "proc/fs/ext4/" + os.fsdecode(b"x\xfe") + "/options", "rw\n")
-    write(host_tree, "proc/fs/jbd2/" + os.fsdecode(b"x\xfe-8") + "/info",
-          "1 transactions (1 requested), each up to 8 blocks\n")
+    write(
+        host_tree,
+        "proc/fs/jbd2/" + os.fsdecode(b"x\xfe-8") + "/info",
+        "1 transactions (1 requested), each up to 8 blocks\n",
+    )
     s = Scraped(registry_for(host_tree))
     assert s.get("blockstack_queue_nomerges", device="loop0") == 2
     assert s.errors(reason="label_value") >= 3
@@ -55,18 +64,30 @@ def test_huge_integers_cost_one_sample(host_tree):
     """Old: 310 digits -> OverflowError in the exposition (HTTP 500); 4,300+ digits in jbd2 info
     -> ValueError, the whole jbd2 collector failed."""
     write(host_tree, f"{LOOP0}/queue/nr_requests", "9" * 400 + "\n")
-    write(host_tree, "proc/fs/jbd2/loop0-8/info", "9" * 5000 + " transactions (1 requested), each up to 8 blocks\n")
+    write(
+        host_tree,
+        "proc/fs/jbd2/loop0-8/info",
+        "9" * 5000 + " transactions (1 requested), each up to 8 blocks\n",
+    )
     with open(os.path.join(HOST_LOOP, "proc/fs/jbd2/loop1-8/info")) as f:
         info = f.read()
     handles = [line for line in info.splitlines() if "handles per transaction" in line][0]
-    write(host_tree, "proc/fs/jbd2/loop1-8/info", info.replace(handles, "  " + "9" * 350 + " handles per transaction")
-          + "  " + "7" * 4400 + " blocks per transaction\n")
+    write(
+        host_tree,
+        "proc/fs/jbd2/loop1-8/info",
+        info.replace(handles, "  " + "9" * 350 + " handles per transaction")
+        + "  "
+        + "7" * 4400
+        + " blocks per transaction\n",
+    )
     s = Scraped(registry_for(host_tree))
     assert s.get("blockstack_queue_nr_requests", device="loop0") is None
     assert s.get("blockstack_queue_nomerges", device="loop0") == 2
     assert s.get("blockstack_scrape_collector_success", collector="jbd2") == 1
     assert s.get("blockstack_jbd2_transactions_total", device="loop0", journal="loop0-8") is None
-    assert s.get("blockstack_jbd2_transactions_total", device="loop1", journal="loop1-8") is not None
+    assert (
+        s.get("blockstack_jbd2_transactions_total", device="loop1", journal="loop1-8") is not None
+    )
     assert s.errors("queue", "parse") == 1 and s.errors("jbd2", "parse") >= 2
     ok, out = promtool_ok(s.text)
     assert ok, out
@@ -95,24 +116,34 @@ def test_garbage_text_values_are_bounded(host_tree):
     registry = registry_for(host_tree)
     s = Scraped(registry)
     options = [k for k in s.samples if k[0] == "blockstack_ext4_option_info"]
-    assert not [k for k in options if ("device", "loop0") in k[1]]  # larger than any options file: dropped
+    assert not [
+        k for k in options if ("device", "loop0") in k[1]
+    ]  # larger than any options file: dropped
     assert len([k for k in options if ("device", "loop1") in k[1]]) == 128
     assert s.errors("ext4", "too_large") == 1 and s.errors("ext4", "series_limit") == 500 - 128
-    assert not [k for k in s.samples if k[0] == "blockstack_queue_scheduler_info" and ("device", "loop0") in k[1]]
+    assert not [
+        k
+        for k in s.samples
+        if k[0] == "blockstack_queue_scheduler_info" and ("device", "loop0") in k[1]
+    ]
     assert s.errors("queue", "label_value") == 1
 
 
 def test_a_repeated_condition_is_logged_once_and_counted_every_time(host_tree, caplog, monkeypatch):
     """Old: the same warning on every scrape (the ext4 journal size EPERM every 5 s)."""
+
     def denied(self, path, *args):
         raise PermissionError(errno.EPERM, "Operation not permitted", path)
+
     monkeypatch.setattr(BlockingReads, "pread", denied)
     registry = registry_for(host_tree)
     caplog.set_level(logging.INFO, logger="blockstack_exporter")
     for garbage in ("two", "three", "four"):  # another message, the same condition
         write(host_tree, f"{LOOP0}/queue/nomerges", garbage + "\n")
         s = Scraped(registry)
-    assert s.errors("queue", "parse") == 3 and s.errors("ext4", "unreadable") == 3 * 3  # loop0, loop1, vda
+    assert (
+        s.errors("queue", "parse") == 3 and s.errors("ext4", "unreadable") == 3 * 3
+    )  # loop0, loop1, vda
     assert caplog.text.count("loop0: nomerges") == 1
     assert caplog.text.count("loop1: journal size: [Errno 1] Operation not permitted") == 1
     write(host_tree, f"{LOOP0}/queue/nomerges", "0\n")
@@ -141,6 +172,7 @@ def test_dmsetup_garbage_is_bounded(tmp_path, monkeypatch, caplog):
 
 # --- a hung device must not hang the exporter ------------------------------------------------------
 
+
 def test_a_fifo_in_place_of_a_device_costs_its_journal_size_only(host_tree):
     """Old: the superblock read blocked the scrape forever (holding the scrape lock)."""
     os.unlink(os.path.join(host_tree, "dev/loop1"))
@@ -151,6 +183,7 @@ def test_a_fifo_in_place_of_a_device_costs_its_journal_size_only(host_tree):
     def scrape():  # with a 1 s budget, as the server gives a request
         with deadline(time.monotonic() + 1.0):
             return Scraped(registry)
+
     results = []
     worker = threading.Thread(target=lambda: results.append(scrape()), daemon=True)
     worker.start()
@@ -161,9 +194,28 @@ def test_a_fifo_in_place_of_a_device_costs_its_journal_size_only(host_tree):
         start = time.monotonic()
         s = scrape()  # the read still pending: skipped at once, no new thread
         assert time.monotonic() - start < 0.5 and threading.active_count() == threads
-        assert s.get("blockstack_ext4_journal_size_bytes", device="loop1", mountpoint="/mnt/blockstack-upper") is None
-        assert s.get("blockstack_ext4_dioread_nolock", device="loop1", mountpoint="/mnt/blockstack-upper") == 0
-        assert s.get("blockstack_ext4_journal_size_bytes", device="loop0", mountpoint="/mnt/blockstack-lower") is not None
+        assert (
+            s.get(
+                "blockstack_ext4_journal_size_bytes",
+                device="loop1",
+                mountpoint="/mnt/blockstack-upper",
+            )
+            is None
+        )
+        assert (
+            s.get(
+                "blockstack_ext4_dioread_nolock", device="loop1", mountpoint="/mnt/blockstack-upper"
+            )
+            == 0
+        )
+        assert (
+            s.get(
+                "blockstack_ext4_journal_size_bytes",
+                device="loop0",
+                mountpoint="/mnt/blockstack-lower",
+            )
+            is not None
+        )
         assert s.errors("ext4", "timeout") == 2
     finally:
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # releases the reader
@@ -183,11 +235,19 @@ def dm_exporter(tmp_path):
 
     def start(mode="ok", sleep="60", extra=()):
         port = procs.free_port()
-        env = {"FAKE_DMSETUP_FIXTURES": fixtures, "FAKE_DMSETUP_MODE": mode, "FAKE_DMSETUP_SLEEP": sleep,
-               "FAKE_DMSETUP_LOG": str(log)}
+        env = {
+            "FAKE_DMSETUP_FIXTURES": fixtures,
+            "FAKE_DMSETUP_MODE": mode,
+            "FAKE_DMSETUP_SLEEP": sleep,
+            "FAKE_DMSETUP_LOG": str(log),
+        }
         url = f"http://127.0.0.1:{port}"
-        return url, procs.running(exporter_argv(tree, port, *extra), env=env, health_url=url + "/",
-                                  log_path=str(tmp_path / "exporter.log"))
+        return url, procs.running(
+            exporter_argv(tree, port, *extra),
+            env=env,
+            health_url=url + "/",
+            log_path=str(tmp_path / "exporter.log"),
+        )
 
     start.calls = lambda: len(log.read_text().splitlines()) if log.exists() else 0
     return start
@@ -198,7 +258,9 @@ def test_a_hung_dmsetup_costs_the_dm_metrics_within_the_scrape_timeout(dm_export
     url, running = dm_exporter(mode="hang")
     with running:
         for timeout in ("5", "2"):
-            status, body, seconds = http(url + "/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": timeout})
+            status, body, seconds = http(
+                url + "/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": timeout}
+            )
             assert status == 200 and seconds < float(timeout), seconds
             s = Scraped(body)
             assert s.success("dm") == 0 and s.success("queue") == 1
@@ -206,6 +268,7 @@ def test_a_hung_dmsetup_costs_the_dm_metrics_within_the_scrape_timeout(dm_export
 
 
 # --- HTTP: only scrapes, one collection for many requests ----------------------------------------
+
 
 def test_only_get_metrics_and_the_landing_page(dm_exporter):
     """Old: any method on any path ran a collection and answered the metrics."""
@@ -243,7 +306,11 @@ def test_aborted_and_half_sent_requests_run_no_collection(dm_exporter):
                 damaged_request(url, ABORTED)
         finally:
             os.kill(proc.pid, signal.SIGCONT)
-        wait_for(lambda: connections_open(port) == 0, 20, "the exporter did not close the connections within 20 s")
+        wait_for(
+            lambda: connections_open(port) == 0,
+            20,
+            "the exporter did not close the connections within 20 s",
+        )
         assert dm_exporter.calls() == calls
 
 
@@ -259,7 +326,9 @@ def stopped(pid):
     on its way back to user space)."""
     for task in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{task}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] not in "tT":  # the state, after the command's name
+            if (
+                f.read().rsplit(")", 1)[1].split()[0] not in "tT"
+            ):  # the state, after the command's name
                 return False
     return True
 
@@ -278,8 +347,10 @@ def test_concurrent_scrapes_share_one_collection(dm_exporter):
     with running:
         calls = dm_exporter.calls()
         results = []
-        threads = [threading.Thread(target=lambda: results.append(http(url + "/metrics")), daemon=True)
-                   for _ in range(30)]
+        threads = [
+            threading.Thread(target=lambda: results.append(http(url + "/metrics")), daemon=True)
+            for _ in range(30)
+        ]
         start = time.monotonic()
         for t in threads:
             t.start()
@@ -287,7 +358,9 @@ def test_concurrent_scrapes_share_one_collection(dm_exporter):
             t.join(30)
         assert len(results) == 30 and all(r[0] == 200 for r in results)
         assert time.monotonic() - start < 10
-        assert dm_exporter.calls() - calls <= 2 * 3  # table + status per collection, at most 3 collections
+        assert (
+            dm_exporter.calls() - calls <= 2 * 3
+        )  # table + status per collection, at most 3 collections
 
 
 def test_slow_connections_do_not_block_a_real_scrape(dm_exporter):
@@ -346,10 +419,12 @@ def exporter_in_process(tree, **options):
         thread.join(10)
 
 
-MALFORMED = {"a bad request line": b"GET /metrics HTTP/1.1 x\r\n\r\n",
-             "a control character in the query": b"GET /metrics?x=\x1b[2J HTTP/1.1\r\n\r\n",
-             "HTTP/0.9": b"GET /metrics\r\n\r\n",
-             "a bad header": b"GET /metrics HTTP/1.1\r\nHost x\r\n\r\n"}
+MALFORMED = {
+    "a bad request line": b"GET /metrics HTTP/1.1 x\r\n\r\n",
+    "a control character in the query": b"GET /metrics?x=\x1b[2J HTTP/1.1\r\n\r\n",
+    "HTTP/0.9": b"GET /metrics\r\n\r\n",
+    "a bad header": b"GET /metrics HTTP/1.1\r\nHost x\r\n\r\n",
+}
 
 
 @pytest.mark.parametrize("request_bytes", MALFORMED.values(), ids=MALFORMED.keys())
@@ -369,9 +444,17 @@ def test_1000_held_connections_do_not_delay_a_scrape(host_tree, http_abuse):
     (here 500 at most, 1,000 held: every scrape failed)."""
     with exporter_in_process(host_tree, max_connections=500, request_seconds=30) as (httpd, port):
         held = http_abuse.hold(port, 1000, heads=(b"", HALF_SENT, SLOW))
-        http_abuse.wait_closed(held, 500)  # every held connection taken: 500 served, the 500 oldest closed for them
-        p50, worst = http_abuse.timed(lambda: http(f"http://127.0.0.1:{port}/metrics", timeout=5)[0] == 200)
-        print(f"\nexporter, 1,000 held connections (500 served at most): scrape p50 {p50 * 1000:.0f} ms, max {worst * 1000:.0f} ms")
+        http_abuse.wait_closed(
+            held, 500
+        )  # every held connection taken: 500 served, the 500 oldest closed for them
+        p50, worst = http_abuse.timed(
+            lambda: http(f"http://127.0.0.1:{port}/metrics", timeout=5)[0] == 200
+        )
+        print(
+            f"\nexporter, 1,000 held connections (500 served at most): scrape p50 {p50 * 1000:.0f} ms, max {worst * 1000:.0f} ms"
+        )
         assert worst < 1, worst
         assert httpd.exporter.collections == 10
-        assert http_abuse.closed(held) <= 510 and httpd.refused == 0  # each scrape took the place of one
+        assert (
+            http_abuse.closed(held) <= 510 and httpd.refused == 0
+        )  # each scrape took the place of one

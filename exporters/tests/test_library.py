@@ -1,9 +1,11 @@
 """The exporter on prometheus_client: its exposition (through the per-family text cache), its
 ProcessCollector, node_exporter-style collector flags, and settings that are read once per
 device (the limits) or every scrape (everything writable)."""
+
 import os
 
 import pytest
+from exporter_testlib import HOST_LOOP, Scraped, registry_for
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
@@ -12,7 +14,6 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from blockstack_exporter.collectors import ALL
 from blockstack_exporter.main import parse_args
 from blockstack_exporter.server import FamilyTextCache, _Families
-from exporter_testlib import HOST_LOOP, Scraped, registry_for
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"
 LOOP1 = "sys/devices/virtual/block/loop1"
@@ -44,8 +45,9 @@ def test_family_text_cache_writes_what_the_library_writes_scrape_after_scrape():
 def test_collector_flags_as_node_exporter():
     assert parse_args([]).collectors == list(ALL)
     assert parse_args(["--no-collector.dm"]).collectors == [n for n in ALL if n != "dm"]
-    assert parse_args(["--collector.disable-defaults", "--collector.queue", "--collector.jbd2"]).collectors == [
-        "queue", "jbd2"]
+    assert parse_args(
+        ["--collector.disable-defaults", "--collector.queue", "--collector.jbd2"]
+    ).collectors == ["queue", "jbd2"]
     with pytest.raises(SystemExit):
         parse_args(["--collectors=queue"])  # the old flag is gone
     with pytest.raises(SystemExit):
@@ -74,7 +76,9 @@ def test_limits_are_read_once_per_device_settings_every_scrape(host_tree):
     write(host_tree, f"{LOOP1}/queue/nomerges", "2\n")
     write(host_tree, f"{LOOP1}/queue/rotational", "1\n")
     s = Scraped(registry)
-    assert s.get("blockstack_queue_logical_block_size_bytes", device="loop1") == 512  # not read again
+    assert (
+        s.get("blockstack_queue_logical_block_size_bytes", device="loop1") == 512
+    )  # not read again
     assert s.get("blockstack_queue_max_segments", device="loop1") != 7
     assert s.get("blockstack_queue_nomerges", device="loop1") == 2  # read again
     assert s.get("blockstack_queue_rotational", device="loop1") == 1
@@ -90,4 +94,6 @@ def test_limits_are_read_once_per_device_settings_every_scrape(host_tree):
     # and a new device number (removed and made again as another device)
     write(host_tree, f"{LOOP1}/queue/physical_block_size", "8192\n")
     write(host_tree, f"{LOOP1}/dev", "7:99\n")
-    assert Scraped(registry).get("blockstack_queue_physical_block_size_bytes", device="loop1") == 8192
+    assert (
+        Scraped(registry).get("blockstack_queue_physical_block_size_bytes", device="loop1") == 8192
+    )

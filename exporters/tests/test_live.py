@@ -1,5 +1,6 @@
 """Live tests on this machine's kernel: loop devices and ext4 made and removed by the tests,
 the real exporter scraped over HTTP after each change."""
+
 import errno
 import fcntl
 import os
@@ -7,8 +8,8 @@ import subprocess
 import time
 
 import pytest
-
 from exporter_testlib import EXPORTER, Scraped
+
 from blockstack_deploy import procs
 from blockstack_lab import loop
 
@@ -43,16 +44,28 @@ def test_ext4_dioread_option_flips_with_the_mount(exporter):
             s = exporter()
             # the kernel default since 5.6: shown in /proc/fs/ext4, not in /proc/mounts
             assert s.get("blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 1
-            assert s.get("blockstack_ext4_journal_size_bytes", device=name, mountpoint=mnt) == 4 << 20
+            assert (
+                s.get("blockstack_ext4_journal_size_bytes", device=name, mountpoint=mnt) == 4 << 20
+            )
         with loop.mounted(dev, "dioread_lock") as mnt:
             s = exporter()
             assert s.get("blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 0
-            assert s.get("blockstack_ext4_option_info", device=name, mountpoint=mnt,
-                          option="nodioread_nolock", value="") == 1
+            assert (
+                s.get(
+                    "blockstack_ext4_option_info",
+                    device=name,
+                    mountpoint=mnt,
+                    option="nodioread_nolock",
+                    value="",
+                )
+                == 1
+            )
             with open(os.path.join(mnt, "f"), "wb") as f:
                 f.write(b"x" * 65536)
                 os.fsync(f.fileno())
-            jbd2 = exporter().get("blockstack_jbd2_transactions_total", device=name, journal=f"{name}-8")
+            jbd2 = exporter().get(
+                "blockstack_jbd2_transactions_total", device=name, journal=f"{name}-8"
+            )
             assert jbd2 is not None and jbd2 >= 1
         assert exporter().get("blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) is None
 
@@ -106,14 +119,19 @@ def test_loop_device_removed_and_made_again_between_scrapes(exporter):
     logical_block_size also shows why such attributes are not cached: it changes with the
     device behind the name (and with LOOP_SET_BLOCK_SIZE on a live loop device)."""
     with loop.backing_file(16 << 20) as path:
-        dev = subprocess.run(["losetup", "--find", "--show", "--sector-size", "4096", path], check=True,
-                             capture_output=True, text=True, timeout=30).stdout.strip()
+        dev = subprocess.run(
+            ["losetup", "--find", "--show", "--sector-size", "4096", path],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
         try:
             name = loop.name(dev)
             assert exporter().get("blockstack_queue_logical_block_size_bytes", device=name) == 4096
         finally:
             loop.detach(dev)
-    number = int(name[len("loop"):])
+    number = int(name[len("loop") :])
     if not _loop_control(LOOP_CTL_REMOVE, number):
         pytest.skip(f"{name} stayed busy after detach; cannot remove it")
     if not _loop_control(LOOP_CTL_ADD, number):
@@ -131,15 +149,21 @@ def test_mountinfo_of_a_mount_namespace_with_many_mounts(tmp_path):
     url = f"http://127.0.0.1:{port}/metrics"
     with loop.attached(32 << 20) as dev:
         loop.mkfs_ext4(dev)
-        script = (f'set -e; for i in $(seq 1 120); do mkdir -p {base}/t$i; mount -t tmpfs -o size=64k t$i {base}/t$i; done; '
-                  f'mkdir -p {mnt}; mount {dev} {mnt}; '
-                  f'test $(wc -c < /proc/self/mountinfo) -gt 8192; '
-                  f'exec {EXPORTER} --web.listen-address=127.0.0.1:{port} --no-collector.dm')
+        script = (
+            f"set -e; for i in $(seq 1 120); do mkdir -p {base}/t$i; mount -t tmpfs -o size=64k t$i {base}/t$i; done; "
+            f"mkdir -p {mnt}; mount {dev} {mnt}; "
+            f"test $(wc -c < /proc/self/mountinfo) -gt 8192; "
+            f"exec {EXPORTER} --web.listen-address=127.0.0.1:{port} --no-collector.dm"
+        )
         # the namespace, and every mount in it, goes away with the exporter
-        with procs.running(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                           health_url=url, log_path=str(tmp_path / "exporter.log")):
+        with procs.running(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            health_url=url,
+            log_path=str(tmp_path / "exporter.log"),
+        ):
             s = Scraped(procs.http_get(url))
         name = loop.name(dev)
-        assert s.get("blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 1, \
-            s.series("blockstack_ext4_dioread_nolock")
+        assert s.get("blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 1, s.series(
+            "blockstack_ext4_dioread_nolock"
+        )
         assert s.get("blockstack_collector_errors_total", collector="stack", reason="parse") is None

@@ -11,6 +11,7 @@ does not serve it. ebpf_exporter: the counters and histograms of ebpf-configs/*.
 It reads the fixtures through the exporter's test helpers: run it with PYTHONPATH=exporters/tests
 (the make target does).
 """
+
 import argparse
 import difflib
 import glob
@@ -21,10 +22,10 @@ import tempfile
 from unittest import mock
 
 import yaml
-
-from blockstack_exporter.collectors import ALL
 from exporter_testlib import FIXTURES, HOST_LOOP, registry_for
 from test_dm import SYSFS, build_sysfs
+
+from blockstack_exporter.collectors import ALL
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 OUTPUT = os.path.join(REPO, "docs", "metrics.md")
@@ -55,11 +56,15 @@ def labels_cell(labels):
 
 # --- blockstack-exporter --------------------------------------------------------------------------
 
+
 def trees(base):
     """(tree, dmsetup fixture directory or None) of each fixture tree the exporter is run on."""
     yield HOST_LOOP, None
     for scenario in DM_SCENARIOS:
-        yield build_sysfs(os.path.join(base, scenario), SYSFS[scenario]), os.path.join(FIXTURES, "dm", scenario)
+        yield (
+            build_sysfs(os.path.join(base, scenario), SYSFS[scenario]),
+            os.path.join(FIXTURES, "dm", scenario),
+        )
 
 
 def collect(tree, dm_fixtures, *flags):
@@ -75,8 +80,13 @@ def exporter_families():
     owner = {}
     with tempfile.TemporaryDirectory(prefix="metrics-doc-") as base:
         tree_list = list(trees(base))
-        for section in [None, *ALL]:  # the run without collectors first: the exporter's own families
-            selection = ["--collector.disable-defaults"] + ([f"--collector.{section}"] if section else [])
+        for section in [
+            None,
+            *ALL,
+        ]:  # the run without collectors first: the exporter's own families
+            selection = ["--collector.disable-defaults"] + (
+                [f"--collector.{section}"] if section else []
+            )
             if section == "findings":
                 selection = []  # it judges what the others collect; their families keep their owners
             for tree, dm_fixtures in tree_list:
@@ -84,7 +94,8 @@ def exporter_families():
                     name = family.name + "_total" if family.type == "counter" else family.name
                     owner.setdefault(name, section)
                     labels = sections.setdefault(owner[name], {}).setdefault(
-                        name, (family.type, family.documentation, []))[2]
+                        name, (family.type, family.documentation, [])
+                    )[2]
                     for sample in family.samples:
                         labels.extend(k for k in sample.labels if k not in labels)
     return sections
@@ -106,26 +117,30 @@ def exporter_section():
         else:
             out += [f"### Collector `{section}`", "", collector_source(section), ""]
         out += ["| metric | type | labels | help |", "| --- | --- | --- | --- |"]
-        out += [f"| `{name}` | {kind} | {labels_cell(labels)} | {cell(help_)} |"
-                for name, (kind, help_, labels) in fams.items()]
+        out += [
+            f"| `{name}` | {kind} | {labels_cell(labels)} | {cell(help_)} |"
+            for name, (kind, help_, labels) in fams.items()
+        ]
         out.append("")
     return out
 
 
 # --- ebpf_exporter ----------------------------------------------------------------------------------
 
+
 def ebpf_metrics():
     """{exposed name: (type, help, [label names], [configs])} and {label: [values]} of static maps."""
     metrics, values = {}, {}
     for path in sorted(glob.glob(os.path.join(EBPF_CONFIGS, "*.yaml"))):
-        config = os.path.basename(path)[:-len(".yaml")]
+        config = os.path.basename(path)[: -len(".yaml")]
         with open(path) as f:
             declared = yaml.safe_load(f).get("metrics", {})
         for kind in ("counters", "histograms"):
             for metric in declared.get(kind, []):
                 labels = [label["name"] for label in metric["labels"] if label["name"] != "bucket"]
-                entry = metrics.setdefault("ebpf_exporter_" + metric["name"],
-                                           (kind[:-1], metric["help"], labels, []))
+                entry = metrics.setdefault(
+                    "ebpf_exporter_" + metric["name"], (kind[:-1], metric["help"], labels, [])
+                )
                 entry[3].append(config)
                 for label in metric["labels"]:
                     for decoder in label.get("decoders", []):
@@ -138,24 +153,45 @@ def ebpf_metrics():
 
 def ebpf_section():
     metrics, values = ebpf_metrics()
-    out = ["## ebpf_exporter (`ebpf-configs/`, 127.0.0.1:9435)", "",
-           "ebpf_exporter prefixes every name with `ebpf_exporter_`. Histograms are exposed as",
-           "`_bucket{le}`, `_sum` (exact) and `_count`. What each counts, exactly, and the kernel paths:",
-           "[ebpf-configs/README.md](../ebpf-configs/README.md).", "",
-           "| metric | type | labels | config | help |", "| --- | --- | --- | --- | --- |"]
-    out += [f"| `{name}` | {kind} | {labels_cell(labels)} | {', '.join(f'`{c}`' for c in configs)} | {cell(help_)} |"
-            for name, (kind, help_, labels, configs) in metrics.items()]
+    out = [
+        "## ebpf_exporter (`ebpf-configs/`, 127.0.0.1:9435)",
+        "",
+        "ebpf_exporter prefixes every name with `ebpf_exporter_`. Histograms are exposed as",
+        "`_bucket{le}`, `_sum` (exact) and `_count`. What each counts, exactly, and the kernel paths:",
+        "[ebpf-configs/README.md](../ebpf-configs/README.md).",
+        "",
+        "| metric | type | labels | config | help |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    out += [
+        f"| `{name}` | {kind} | {labels_cell(labels)} | {', '.join(f'`{c}`' for c in configs)} | {cell(help_)} |"
+        for name, (kind, help_, labels, configs) in metrics.items()
+    ]
     out += ["", "Label values:", ""]
     out += [f"- `{label}`: {', '.join(f'`{v}`' for v in vals)}" for label, vals in values.items()]
-    out += ["", "ebpf_exporter's own families that the rules read (its `exporter/exporter.go`):", "",
-            "| metric | type | labels | help |", "| --- | --- | --- | --- |"]
-    out += [f"| `{name}` | {kind} | {labels_cell(labels)} | {cell(help_)} |" for name, (kind, help_, labels) in OWN.items()]
+    out += [
+        "",
+        "ebpf_exporter's own families that the rules read (its `exporter/exporter.go`):",
+        "",
+        "| metric | type | labels | help |",
+        "| --- | --- | --- | --- |",
+    ]
+    out += [
+        f"| `{name}` | {kind} | {labels_cell(labels)} | {cell(help_)} |"
+        for name, (kind, help_, labels) in OWN.items()
+    ]
     return out + [""]
 
 
 # ebpf_exporter v2.5.1's families of its own that alerts read, with its HELP text
-OWN = {"ebpf_exporter_enabled_configs": ("gauge", "The set of enabled configs (value 1 for each config it runs; "
-                                                  "BlockStackCollapseEvidenceMissing reads it).", ["name"])}
+OWN = {
+    "ebpf_exporter_enabled_configs": (
+        "gauge",
+        "The set of enabled configs (value 1 for each config it runs; "
+        "BlockStackCollapseEvidenceMissing reads it).",
+        ["name"],
+    )
+}
 
 
 def render():
@@ -164,15 +200,20 @@ def render():
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="exit 1 with a diff if docs/metrics.md is stale")
+    p.add_argument(
+        "--check", action="store_true", help="exit 1 with a diff if docs/metrics.md is stale"
+    )
     args = p.parse_args(argv)
     logging.disable(logging.CRITICAL)  # the fixtures' deliberate errors would be logged
     text = render()
     if args.check:
         with open(OUTPUT) as f:
             committed = f.read()
-        diff = "".join(difflib.unified_diff(committed.splitlines(True), text.splitlines(True),
-                                            "docs/metrics.md", "generated"))
+        diff = "".join(
+            difflib.unified_diff(
+                committed.splitlines(True), text.splitlines(True), "docs/metrics.md", "generated"
+            )
+        )
         if diff:
             sys.exit("docs/metrics.md is stale: run `make metrics-doc`\n" + diff)
         return

@@ -2,14 +2,16 @@
 a real server in this process on a free 127.0.0.1 port (stopped after, also on failure), real
 sockets. The servers' own tests check the same on each of them (exporters/tests/test_hardening.py,
 deploy/tests/test_metrics_front.py, alerts/tests/test_receiver.py)."""
+
 import contextlib
 import logging
 import socket
 import threading
 import time
 
-import blockstack_http
 import pytest
+
+import blockstack_http
 
 
 class Handler(blockstack_http.Handler):
@@ -34,7 +36,9 @@ class Handler(blockstack_http.Handler):
 def serving(**options):
     server = blockstack_http.Server(("127.0.0.1", 0), Handler, **options)
     server.calls, server.release = [], threading.Event()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield server, server.server_address[1]
@@ -54,7 +58,9 @@ def wait_for(condition, seconds=5):
 
 def test_a_whole_request_is_answered(http_abuse):
     with serving() as (server, port):
-        answer = http_abuse.raw(port, b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nUser-Agent: Prometheus/2.42.0\r\n\r\n")
+        answer = http_abuse.raw(
+            port, b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nUser-Agent: Prometheus/2.42.0\r\n\r\n"
+        )
         assert answer.startswith(b"HTTP/1.0 200 ") and answer.endswith(b"\r\n\r\n/metrics?x=1")
         assert server.calls == ["/metrics?x=1"]
 
@@ -79,12 +85,18 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("request_bytes", MALFORMED.values(), ids=MALFORMED.keys())
-def test_a_malformed_request_gets_400_with_headers_and_reaches_no_handler(http_abuse, request_bytes, caplog):
+def test_a_malformed_request_gets_400_with_headers_and_reaches_no_handler(
+    http_abuse, request_bytes, caplog
+):
     with serving() as (server, port):
         answer = http_abuse.raw(port, request_bytes)
-        assert answer.startswith(b"HTTP/1.0 400 ") and b"\r\nContent-Length: " in answer, answer[:200]
+        assert answer.startswith(b"HTTP/1.0 400 ") and b"\r\nContent-Length: " in answer, answer[
+            :200
+        ]
         assert server.calls == []
-        assert http_abuse.raw(port, b"GET /after HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 200 "), "no longer serving"
+        assert http_abuse.raw(port, b"GET /after HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 200 "), (
+            "no longer serving"
+        )
         assert server.calls == ["/after"]
         assert "Traceback" not in caplog.text
 
@@ -166,12 +178,22 @@ def test_a_whole_request_is_never_closed_for_another(http_abuse):
 
 def test_1000_held_connections_do_not_delay_a_request(http_abuse):
     with serving(max_connections=500, request_seconds=30) as (server, port):
-        held = http_abuse.hold(port, 1000, heads=(b"", b"GET /a HTTP/1.1\r\n", b"GET /a HTTP/1.1\r\nX-Slow: "))
-        http_abuse.wait_closed(held, 500)  # every held connection taken: 500 served, the 500 oldest closed for them
-        p50, worst = http_abuse.timed(lambda: http_abuse.raw(port, b"GET /m HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 200 "))
-        print(f"\n1,000 held connections, 500 served at most: a request p50 {p50 * 1000:.1f} ms, max {worst * 1000:.1f} ms")
+        held = http_abuse.hold(
+            port, 1000, heads=(b"", b"GET /a HTTP/1.1\r\n", b"GET /a HTTP/1.1\r\nX-Slow: ")
+        )
+        http_abuse.wait_closed(
+            held, 500
+        )  # every held connection taken: 500 served, the 500 oldest closed for them
+        p50, worst = http_abuse.timed(
+            lambda: http_abuse.raw(port, b"GET /m HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 200 ")
+        )
+        print(
+            f"\n1,000 held connections, 500 served at most: a request p50 {p50 * 1000:.1f} ms, max {worst * 1000:.1f} ms"
+        )
         assert worst < 1, worst
-        assert http_abuse.closed(held) <= 510, "the held connections were not held"  # each request took the place of one
+        assert http_abuse.closed(held) <= 510, (
+            "the held connections were not held"
+        )  # each request took the place of one
         assert server.calls == ["/m"] * 10
 
 
@@ -182,13 +204,17 @@ class Failing(Handler):
 
 def test_a_client_fault_is_one_log_line_a_bug_keeps_its_traceback(http_abuse, caplog, capsys):
     server = blockstack_http.Server(("127.0.0.1", 0), Failing)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         with caplog.at_level(logging.WARNING, logger="blockstack_http"):
             http_abuse.raw(server.server_address[1], b"GET /gone HTTP/1.0\r\n\r\n")
             wait_for(lambda: caplog.records)
-        assert [r.getMessage() for r in caplog.records] == ["127.0.0.1: connection ended: [Errno 32] Broken pipe"]
+        assert [r.getMessage() for r in caplog.records] == [
+            "127.0.0.1: connection ended: [Errno 32] Broken pipe"
+        ]
         assert "Traceback" not in capsys.readouterr().err
         http_abuse.raw(server.server_address[1], b"GET /bug HTTP/1.0\r\n\r\n")
         wait_for(lambda: "ValueError: a bug" in capsys.readouterr().err or None)
@@ -199,7 +225,11 @@ def test_a_client_fault_is_one_log_line_a_bug_keeps_its_traceback(http_abuse, ca
 
 
 def test_bad_limits_are_refused():
-    for options in ({"max_connections": 0}, {"request_seconds": 0}, {"request_seconds": float("nan")}):
+    for options in (
+        {"max_connections": 0},
+        {"request_seconds": 0},
+        {"request_seconds": float("nan")},
+    ):
         with pytest.raises(ValueError, match="must be positive"):
             blockstack_http.Server(("127.0.0.1", 0), Handler, **options)
 
@@ -212,9 +242,30 @@ def tls_context(tmp_path_factory):
 
     directory = tmp_path_factory.mktemp("tls")
     crt, key = directory / "server.crt", directory / "server.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(crt),
+        ],
+        check=True,
+        capture_output=True,
+    )
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(crt, key)
     return context, str(crt)
@@ -224,8 +275,10 @@ def tls_get(port, crt, path):
     import ssl
 
     client = ssl.create_default_context(cafile=crt)
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
-            client.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        client.wrap_socket(raw, server_hostname="127.0.0.1") as s,
+    ):
         s.sendall(b"GET %s HTTP/1.0\r\n\r\n" % path)
         answer = b""
         while chunk := s.recv(65536):
@@ -233,7 +286,9 @@ def tls_get(port, crt, path):
         return answer
 
 
-def test_tls_the_handshake_in_the_connections_thread_within_its_time_and_the_cap(http_abuse, tls_context, monkeypatch):
+def test_tls_the_handshake_in_the_connections_thread_within_its_time_and_the_cap(
+    http_abuse, tls_context, monkeypatch
+):
     """With tls: a request over TLS is answered; a connection that never handshakes is closed at the
     request deadline, and at the cap it is the one evicted (the wrapped socket is the one tracked)."""
     context, crt = tls_context
@@ -241,8 +296,12 @@ def test_tls_the_handshake_in_the_connections_thread_within_its_time_and_the_cap
     with serving(max_connections=2, request_seconds=1) as (server, port):
         assert tls_get(port, crt, b"/a").startswith(b"HTTP/1.0 200 ")
         assert server.calls == ["/a"]
-        assert http_abuse.raw(port, b"GET /plain HTTP/1.0\r\n\r\n") == b""  # not TLS: closed, one log line
-        silent = http_abuse.hold(port, 2, heads=(b"", b"\x16\x03\x01"))  # nothing; a ClientHello cut off
+        assert (
+            http_abuse.raw(port, b"GET /plain HTTP/1.0\r\n\r\n") == b""
+        )  # not TLS: closed, one log line
+        silent = http_abuse.hold(
+            port, 2, heads=(b"", b"\x16\x03\x01")
+        )  # nothing; a ClientHello cut off
         wait_for(lambda: len(server._reading) == 2)
         assert tls_get(port, crt, b"/b").startswith(b"HTTP/1.0 200 ")
         assert server.evicted == 1 and server.calls == ["/a", "/b"]

@@ -16,6 +16,7 @@
    device, from Prometheus at the end of the scenario.
 A benchmark, not a test: it prints figures and asserts nothing. Needs root, fio, `make up`.
 """
+
 import argparse
 import contextlib
 import os
@@ -27,9 +28,9 @@ import tempfile
 import threading
 import time
 
-from blockstack_lab import cli, corpus, scenarios
 from blockstack_deploy.stack import COMPONENTS, REPO
 from blockstack_deploy.supervisor import Supervisor
+from blockstack_lab import cli, corpus, scenarios
 from blockstack_lab.lab import Lab, install_signal_handlers
 
 PY = sys.executable
@@ -38,7 +39,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def sub_bench(title, argv, keep=None, timeout=1800):
     """Run an existing benchmark, stream its output, return the lines matching `keep`."""
-    print(f"\n== {title}: {' '.join(os.path.relpath(a, REPO) if a.startswith(REPO) else a for a in argv)}", flush=True)
+    print(
+        f"\n== {title}: {' '.join(os.path.relpath(a, REPO) if a.startswith(REPO) else a for a in argv)}",
+        flush=True,
+    )
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     print(proc.stdout, end="", flush=True)
     if proc.returncode != 0:
@@ -90,8 +94,10 @@ class Sampler(threading.Thread):
         self.stop_event.set()
         self.join(5)
         dt = time.monotonic() - self.t0
-        return {n: ((cpu_seconds(p) - self.cpu0[n]) / dt, self.rss_max[n], self.rss_last.get(n, 0))
-                for n, p in self.pids.items()}, dt
+        return {
+            n: ((cpu_seconds(p) - self.cpu0[n]) / dt, self.rss_max[n], self.rss_last.get(n, 0))
+            for n, p in self.pids.items()
+        }, dt
 
 
 def stack_costs(scenario):
@@ -106,13 +112,27 @@ def stack_costs(scenario):
             checks = corpus.run(runner, [scenario])
             costs, dt = sampler.finish()
             dev = lab.name("single" if scenario != "stack-split" else "lower")
-            series = {r["metric"].get("job", ""): int(float(r["value"][1]))
-                      for r in view.prometheus.query(f'count by (job) ({{device="{dev}"}})')}
-            devices = int(float(view.prometheus.query('count(count by (device) (node_disk_reads_completed_total{job="node"}))')[0]["value"][1]))
-            total = {r["metric"].get("job", "(recording rules)"): int(float(r["value"][1])) for r in view.prometheus.query(
-                'count by (job) ({job=~"node|blockstack|ebpf", device!=""})')}
+            series = {
+                r["metric"].get("job", ""): int(float(r["value"][1]))
+                for r in view.prometheus.query(f'count by (job) ({{device="{dev}"}})')
+            }
+            devices = int(
+                float(
+                    view.prometheus.query(
+                        'count(count by (device) (node_disk_reads_completed_total{job="node"}))'
+                    )[0]["value"][1]
+                )
+            )
+            total = {
+                r["metric"].get("job", "(recording rules)"): int(float(r["value"][1]))
+                for r in view.prometheus.query(
+                    'count by (job) ({job=~"node|blockstack|ebpf", device!=""})'
+                )
+            }
         load = os.getloadavg()[0]
-        lines.append(f"components during {scenario} ({dt:.0f} s, {checks[0].observed}; load {load:.1f} on {os.cpu_count()} CPUs):")
+        lines.append(
+            f"components during {scenario} ({dt:.0f} s, {checks[0].observed}; load {load:.1f} on {os.cpu_count()} CPUs):"
+        )
         lines.append("| component | CPU (cores) | RSS max | RSS at end |")
         lines.append("|---|---|---|---|")
         for n in COMPONENTS:
@@ -123,10 +143,12 @@ def stack_costs(scenario):
         for job, n in sorted(series.items(), key=lambda kv: kv[0] or ""):
             lines.append(f"  {job or '(recording rules, alerts)'}: {n}")
         lines.append(f"  total: {sum(series.values())}")
-        lines.append("all device-labelled series of the exporters on this host: "
-                     + ", ".join(f"{j} {n}" for j, n in sorted(total.items()))
-                     + f" over {devices} devices in diskstats (incl. idle ones): "
-                     + f"{sum(total.values()) / max(devices, 1):.1f} per device")
+        lines.append(
+            "all device-labelled series of the exporters on this host: "
+            + ", ".join(f"{j} {n}" for j, n in sorted(total.items()))
+            + f" over {devices} devices in diskstats (incl. idle ones): "
+            + f"{sum(total.values()) / max(devices, 1):.1f} per device"
+        )
     finally:
         with contextlib.suppress(Exception):
             cli.make("clean", state, timeout=180)
@@ -135,10 +157,19 @@ def stack_costs(scenario):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=6, help="pairs of fio runs per device in the eBPF overhead part")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=6,
+        help="pairs of fio runs per device in the eBPF overhead part",
+    )
     p.add_argument("--scrape-rounds", type=int, default=40)
-    p.add_argument("--scenario", default="merge-collapse-nomerges", choices=list(scenarios.SCENARIOS))
+    p.add_argument(
+        "--scenario", default="merge-collapse-nomerges", choices=list(scenarios.SCENARIOS)
+    )
     args = p.parse_args()
     problems = cli.missing_requirements()
     if problems:
@@ -148,19 +179,35 @@ def main():
     load0 = os.getloadavg()[0]
     summary = []
     try:
-        summary += sub_bench("eBPF overhead", [PY, os.path.join(REPO, "ebpf-configs/bench/bench_overhead.py"),
-                                               "--rounds", str(args.rounds)],
-                             keep=r"^(page-cache|direct-io)|BPF run time|WARNING")
-        summary += sub_bench("scrape time", [PY, os.path.join(REPO, "exporters/bench/bench_scrape.py"),
-                                             "--rounds", str(args.scrape_rounds)],
-                             keep=r"synthetic tree|median|ratio")
+        summary += sub_bench(
+            "eBPF overhead",
+            [
+                PY,
+                os.path.join(REPO, "ebpf-configs/bench/bench_overhead.py"),
+                "--rounds",
+                str(args.rounds),
+            ],
+            keep=r"^(page-cache|direct-io)|BPF run time|WARNING",
+        )
+        summary += sub_bench(
+            "scrape time",
+            [
+                PY,
+                os.path.join(REPO, "exporters/bench/bench_scrape.py"),
+                "--rounds",
+                str(args.scrape_rounds),
+            ],
+            keep=r"synthetic tree|median|ratio",
+        )
         print(f"\n== CPU, RSS and series while {args.scenario} runs against `make up`", flush=True)
         summary += stack_costs(args.scenario)
     except KeyboardInterrupt:
         print("interrupted")
         return 130
-    print(f"\n== summary ({time.strftime('%Y-%m-%d %H:%M', time.localtime(start))}, {(time.time() - start) / 60:.1f} min, "
-          f"kernel {os.uname().release}, {os.cpu_count()} CPUs, load {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end)")
+    print(
+        f"\n== summary ({time.strftime('%Y-%m-%d %H:%M', time.localtime(start))}, {(time.time() - start) / 60:.1f} min, "
+        f"kernel {os.uname().release}, {os.cpu_count()} CPUs, load {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end)"
+    )
     for line in summary:
         print(line)
     return 0

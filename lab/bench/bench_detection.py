@@ -13,6 +13,7 @@ receiver, and from the fix to the resolve; then precision and recall of the page
 row correct, every page <= 40 s. A benchmark, not a test: it prints and exits 0 either way
 unless something broke. About 25 minutes.
 """
+
 import argparse
 import os
 import shutil
@@ -25,10 +26,18 @@ from blockstack_lab.lab import install_signal_handlers
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", nargs="*", default=[],
-                   help="cases or scenarios (default: healthy sick; see python -m blockstack_lab list)")
-    p.add_argument("--state", help="reuse this state directory (default: a fresh one, removed after)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "scenario",
+        nargs="*",
+        default=[],
+        help="cases or scenarios (default: healthy sick; see python -m blockstack_lab list)",
+    )
+    p.add_argument(
+        "--state", help="reuse this state directory (default: a fresh one, removed after)"
+    )
     p.add_argument("--json", metavar="FILE", help="also write the checks as JSON")
     args = p.parse_args()
     names = args.scenario or ["healthy", "sick"]
@@ -46,19 +55,26 @@ def main():
             cli.make("clean", state, timeout=180)
             shutil.rmtree(state, ignore_errors=True)
     print()
-    print(f"detection benchmark, {time.strftime('%Y-%m-%d %H:%M', time.localtime(start))}, "
-          f"{(time.time() - start) / 60:.1f} min, kernel {os.uname().release}, {os.cpu_count()} CPUs, "
-          f"load at start {load[0]:.1f}, at end {os.getloadavg()[0]:.1f}")
+    print(
+        f"detection benchmark, {time.strftime('%Y-%m-%d %H:%M', time.localtime(start))}, "
+        f"{(time.time() - start) / 60:.1f} min, kernel {os.uname().release}, {os.cpu_count()} CPUs, "
+        f"load at start {load[0]:.1f}, at end {os.getloadavg()[0]:.1f}"
+    )
     print(report.table(checks))
-    pages = [s for c in checks for s in getattr(c, "page_seconds", {}).values()] or \
-        [c.seconds for c in checks if c.seconds is not None and c.expected.startswith("page")]
+    pages = [s for c in checks for s in getattr(c, "page_seconds", {}).values()] or [
+        c.seconds for c in checks if c.seconds is not None and c.expected.startswith("page")
+    ]
     wrong = [c for c in checks if not c.correct]
-    print(f"\n{len(checks) - len(wrong)}/{len(checks)} correct; pages after "
-          + ", ".join(f"{s:.0f} s" for s in pages) + f" (goal <= 40 s: {'met' if pages and max(pages) <= 40 else 'NOT met'})")
+    print(
+        f"\n{len(checks) - len(wrong)}/{len(checks)} correct; pages after "
+        + ", ".join(f"{s:.0f} s" for s in pages)
+        + f" (goal <= 40 s: {'met' if pages and max(pages) <= 40 else 'NOT met'})"
+    )
     if any(c.scenario in corpus.CASES for c in checks):
         print(corpus.format_summary(corpus.summary(checks)))
     if args.json:
         import json
+
         with open(args.json, "w") as f:
             json.dump([c.__dict__ for c in checks], f, indent=1)
     return 0

@@ -15,6 +15,7 @@ see the same samples of the same collapse, so the difference is the servers' own
 one's 5 s scrape and evaluation ticks fall). A benchmark, not a test: it prints and exits 0 unless
 something broke. About 1.5 minutes per round; needs root and `make upstream-servers`.
 """
+
 import argparse
 import contextlib
 import os
@@ -25,24 +26,30 @@ import sys
 import tempfile
 import time
 
-from page_receiver import received
-
 from blockstack_deploy import procs
 from blockstack_deploy.stack import SERVERS, Stack, program
 from blockstack_lab import fio, loop
 from blockstack_lab.api import Prometheus
+from page_receiver import received
 
 PAGES = (("BlockStackMergeCollapse", "layered"), ("BlockStackMergeCollapse", "single"))
 TIMEOUT = 120
 
 
 def fired(stack, alertname, device, status, since):
-    return [r["received_at"] for r, a in received(stack.pages_file, since) if a["status"] == status
-            and a["labels"].get("alertname") == alertname and a["labels"].get("device") == device]
+    return [
+        r["received_at"]
+        for r, a in received(stack.pages_file, since)
+        if a["status"] == status
+        and a["labels"].get("alertname") == alertname
+        and a["labels"].get("device") == device
+    ]
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     if os.geteuid() != 0:
@@ -54,7 +61,9 @@ def main():
     load = os.getloadavg()[0]
     with contextlib.ExitStack() as es:
         es.callback(subprocess.run, ["rm", "-rf", work], timeout=60)  # last, also on failure
-        dev0, dev1, _ = es.enter_context(loop.stacked_pair(768 << 20, 512 << 20, directory="/dev/shm"))
+        dev0, dev1, _ = es.enter_context(
+            loop.stacked_pair(768 << 20, 512 << 20, directory="/dev/shm")
+        )
         dev2 = es.enter_context(loop.attached(256 << 20, directory="/dev/shm"))
         subprocess.run(["sync"], check=True, timeout=60)
         pathlib.Path("/proc/sys/vm/drop_caches").write_text("1")
@@ -65,48 +74,95 @@ def main():
         stacks = {names[0]: es.enter_context(first.running())}
         shared = {c: first.ports[c] for c in ("node", "blockstack", "ebpf")}
         for n in names[1:]:
-            s = Stack(os.path.join(work, n), servers=n, ports=shared, ebpf_configs=first._ebpf_configs)
+            s = Stack(
+                os.path.join(work, n), servers=n, ports=shared, ebpf_configs=first._ebpf_configs
+            )
             s.render()
             for name, (argv, env, health) in s.commands().items():
                 if name not in shared:
-                    es.enter_context(procs.running(argv, env=env, health_url=health, timeout=90,
-                                                   log_path=os.path.join(s.workdir, f"{name}.log")))
+                    es.enter_context(
+                        procs.running(
+                            argv,
+                            env=env,
+                            health_url=health,
+                            timeout=90,
+                            log_path=os.path.join(s.workdir, f"{name}.log"),
+                        )
+                    )
             stacks[n] = s
         for s in stacks.values():
             Prometheus(s.url("prometheus")).wait_targets_up()
         for dev in (dev1, dev2):
-            es.enter_context(procs.running(
-                ["fio", f"--name=bench-{loop.name(dev)}", f"--filename={dev}", "--time_based",
-                 f"--runtime={args.rounds * 240 + 120}", *fio.SEQ_BATCHED_READ],
-                log_path=os.path.join(work, f"fio-{loop.name(dev)}.log")))
+            es.enter_context(
+                procs.running(
+                    [
+                        "fio",
+                        f"--name=bench-{loop.name(dev)}",
+                        f"--filename={dev}",
+                        "--time_based",
+                        f"--runtime={args.rounds * 240 + 120}",
+                        *fio.SEQ_BATCHED_READ,
+                    ],
+                    log_path=os.path.join(work, f"fio-{loop.name(dev)}.log"),
+                )
+            )
         time.sleep(30)  # the recording rules' 20 s windows fill with healthy samples
 
         for i in range(args.rounds):
-            with loop.sysfs_setting(dev0, "queue/max_sectors_kb", 4), loop.sysfs_setting(dev2, "queue/nomerges", 2):
+            with (
+                loop.sysfs_setting(dev0, "queue/max_sectors_kb", 4),
+                loop.sysfs_setting(dev2, "queue/nomerges", 2),
+            ):
                 flipped = time.time()
                 for n, s in stacks.items():
                     for alertname, kind in PAGES:
-                        procs.wait_until(f"{n}: {alertname}", lambda: fired(s, alertname, devices[kind], "firing",
-                                                                            flipped), TIMEOUT)
-                        results[n][kind].append(min(fired(s, alertname, devices[kind], "firing", flipped)) - flipped)
-                print(f"round {i + 1}: " + "; ".join(f"{n} {kind} {results[n][kind][-1]:.1f} s"
-                                                      for n in names for _, kind in PAGES), flush=True)
+                        procs.wait_until(
+                            f"{n}: {alertname}",
+                            lambda: fired(s, alertname, devices[kind], "firing", flipped),
+                            TIMEOUT,
+                        )
+                        results[n][kind].append(
+                            min(fired(s, alertname, devices[kind], "firing", flipped)) - flipped
+                        )
+                print(
+                    f"round {i + 1}: "
+                    + "; ".join(
+                        f"{n} {kind} {results[n][kind][-1]:.1f} s"
+                        for n in names
+                        for _, kind in PAGES
+                    ),
+                    flush=True,
+                )
             restored = time.time()
             for n, s in stacks.items():
                 for alertname, kind in PAGES:
-                    procs.wait_until(f"{n}: {alertname} resolved", lambda: fired(s, alertname, devices[kind], "resolved",
-                                                                             restored), TIMEOUT)
+                    procs.wait_until(
+                        f"{n}: {alertname} resolved",
+                        lambda: fired(s, alertname, devices[kind], "resolved", restored),
+                        TIMEOUT,
+                    )
             time.sleep(10)
 
-    versions = {n: subprocess.run([program("prometheus", n), "--version"], capture_output=True,
-                                  text=True).stdout.split()[2] for n in names}
-    print(f"\nservers benchmark, {time.strftime('%Y-%m-%d %H:%M', time.localtime(start))}, {args.rounds} rounds, "
-          f"{(time.time() - start) / 60:.1f} min, load at start {load:.1f}, at end {os.getloadavg()[0]:.1f}")
-    print("| servers | Prometheus | collapse (layered, BlockStackMergeCollapse) | nomerges=2 (BlockStackMergeCollapse, merging refused) |")
+    versions = {
+        n: subprocess.run(
+            [program("prometheus", n), "--version"], capture_output=True, text=True
+        ).stdout.split()[2]
+        for n in names
+    }
+    print(
+        f"\nservers benchmark, {time.strftime('%Y-%m-%d %H:%M', time.localtime(start))}, {args.rounds} rounds, "
+        f"{(time.time() - start) / 60:.1f} min, load at start {load:.1f}, at end {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "| servers | Prometheus | collapse (layered, BlockStackMergeCollapse) | nomerges=2 (BlockStackMergeCollapse, merging refused) |"
+    )
     print("|---|---|---|---|")
     for n in names:
-        cells = [", ".join(f"{v:.1f}" for v in results[n][kind]) + f" (median {statistics.median(results[n][kind]):.1f})"
-                 for _, kind in PAGES]
+        cells = [
+            ", ".join(f"{v:.1f}" for v in results[n][kind])
+            + f" (median {statistics.median(results[n][kind]):.1f})"
+            for _, kind in PAGES
+        ]
         print(f"| {n} | {versions[n]} | " + " | ".join(cells) + " |")
     return 0
 

@@ -15,6 +15,7 @@ each rate-limited so the two cores also serve the stack. Every minute it narrate
 the alert state; at the end it prints every notification the receiver got (pages and tickets).
 Healthy I/O must produce zero pages. Exit status 0 if none, 1 otherwise.
 """
+
 import argparse
 import contextlib
 import os
@@ -34,19 +35,55 @@ def workloads(lab):
     return [
         ([*SEQ_READ, f"--filename={lab.devices['single']}"], f"{tag}-seqread-single"),
         ([*SEQ_READ, f"--filename={lab.devices['upper']}"], f"{tag}-seqread-upper"),
-        (["--rw=randrw", "--bs=4k", "--direct=1", "--ioengine=libaio", "--iodepth=8", "--rate_iops=1500,500",
-          "--size=48m", f"--filename={mnt}/random.dat"], f"{tag}-random"),
-        (["--rw=write", "--bs=4k", "--ioengine=psync", "--fsync=256", "--rate=20m", "--size=32m",
-          f"--filename={mnt}/log.dat"], f"{tag}-seqwrite"),
-        (["--rw=rw", "--bsrange=128k-1m", "--direct=1", "--ioengine=libaio", "--iodepth=4", "--rate=40m,20m",
-          "--size=48m", f"--filename={mnt}/bulk.dat"], f"{tag}-bulk"),
+        (
+            [
+                "--rw=randrw",
+                "--bs=4k",
+                "--direct=1",
+                "--ioengine=libaio",
+                "--iodepth=8",
+                "--rate_iops=1500,500",
+                "--size=48m",
+                f"--filename={mnt}/random.dat",
+            ],
+            f"{tag}-random",
+        ),
+        (
+            [
+                "--rw=write",
+                "--bs=4k",
+                "--ioengine=psync",
+                "--fsync=256",
+                "--rate=20m",
+                "--size=32m",
+                f"--filename={mnt}/log.dat",
+            ],
+            f"{tag}-seqwrite",
+        ),
+        (
+            [
+                "--rw=rw",
+                "--bsrange=128k-1m",
+                "--direct=1",
+                "--ioengine=libaio",
+                "--iodepth=4",
+                "--rate=40m,20m",
+                "--size=48m",
+                f"--filename={mnt}/bulk.dat",
+            ],
+            f"{tag}-bulk",
+        ),
     ]
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--minutes", type=float, default=10)
-    p.add_argument("--state", help="reuse this state directory (default: a fresh one, removed after)")
+    p.add_argument(
+        "--state", help="reuse this state directory (default: a fresh one, removed after)"
+    )
     args = p.parse_args()
     problems = cli.missing_requirements()
     if problems:
@@ -78,16 +115,30 @@ def main():
     # The stack watches every block device of the host: other users' loop devices may page too
     # (another test's nomerges=2); they are listed apart and do not count.
     pages = [n for n in got if n.path == "/page" and n.status == "firing" and n.device in devices]
-    tickets = [n for n in got if n.path == "/ticket" and n.status == "firing" and n.device in devices]
+    tickets = [
+        n for n in got if n.path == "/ticket" and n.status == "firing" and n.device in devices
+    ]
     others = [n for n in got if n.status == "firing" and n.device not in devices]
-    print(f"\nsoak {time.strftime('%Y-%m-%d %H:%M', time.localtime(onset))}: {(end - onset) / 60:.1f} min of healthy "
-          f"mixed I/O on {', '.join(devices)}; kernel {os.uname().release}, {os.cpu_count()} CPUs, load "
-          f"{load0:.1f} at start, {os.getloadavg()[0]:.1f} at end")
-    print(f"pages: {len(pages)}" + "".join(f"\n  {n.alertname} on {n.device}: {n.annotations.get('summary')}" for n in pages))
-    print(f"tickets: {len(tickets)}" + "".join(f"\n  {n.alertname} on {n.device}: {n.annotations.get('summary')}" for n in tickets))
+    print(
+        f"\nsoak {time.strftime('%Y-%m-%d %H:%M', time.localtime(onset))}: {(end - onset) / 60:.1f} min of healthy "
+        f"mixed I/O on {', '.join(devices)}; kernel {os.uname().release}, {os.cpu_count()} CPUs, load "
+        f"{load0:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+    )
+    print(
+        f"pages: {len(pages)}"
+        + "".join(f"\n  {n.alertname} on {n.device}: {n.annotations.get('summary')}" for n in pages)
+    )
+    print(
+        f"tickets: {len(tickets)}"
+        + "".join(
+            f"\n  {n.alertname} on {n.device}: {n.annotations.get('summary')}" for n in tickets
+        )
+    )
     print(f"pending or firing at the end on the lab's devices: {active or 'none'}")
-    print(f"notifications about devices outside the lab (other users' tests on this host; not counted): {len(others)}"
-          + "".join(f"\n  {n.path} {n.alertname} on {n.device or '-'}" for n in others))
+    print(
+        f"notifications about devices outside the lab (other users' tests on this host; not counted): {len(others)}"
+        + "".join(f"\n  {n.path} {n.alertname} on {n.device or '-'}" for n in others)
+    )
     return 1 if pages else 0
 
 

@@ -1,6 +1,7 @@
 """The HTTP APIs of Prometheus (and Thanos Query) and Alertmanager, for the tests, the benchmarks
 and the lab: https://prometheus.io/docs/prometheus/latest/querying/api/ and Alertmanager's
 /api/v2. Basic auth and a CA file for the exposed mode (`make up --auth`)."""
+
 import base64
 import json
 import ssl
@@ -20,7 +21,9 @@ def request(url, auth=None, ca=None, body=None, method=None, timeout=30):
     if data is not None:
         req.add_header("Content-Type", "application/json")
     if auth:
-        req.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+        req.add_header(
+            "Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode()
+        )
     context = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
@@ -56,7 +59,9 @@ class Prometheus(Client):
         return self.api("/api/v1/query", query=promql, **params)["result"]
 
     def query_range(self, promql, start, end, step, **params):
-        return self.api("/api/v1/query_range", query=promql, start=start, end=end, step=step, **params)["result"]
+        return self.api(
+            "/api/v1/query_range", query=promql, start=start, end=end, step=step, **params
+        )["result"]
 
     def value(self, promql, default=None):
         """The value of a one-series instant query as a float (`default` if it has none)."""
@@ -67,7 +72,9 @@ class Prometheus(Client):
         return self.api("/api/v1/series", **{"match[]": match}, **params)
 
     def label_values(self, label, match=None, **params):
-        return self.api(f"/api/v1/label/{label}/values", **({"match[]": match} if match else {}), **params)
+        return self.api(
+            f"/api/v1/label/{label}/values", **({"match[]": match} if match else {}), **params
+        )
 
     def targets(self):
         return self.api("/api/v1/targets")["activeTargets"]
@@ -83,15 +90,24 @@ class Prometheus(Client):
 
     def wait_targets_up(self, count=None, timeout=60):
         """Until every scrape target (and `count` of them, if given) reports up; returns them."""
+
         def up():
             targets = self.targets()
-            return targets if targets and all(t["health"] == "up" for t in targets) and \
-                count in (None, len(targets)) else None
+            return (
+                targets
+                if targets
+                and all(t["health"] == "up" for t in targets)
+                and count in (None, len(targets))
+                else None
+            )
+
         try:
             return procs.wait_until("every scrape target up", up, timeout)
         except TimeoutError:
-            raise TimeoutError(f"targets not all up after {timeout} s: "
-                               f"{[(t['labels']['job'], t['health'], t['lastError']) for t in self.targets()]}")
+            raise TimeoutError(
+                f"targets not all up after {timeout} s: "
+                f"{[(t['labels']['job'], t['health'], t['lastError']) for t in self.targets()]}"
+            ) from None
 
 
 class Alertmanager(Client):
@@ -102,4 +118,3 @@ class Alertmanager(Client):
 
     def status(self):
         return self.get("/api/v2/status")
-

@@ -18,6 +18,7 @@ sysfs setting, also after a failure, Ctrl-C or SIGTERM. A stack it started is st
 cannot be handled: `sweep` undoes such a lab from the journal it keeps in its directory.
 Needs root, fio, and `make up`'s prerequisites. Exit status: 0 all as expected, 1 not, 130 interrupted.
 """
+
 import argparse
 import contextlib
 import json
@@ -44,8 +45,11 @@ def say(msg):
 
 def missing_requirements(with_stack=True):
     problems = [] if os.geteuid() == 0 else ["needs root (loop devices, mounts, sysfs, BPF)"]
-    problems += [f"{tool} is not installed (run make deps)" for tool in ("fio", "losetup", "mkfs.ext4", "make")
-                 if shutil.which(tool) is None]
+    problems += [
+        f"{tool} is not installed (run make deps)"
+        for tool in ("fio", "losetup", "mkfs.ext4", "make")
+        if shutil.which(tool) is None
+    ]
     if not os.path.isdir(LAB_ROOT):
         problems.append(f"{LAB_ROOT} is missing (the lab keeps its backing files there)")
     if with_stack and not os.access(os.path.join(REPO, ".venv", "bin", "python"), os.X_OK):
@@ -54,7 +58,9 @@ def missing_requirements(with_stack=True):
 
 
 def make(target, state, up_args="", timeout=900):
-    argv = ["make", "-s", "-C", REPO, target, f"STATE_DIR={state}"] + ([f"UP_ARGS={up_args}"] if up_args else [])
+    argv = ["make", "-s", "-C", REPO, target, f"STATE_DIR={state}"] + (
+        [f"UP_ARGS={up_args}"] if up_args else []
+    )
     argv += ["FORCE=1"] if target == "clean" else []  # the lab's state directories are its own
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
@@ -102,21 +108,39 @@ def run(names, state, no_stack=False, keep=False, timing=None, say=say):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m blockstack_lab", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m blockstack_lab",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the scenarios and what each expects")
-    sub.add_parser("sweep", help="undo labs left by a killed process (SIGKILL): settings, mounts, loop devices")
+    sub.add_parser(
+        "sweep", help="undo labs left by a killed process (SIGKILL): settings, mounts, loop devices"
+    )
     for name, helptext in (("run", "run the named scenarios"), ("all", "run every scenario")):
         sp = sub.add_parser(name, help=helptext)
         if name == "run":
             sp.add_argument("scenario", nargs="+", choices=corpus.known())
-        sp.add_argument("--state", default=os.environ.get("LAB_STATE_DIR", DEFAULT_STATE),
-                        help="state directory of the lab's stack (default $LAB_STATE_DIR or %(default)s)")
-        sp.add_argument("--no-stack", action="store_true", help="no stack: run the workloads, narrate iostat figures")
-        sp.add_argument("--keep-stack", action="store_true", help="leave a stack this run started running")
-        sp.add_argument("--warmup", type=float, help="seconds of healthy load before a fault (default 25)")
-        sp.add_argument("--quiet", type=float, help="seconds a must-not-page phase lasts (default 75)")
+        sp.add_argument(
+            "--state",
+            default=os.environ.get("LAB_STATE_DIR", DEFAULT_STATE),
+            help="state directory of the lab's stack (default $LAB_STATE_DIR or %(default)s)",
+        )
+        sp.add_argument(
+            "--no-stack",
+            action="store_true",
+            help="no stack: run the workloads, narrate iostat figures",
+        )
+        sp.add_argument(
+            "--keep-stack", action="store_true", help="leave a stack this run started running"
+        )
+        sp.add_argument(
+            "--warmup", type=float, help="seconds of healthy load before a fault (default 25)"
+        )
+        sp.add_argument(
+            "--quiet", type=float, help="seconds a must-not-page phase lasts (default 75)"
+        )
         sp.add_argument("--json", metavar="FILE", help="also write the checks to FILE as JSON")
     args = p.parse_args(argv)
 

@@ -31,6 +31,7 @@ ext4 mounted on ROLE: upper, upper2, lower, lower2). Sick cases run their worklo
 use different devices so that one case's page, held by keep_firing_for after the fix, never
 lands in the next. Resolve times are read from the receiver's file at the end of the run.
 """
+
 import contextlib
 import dataclasses
 import fcntl
@@ -52,6 +53,7 @@ LOOP_CTL_REMOVE = 0x4C81
 
 # -- fio workloads ------------------------------------------------------------------------------
 
+
 def seq(rw, bs="4k", depth=16, batch=False, direct=True, engine="libaio", extra=()):
     """Sequential I/O. batch=False: one request per io_submit (what an application submitting
     as it goes does); batch=True: `depth` requests per io_submit, in one plug (readahead, a
@@ -60,7 +62,10 @@ def seq(rw, bs="4k", depth=16, batch=False, direct=True, engine="libaio", extra=
     if engine == "libaio":
         args.append(f"--iodepth={depth}")
         if batch:
-            args += [f"--iodepth_batch_submit={depth}", f"--iodepth_batch_complete_min={max(1, depth // 2)}"]
+            args += [
+                f"--iodepth_batch_submit={depth}",
+                f"--iodepth_batch_complete_min={max(1, depth // 2)}",
+            ]
     return [*args, *extra]
 
 
@@ -79,22 +84,28 @@ TRICKLE = ["--rw=randrw", "--bs=4k", "--direct=1", "--ioengine=psync", "--rate_i
 class Case:
     name: str
     doc: str
-    workloads: list                 # [(target, fio args)]
-    settings: dict = dataclasses.field(default_factory=dict)  # {(role, attr): value}, part of the workload
-    fault: dict = dataclasses.field(default_factory=dict)     # {(role, attr): value} at onset (sick)
-    pages: tuple = ()               # roles that must page, one page each; () = healthy
-    intermittent: tuple = ()        # (collapsed s, healthy s, cycles): the fault comes and goes
-    own: tuple = ()                 # devices the case makes for itself (`Own`): extra, tpair, parted
-    churn: tuple = ()               # roles removed and made again, with I/O on them, before the onset
-    fix_remove: tuple = ()          # sick: the fix is removing these roles (the fault stays)
+    workloads: list  # [(target, fio args)]
+    settings: dict = dataclasses.field(
+        default_factory=dict
+    )  # {(role, attr): value}, part of the workload
+    fault: dict = dataclasses.field(default_factory=dict)  # {(role, attr): value} at onset (sick)
+    pages: tuple = ()  # roles that must page, one page each; () = healthy
+    intermittent: tuple = ()  # (collapsed s, healthy s, cycles): the fault comes and goes
+    own: tuple = ()  # devices the case makes for itself (`Own`): extra, tpair, parted
+    churn: tuple = ()  # roles removed and made again, with I/O on them, before the onset
+    fix_remove: tuple = ()  # sick: the fix is removing these roles (the fault stays)
 
     @property
     def sick(self):
         return bool(self.pages)
 
     def roles(self):
-        roles = {t.split(":", 1)[-1] for t, _ in self.workloads} | {r for r, _ in self.settings} | \
-            {r for r, _ in self.fault} | set(self.pages)
+        roles = (
+            {t.split(":", 1)[-1] for t, _ in self.workloads}
+            | {r for r, _ in self.settings}
+            | {r for r, _ in self.fault}
+            | set(self.pages)
+        )
         for group in self.own:
             roles |= set(OWN[group])
         for upper, lower in STACK_ROLES.items():  # a stack's devices go together
@@ -113,81 +124,196 @@ def _on(roles, setting):
 
 
 HEALTHY = [
-    Case("healthy-random", "random 4 KiB and 8 KiB direct I/O at queue depth 8-16: raw devices and files "
-         "in the stacked ext4s", [
-             ("single", rand("randrw", "4k", 16)), ("single2", rand("randrw", "8k", 16)),
-             ("fs:upper", rand("randread", "4k", 16)), ("fs:upper2", rand("randwrite", "8k", 8))]),
-    Case("healthy-seq-unbatched-read", "small sequential direct reads submitted one request at a time "
-         "(the issue's false page) at queue depths 4, 32, 16 and 8", [
-             ("single", seq("read", depth=4)), ("single2", seq("read", depth=32)),
-             ("upper", seq("read", depth=16)), ("fs:upper2", seq("read", depth=8))]),
-    Case("healthy-seq-unbatched-write", "small sequential direct writes submitted one request at a time "
-         "at queue depths 8, 32, 16 and 4", [
-             ("single", seq("write", depth=8)), ("single2", seq("write", depth=32)),
-             ("fs:upper", seq("write", depth=16)), ("fs:upper2", seq("write", depth=4))]),
-    Case("healthy-log-writer", "synchronous log writers: 4 KiB O_DSYNC direct appends and 4 KiB buffered "
-         "appends with fdatasync, depth 1, in the stacked ext4s; depth-1 sequential direct I/O on raw devices", [
-             ("fs:upper", LOG_WRITER_DSYNC), ("fs:upper2", LOG_WRITER_FDATASYNC),
-             ("single", seq("write", engine="psync")), ("single2", seq("read", engine="psync"))]),
-    Case("healthy-streaming", "large sequential streaming: 1 MiB direct reads and writes at depth 4", [
-             ("single", seq("read", "1m", 4)), ("single2", seq("write", "1m", 4)),
-             ("upper", seq("read", "1m", 4)), ("fs:upper2", seq("write", "1m", 4))]),
-    Case("healthy-readahead", "buffered 4 KiB sequential reads through readahead (rate-limited so that "
-         "they keep reaching the device)", [
-             ("single2", seq("read", direct=False, engine="psync", extra=["--rate=20m"])),
-             ("lower2", seq("read", direct=False, engine="psync", extra=["--rate=6m"]))]),
-    Case("healthy-mixed", "four concurrent jobs on one device: batched sequential reads, random 4 KiB "
-         "reads and writes, 1 MiB writes, unbatched sequential 4 KiB writes", [
-             ("single", [*BATCHED_READ, "--offset=0", "--size=64m"]),
-             ("single", [*rand("randrw", "4k", 8), "--offset=64m", "--size=64m"]),
-             ("single", [*seq("write", "1m", 2), "--offset=128m", "--size=64m"]),
-             ("single", [*seq("write", depth=16), "--offset=192m", "--size=64m"])]),
-    Case("healthy-idle-trickle", "5 + 5 random 4 KiB IOPS on a raw device and in an ext4; the other "
-         "devices idle", [("single", TRICKLE), ("fs:upper", TRICKLE)]),
-    Case("healthy-batched", "batched sequential 4 KiB reads and writes with merging on: merged into "
-         "large requests", [
-             ("single", BATCHED_READ), ("single2", BATCHED_WRITE), ("upper", BATCHED_READ)]),
-    Case("healthy-nomerges-1", "nomerges=1 (one-hit merges only) under batched sequential reads and "
-         "writes, alone and beneath a stack", [
-             ("single", BATCHED_READ), ("single2", BATCHED_WRITE), ("upper", BATCHED_READ)],
-         settings=_on(("single", "single2", "lower"), ("queue/nomerges", "1"))),
-    Case("healthy-mq-deadline", "scheduler mq-deadline, small sequential direct I/O submitted one at a "
-         "time, depth 32 and 16", [
-             ("single2", seq("read", depth=32)), ("fs:upper", seq("write", depth=16))],
-         settings=_on(("single2", "upper", "lower"), DEADLINE)),
+    Case(
+        "healthy-random",
+        "random 4 KiB and 8 KiB direct I/O at queue depth 8-16: raw devices and files "
+        "in the stacked ext4s",
+        [
+            ("single", rand("randrw", "4k", 16)),
+            ("single2", rand("randrw", "8k", 16)),
+            ("fs:upper", rand("randread", "4k", 16)),
+            ("fs:upper2", rand("randwrite", "8k", 8)),
+        ],
+    ),
+    Case(
+        "healthy-seq-unbatched-read",
+        "small sequential direct reads submitted one request at a time "
+        "(the issue's false page) at queue depths 4, 32, 16 and 8",
+        [
+            ("single", seq("read", depth=4)),
+            ("single2", seq("read", depth=32)),
+            ("upper", seq("read", depth=16)),
+            ("fs:upper2", seq("read", depth=8)),
+        ],
+    ),
+    Case(
+        "healthy-seq-unbatched-write",
+        "small sequential direct writes submitted one request at a time "
+        "at queue depths 8, 32, 16 and 4",
+        [
+            ("single", seq("write", depth=8)),
+            ("single2", seq("write", depth=32)),
+            ("fs:upper", seq("write", depth=16)),
+            ("fs:upper2", seq("write", depth=4)),
+        ],
+    ),
+    Case(
+        "healthy-log-writer",
+        "synchronous log writers: 4 KiB O_DSYNC direct appends and 4 KiB buffered "
+        "appends with fdatasync, depth 1, in the stacked ext4s; depth-1 sequential direct I/O on raw devices",
+        [
+            ("fs:upper", LOG_WRITER_DSYNC),
+            ("fs:upper2", LOG_WRITER_FDATASYNC),
+            ("single", seq("write", engine="psync")),
+            ("single2", seq("read", engine="psync")),
+        ],
+    ),
+    Case(
+        "healthy-streaming",
+        "large sequential streaming: 1 MiB direct reads and writes at depth 4",
+        [
+            ("single", seq("read", "1m", 4)),
+            ("single2", seq("write", "1m", 4)),
+            ("upper", seq("read", "1m", 4)),
+            ("fs:upper2", seq("write", "1m", 4)),
+        ],
+    ),
+    Case(
+        "healthy-readahead",
+        "buffered 4 KiB sequential reads through readahead (rate-limited so that "
+        "they keep reaching the device)",
+        [
+            ("single2", seq("read", direct=False, engine="psync", extra=["--rate=20m"])),
+            ("lower2", seq("read", direct=False, engine="psync", extra=["--rate=6m"])),
+        ],
+    ),
+    Case(
+        "healthy-mixed",
+        "four concurrent jobs on one device: batched sequential reads, random 4 KiB "
+        "reads and writes, 1 MiB writes, unbatched sequential 4 KiB writes",
+        [
+            ("single", [*BATCHED_READ, "--offset=0", "--size=64m"]),
+            ("single", [*rand("randrw", "4k", 8), "--offset=64m", "--size=64m"]),
+            ("single", [*seq("write", "1m", 2), "--offset=128m", "--size=64m"]),
+            ("single", [*seq("write", depth=16), "--offset=192m", "--size=64m"]),
+        ],
+    ),
+    Case(
+        "healthy-idle-trickle",
+        "5 + 5 random 4 KiB IOPS on a raw device and in an ext4; the other devices idle",
+        [("single", TRICKLE), ("fs:upper", TRICKLE)],
+    ),
+    Case(
+        "healthy-batched",
+        "batched sequential 4 KiB reads and writes with merging on: merged into large requests",
+        [("single", BATCHED_READ), ("single2", BATCHED_WRITE), ("upper", BATCHED_READ)],
+    ),
+    Case(
+        "healthy-nomerges-1",
+        "nomerges=1 (one-hit merges only) under batched sequential reads and "
+        "writes, alone and beneath a stack",
+        [("single", BATCHED_READ), ("single2", BATCHED_WRITE), ("upper", BATCHED_READ)],
+        settings=_on(("single", "single2", "lower"), ("queue/nomerges", "1")),
+    ),
+    Case(
+        "healthy-mq-deadline",
+        "scheduler mq-deadline, small sequential direct I/O submitted one at a "
+        "time, depth 32 and 16",
+        [("single2", seq("read", depth=32)), ("fs:upper", seq("write", depth=16))],
+        settings=_on(("single2", "upper", "lower"), DEADLINE),
+    ),
 ]
 
 SICK = [
-    Case("sick-nomerges2-read", "nomerges 0 -> 2 under batched sequential 4 KiB direct reads on a device "
-         "alone", [("single", BATCHED_READ)], fault=_on(("single",), NOMERGES2), pages=("single",)),
-    Case("sick-split-read", "stacked split: the lower's max_sectors_kb 1280 -> 4 under batched sequential "
-         "reads on the upper", [("upper", BATCHED_READ)], fault=_on(("lower",), SPLIT4K), pages=("lower",)),
-    Case("sick-nomerges2-write", "nomerges 0 -> 2 under batched sequential 4 KiB direct writes on a device "
-         "alone", [("single2", BATCHED_WRITE)], fault=_on(("single2",), NOMERGES2), pages=("single2",)),
-    Case("sick-split-write", "stacked split: the lower's max_sectors_kb 1280 -> 4 under batched sequential "
-         "writes to a file in the upper's ext4", [("fs:upper2", BATCHED_WRITE)],
-         fault=_on(("lower2",), SPLIT4K), pages=("lower2",)),
-    Case("sick-nomerges2-read-deadline", "nomerges 0 -> 2 under batched sequential reads, scheduler "
-         "mq-deadline", [("single", BATCHED_READ)], settings=_on(("single",), DEADLINE),
-         fault=_on(("single",), NOMERGES2), pages=("single",)),
-    Case("sick-nomerges2-read-beneath", "nomerges 0 -> 2 on a device beneath a stack, under batched "
-         "sequential reads of a file in its ext4", [("fs:lower", BATCHED_READ)],
-         fault=_on(("lower",), NOMERGES2), pages=("lower",)),
-    Case("sick-nomerges2-write-beneath", "nomerges 0 -> 2 on a device beneath a stack, under batched "
-         "sequential writes to a file in its ext4", [("fs:lower2", BATCHED_WRITE)],
-         fault=_on(("lower2",), NOMERGES2), pages=("lower2",)),
-    Case("sick-split-read-deadline", "stacked split (lower max_sectors_kb=4) under batched reads, "
-         "scheduler mq-deadline on both layers", [("upper", BATCHED_READ)],
-         settings=_on(("upper", "lower"), DEADLINE), fault=_on(("lower",), SPLIT4K), pages=("lower",)),
-    Case("sick-split-write-deadline", "stacked split (lower max_sectors_kb=4) under batched writes to a "
-         "file in the upper's ext4, scheduler mq-deadline on both layers", [("fs:upper2", BATCHED_WRITE)],
-         settings=_on(("upper2", "lower2"), DEADLINE), fault=_on(("lower2",), SPLIT4K), pages=("lower2",)),
-    Case("sick-intermittent", "nomerges flips 2 / 0 every 20 s for 160 s under batched sequential reads: "
-         "one page, not one per flip", [("single2", BATCHED_READ)], fault=_on(("single2",), NOMERGES2),
-         pages=("single2",), intermittent=(20, 20, 4)),
-    Case("sick-two-stacks", "two independent stacks split at once (both lowers' max_sectors_kb=4) under "
-         "batched reads: two pages, one per stack", [("upper", BATCHED_READ), ("upper2", BATCHED_READ)],
-         fault=_on(("lower", "lower2"), SPLIT4K), pages=("lower", "lower2")),
+    Case(
+        "sick-nomerges2-read",
+        "nomerges 0 -> 2 under batched sequential 4 KiB direct reads on a device alone",
+        [("single", BATCHED_READ)],
+        fault=_on(("single",), NOMERGES2),
+        pages=("single",),
+    ),
+    Case(
+        "sick-split-read",
+        "stacked split: the lower's max_sectors_kb 1280 -> 4 under batched sequential "
+        "reads on the upper",
+        [("upper", BATCHED_READ)],
+        fault=_on(("lower",), SPLIT4K),
+        pages=("lower",),
+    ),
+    Case(
+        "sick-nomerges2-write",
+        "nomerges 0 -> 2 under batched sequential 4 KiB direct writes on a device alone",
+        [("single2", BATCHED_WRITE)],
+        fault=_on(("single2",), NOMERGES2),
+        pages=("single2",),
+    ),
+    Case(
+        "sick-split-write",
+        "stacked split: the lower's max_sectors_kb 1280 -> 4 under batched sequential "
+        "writes to a file in the upper's ext4",
+        [("fs:upper2", BATCHED_WRITE)],
+        fault=_on(("lower2",), SPLIT4K),
+        pages=("lower2",),
+    ),
+    Case(
+        "sick-nomerges2-read-deadline",
+        "nomerges 0 -> 2 under batched sequential reads, scheduler mq-deadline",
+        [("single", BATCHED_READ)],
+        settings=_on(("single",), DEADLINE),
+        fault=_on(("single",), NOMERGES2),
+        pages=("single",),
+    ),
+    Case(
+        "sick-nomerges2-read-beneath",
+        "nomerges 0 -> 2 on a device beneath a stack, under batched "
+        "sequential reads of a file in its ext4",
+        [("fs:lower", BATCHED_READ)],
+        fault=_on(("lower",), NOMERGES2),
+        pages=("lower",),
+    ),
+    Case(
+        "sick-nomerges2-write-beneath",
+        "nomerges 0 -> 2 on a device beneath a stack, under batched "
+        "sequential writes to a file in its ext4",
+        [("fs:lower2", BATCHED_WRITE)],
+        fault=_on(("lower2",), NOMERGES2),
+        pages=("lower2",),
+    ),
+    Case(
+        "sick-split-read-deadline",
+        "stacked split (lower max_sectors_kb=4) under batched reads, "
+        "scheduler mq-deadline on both layers",
+        [("upper", BATCHED_READ)],
+        settings=_on(("upper", "lower"), DEADLINE),
+        fault=_on(("lower",), SPLIT4K),
+        pages=("lower",),
+    ),
+    Case(
+        "sick-split-write-deadline",
+        "stacked split (lower max_sectors_kb=4) under batched writes to a "
+        "file in the upper's ext4, scheduler mq-deadline on both layers",
+        [("fs:upper2", BATCHED_WRITE)],
+        settings=_on(("upper2", "lower2"), DEADLINE),
+        fault=_on(("lower2",), SPLIT4K),
+        pages=("lower2",),
+    ),
+    Case(
+        "sick-intermittent",
+        "nomerges flips 2 / 0 every 20 s for 160 s under batched sequential reads: "
+        "one page, not one per flip",
+        [("single2", BATCHED_READ)],
+        fault=_on(("single2",), NOMERGES2),
+        pages=("single2",),
+        intermittent=(20, 20, 4),
+    ),
+    Case(
+        "sick-two-stacks",
+        "two independent stacks split at once (both lowers' max_sectors_kb=4) under "
+        "batched reads: two pages, one per stack",
+        [("upper", BATCHED_READ), ("upper2", BATCHED_READ)],
+        fault=_on(("lower", "lower2"), SPLIT4K),
+        pages=("lower", "lower2"),
+    ),
 ]
 
 # Shared devices, devices that come and go, topology changes during a page. A page rests on the
@@ -195,33 +321,71 @@ SICK = [
 # device beneath a stack never page, and a device's name, identity and page survive it going and
 # coming back or the stack above it changing.
 HEALTHY += [
-    Case("healthy-shared-disk", "a stack above streams 1 MiB direct reads while another application on the "
-         "device beneath reads 4 KiB one request at a time (a file beside the stack's backing file, and the raw "
-         "device): the small requests are not the stack's", [
-             ("upper2", seq("read", "1m", 4)), ("fs:lower2", seq("read", depth=16)),
-             ("lower2", [*seq("read", depth=8), "--offset=256m"])]),
-    Case("healthy-shared-partition", "a buffered loop device on a file on partition 1 of a disk streams 1 MiB "
-         "direct reads (mostly from the page cache) while partition 2 serves 4 KiB direct reads one request at a "
-         "time and 4 KiB random reads: the averages line up as a collapse of the disk (the issue's false page)", [
-             ("pupper", seq("read", "1m", 4)), ("pdisk2", seq("read", depth=16)),
-             ("pdisk2", [*rand("randread", "4k", 8), "--offset=128m"])], own=("parted",)),
-    Case("healthy-device-churn", "a device attached, used, removed and attached again (its number reused) "
-         "during the run, then batched sequential reads on it with merging on, random I/O beside it",
-         [("extra", BATCHED_READ), ("single", rand("randrw", "4k", 8))], own=("extra",), churn=("extra",)),
+    Case(
+        "healthy-shared-disk",
+        "a stack above streams 1 MiB direct reads while another application on the "
+        "device beneath reads 4 KiB one request at a time (a file beside the stack's backing file, and the raw "
+        "device): the small requests are not the stack's",
+        [
+            ("upper2", seq("read", "1m", 4)),
+            ("fs:lower2", seq("read", depth=16)),
+            ("lower2", [*seq("read", depth=8), "--offset=256m"]),
+        ],
+    ),
+    Case(
+        "healthy-shared-partition",
+        "a buffered loop device on a file on partition 1 of a disk streams 1 MiB "
+        "direct reads (mostly from the page cache) while partition 2 serves 4 KiB direct reads one request at a "
+        "time and 4 KiB random reads: the averages line up as a collapse of the disk (the issue's false page)",
+        [
+            ("pupper", seq("read", "1m", 4)),
+            ("pdisk2", seq("read", depth=16)),
+            ("pdisk2", [*rand("randread", "4k", 8), "--offset=128m"]),
+        ],
+        own=("parted",),
+    ),
+    Case(
+        "healthy-device-churn",
+        "a device attached, used, removed and attached again (its number reused) "
+        "during the run, then batched sequential reads on it with merging on, random I/O beside it",
+        [("extra", BATCHED_READ), ("single", rand("randrw", "4k", 8))],
+        own=("extra",),
+        churn=("extra",),
+    ),
 ]
 
 SICK += [
-    Case("sick-nomerges2-reattached", "a device attached after the stack started, used, removed and attached "
-         "again with the same number; then nomerges 0 -> 2 under batched sequential reads on it",
-         [("extra", BATCHED_READ)], fault=_on(("extra",), NOMERGES2), pages=("extra",), own=("extra",),
-         churn=("extra",)),
-    Case("sick-split-upper-removed", "stacked split (the lower's max_sectors_kb=4) under batched reads on the "
-         "upper; the fix is taking the stack apart (the upper removed, the lower keeps max_sectors_kb=4): one "
-         "page, resolved, no new one", [("tupper", BATCHED_READ)], fault=_on(("tlower",), SPLIT4K),
-         pages=("tlower",), own=("tpair",), fix_remove=("tupper",)),
-    Case("sick-collapse-device-removed", "nomerges 0 -> 2 under batched sequential reads on a device, then the "
-         "device is removed while collapsed: one page, resolved", [("extra", BATCHED_READ)],
-         fault=_on(("extra",), NOMERGES2), pages=("extra",), own=("extra",), fix_remove=("extra",)),
+    Case(
+        "sick-nomerges2-reattached",
+        "a device attached after the stack started, used, removed and attached "
+        "again with the same number; then nomerges 0 -> 2 under batched sequential reads on it",
+        [("extra", BATCHED_READ)],
+        fault=_on(("extra",), NOMERGES2),
+        pages=("extra",),
+        own=("extra",),
+        churn=("extra",),
+    ),
+    Case(
+        "sick-split-upper-removed",
+        "stacked split (the lower's max_sectors_kb=4) under batched reads on the "
+        "upper; the fix is taking the stack apart (the upper removed, the lower keeps max_sectors_kb=4): one "
+        "page, resolved, no new one",
+        [("tupper", BATCHED_READ)],
+        fault=_on(("tlower",), SPLIT4K),
+        pages=("tlower",),
+        own=("tpair",),
+        fix_remove=("tupper",),
+    ),
+    Case(
+        "sick-collapse-device-removed",
+        "nomerges 0 -> 2 under batched sequential reads on a device, then the "
+        "device is removed while collapsed: one page, resolved",
+        [("extra", BATCHED_READ)],
+        fault=_on(("extra",), NOMERGES2),
+        pages=("extra",),
+        own=("extra",),
+        fix_remove=("extra",),
+    ),
 ]
 
 CASES = {c.name: c for c in HEALTHY + SICK}
@@ -255,6 +419,7 @@ def describe(name):
 
 # -- the extra devices ------------------------------------------------------------------------
 
+
 def extend(lab):
     """Add single2 and the second stacked pair (upper2 -> lower2) to the lab, once; they go when
     the lab closes."""
@@ -263,13 +428,19 @@ def extend(lab):
     lab.devices["single2"] = lab.enter(loop.attached(SINGLE2_SIZE, directory=lab.dir))
     lab.baseline("single2")
     lab.enter(lab.pair("upper2", "lower2"))
-    lab.say(f"lab: {lab.name('single2')} alone; {lab.name('upper2')} (direct-io, ext4) on a file on ext4 on "
-            f"{lab.name('lower2')}")
+    lab.say(
+        f"lab: {lab.name('single2')} alone; {lab.name('upper2')} (direct-io, ext4) on a file on ext4 on "
+        f"{lab.name('lower2')}"
+    )
 
 
 # -- devices a case makes for itself ------------------------------------------------------------
 
-OWN = {"extra": ("extra",), "tpair": ("tupper", "tlower"), "parted": ("pupper", "pdisk", "pdisk1", "pdisk2")}
+OWN = {
+    "extra": ("extra",),
+    "tpair": ("tupper", "tlower"),
+    "parted": ("pupper", "pdisk", "pdisk1", "pdisk2"),
+}
 MAKES = {"extra": ("extra",), "tpair": ("tlower", "tupper"), "parted": ("pdisk", "pupper")}
 
 
@@ -298,18 +469,25 @@ class Own:
             lab.devices[role] = es.enter_context(removable(SINGLE2_SIZE // 4, lab.dir))
         elif role == "tlower":
             lab.devices[role] = es.enter_context(loop.attached(512 << 20, directory=lab.dir))
-            lab.mounts[role] = es.enter_context(loop.ext4(lab.devices[role], loop.NO_DISCARD, directory=lab.dir))
+            lab.mounts[role] = es.enter_context(
+                loop.ext4(lab.devices[role], loop.NO_DISCARD, directory=lab.dir)
+            )
             loop.fill(os.path.join(lab.mounts[role], "upper.img"), 192 << 20)
         elif role == "pdisk":
             disk = es.enter_context(partitioned(PDISK_SIZE, lab.dir))
             lab.devices.update(pdisk=disk, pdisk1=disk + "p1", pdisk2=disk + "p2")
-            lab.mounts["pdisk1"] = es.enter_context(loop.ext4(disk + "p1", loop.NO_DISCARD, directory=lab.dir))
+            lab.mounts["pdisk1"] = es.enter_context(
+                loop.ext4(disk + "p1", loop.NO_DISCARD, directory=lab.dir)
+            )
             loop.fill(os.path.join(lab.mounts["pdisk1"], "upper.img"), 192 << 20)
         else:  # an upper on the file its lower holds; pupper buffered (losetup's default): its
             # reads come from the page cache once the file is cached, as the issue's loop on vda did
             lower = {"tupper": "tlower", "pupper": "pdisk1"}[role]
-            lab.devices[role] = es.enter_context(loop.attached(
-                path=os.path.join(lab.mounts[lower], "upper.img"), direct_io=role == "tupper"))
+            lab.devices[role] = es.enter_context(
+                loop.attached(
+                    path=os.path.join(lab.mounts[lower], "upper.img"), direct_io=role == "tupper"
+                )
+            )
         lab._save()
         if role != "pdisk":
             es.enter_context(lab._baseline_cm(role))
@@ -332,7 +510,7 @@ def removable(size, directory):
     as a device-mapper device or a hot-unplugged disk goes: out of sysfs and /proc/partitions."""
     with loop.attached(size, directory=directory) as dev:
         yield dev
-    number = int(loop.name(dev)[len("loop"):])
+    number = int(loop.name(dev)[len("loop") :])
     fd = os.open("/dev/loop-control", os.O_RDWR)
     try:
         for _ in range(20):  # the detach completes asynchronously while the device is still open
@@ -351,13 +529,23 @@ def partitioned(size, directory):
     with loop.backing_file(size, directory) as path:
         dev = loop._run(["losetup", "--find", "--show", "--partscan", path])
         try:
-            subprocess.run(["sfdisk", "--quiet", dev], input="label: dos\n,256M\n,\n", text=True,
-                           check=True, capture_output=True, timeout=60)
+            subprocess.run(
+                ["sfdisk", "--quiet", dev],
+                input="label: dos\n,256M\n,\n",
+                text=True,
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
             # sfdisk's re-read of the table does not always add the partitions of a loop device
             # reused from an earlier owner; partx adds what is missing (and fails on what is there)
             subprocess.run(["partx", "--add", dev], capture_output=True, timeout=60)
-            procs.wait_until(f"{dev}'s partitions", lambda: os.path.exists(dev + "p2") and os.path.exists(dev + "p1"), 30,
-                             interval=0.2)
+            procs.wait_until(
+                f"{dev}'s partitions",
+                lambda: os.path.exists(dev + "p2") and os.path.exists(dev + "p1"),
+                30,
+                interval=0.2,
+            )
             yield dev
         finally:
             loop.detach(dev)
@@ -373,6 +561,7 @@ def fio_args(lab, target, args, index):
 
 
 # -- running a case ---------------------------------------------------------------------------
+
 
 def run_case(r, case):
     """Run one case on runner r; returns its Check (resolve time filled in later by `resolves`)."""
@@ -394,12 +583,15 @@ def run_case(r, case):
         for i, (target, args) in enumerate(case.workloads):
             role = target.split(":", 1)[-1]
             fios.setdefault(role, es.enter_context(CleanupStack())).enter_context(
-                r.fio(fio_args(lab, target, args, i), f"{case.name}-{i}"))
+                r.fio(fio_args(lab, target, args, i), f"{case.name}-{i}")
+            )
         roles = case.roles()
         if not case.sick:
             onset = time.time()
             r.say(f"{case.name}: {case.doc}; watching {r.t.corpus_quiet:.0f} s")
-            return judge(r, case, onset, devices, watch=lambda: r.watch(r.t.corpus_quiet, roles, onset))
+            return judge(
+                r, case, onset, devices, watch=lambda: r.watch(r.t.corpus_quiet, roles, onset)
+            )
         r.say(f"{case.name}: healthy for {r.t.corpus_warmup:.0f} s first")
         r.watch(r.t.corpus_warmup, roles)
         onset = time.time()
@@ -413,13 +605,19 @@ def run_case(r, case):
                     with fault(lab, case):
                         r.watch(on, roles, onset)
                     fixed.append(time.time())
-                    r.say(f"+{time.time() - onset:.0f}s healthy again for {off} s (cycle {c + 1} of {cycles})")
+                    r.say(
+                        f"+{time.time() - onset:.0f}s healthy again for {off} s (cycle {c + 1} of {cycles})"
+                    )
                     r.watch(off, roles, onset)
+
             check = judge(r, case, onset, devices, watch)
             check.fixed_at = fixed[-1]  # the last flip back
         elif case.fix_remove:
             with CleanupStack() as faults:
-                for (role, attr), value in case.fault.items():  # a removed device takes its setting along
+                for (
+                    role,
+                    attr,
+                ), value in case.fault.items():  # a removed device takes its setting along
                     stack = own.stacks[role] if role in case.fix_remove else faults
                     stack.enter_context(lab.setting(role, attr, value))
                 check = judge(r, case, onset, devices, lambda: wait_pages(r, case, onset))
@@ -453,16 +651,22 @@ def churn(r, own, role, name):
 def after_fix(r, case, check, devices):
     """After a fix by removal: watch as long as a healthy case, then count a page that started
     after the fix (one from the window before it, or under a new identity) as a false page."""
-    r.say(f"{case.name}: fixed by removing {', '.join(case.fix_remove)}; watching {r.t.corpus_quiet:.0f} s")
+    r.say(
+        f"{case.name}: fixed by removing {', '.join(case.fix_remove)}; watching {r.t.corpus_quiet:.0f} s"
+    )
     r.watch(r.t.corpus_quiet, [x for x in case.roles() if x in r.lab.devices])
     if r.view is None:
         return
     late = pages_since(r, check.fixed_at + 1, devices)
-    starts = {(n.alertname, n.device, n.labels.get("operation", ""), round(n.starts_at)) for n in late}
+    starts = {
+        (n.alertname, n.device, n.labels.get("operation", ""), round(n.starts_at)) for n in late
+    }
     if starts:
         check.false_pages += len(starts)
         check.correct = False
-        check.observed += "; after the fix " + ", ".join(f"page {a} on {d} ({op})" for a, d, op, _ in sorted(starts))
+        check.observed += "; after the fix " + ", ".join(
+            f"page {a} on {d} ({op})" for a, d, op, _ in sorted(starts)
+        )
         r.say(f"{case.name}: new pages after the fix - WRONG: {sorted(starts)}")
 
 
@@ -481,9 +685,14 @@ def settle(r, devices):
         return
 
     def quiet():
-        return not [a for a in r.view.alerts(sorted(devices), with_severity=True) if a[3] == "critical"]
+        return not [
+            a for a in r.view.alerts(sorted(devices), with_severity=True) if a[3] == "critical"
+        ]
+
     try:
-        procs.wait_until("pages on the case's devices to clear", quiet, r.t.settle_timeout, interval=2)
+        procs.wait_until(
+            "pages on the case's devices to clear", quiet, r.t.settle_timeout, interval=2
+        )
     except TimeoutError:
         r.say(f"still paging after {r.t.settle_timeout:.0f} s on {sorted(devices)}")
 
@@ -498,6 +707,7 @@ def wait_pages(r, case, onset):
     def arrived():
         got = {n.device for n in pages_since(r, onset, want)}
         return got >= want
+
     if r.watch(r.t.page_timeout, case.roles(), onset, until=arrived):
         time.sleep(r.t.linger)
 
@@ -526,10 +736,19 @@ def judge(r, case, onset, devices, watch):
     for n in got:
         first.setdefault(n.device, n)
     suppressed = r.view.suppressed()
-    late = sorted({(a, d, s) for a, d, s, sev in r.view.alerts(sorted(devices), with_severity=True)
-                   if sev == "critical" and (a, d) not in suppressed
-                   and not any(k[0] == a and k[1] == d for k in starts)})
-    parts = [f"page {a} on {d} ({op})" + (f" x{len(s)}" if len(s) > 1 else "") for (a, d, op), s in sorted(starts.items())]
+    late = sorted(
+        {
+            (a, d, s)
+            for a, d, s, sev in r.view.alerts(sorted(devices), with_severity=True)
+            if sev == "critical"
+            and (a, d) not in suppressed
+            and not any(k[0] == a and k[1] == d for k in starts)
+        }
+    )
+    parts = [
+        f"page {a} on {d} ({op})" + (f" x{len(s)}" if len(s) > 1 else "")
+        for (a, d, op), s in sorted(starts.items())
+    ]
     parts += [f"{s} page {a} on {d} in Prometheus" for a, d, s in late]
     observed = ", ".join(parts) or "no page"
     want = {lab.name(p) for p in case.pages}
@@ -541,12 +760,17 @@ def judge(r, case, onset, devices, watch):
         seconds = max(first[d].received_at for d in want) - onset
         for d in sorted(want):
             n = first[d]
-            r.say(f"+{n.received_at - onset:.0f}s PAGE {n.alertname} on {d}: {n.annotations.get('summary', '')}")
+            r.say(
+                f"+{n.received_at - onset:.0f}s PAGE {n.alertname} on {d}: {n.annotations.get('summary', '')}"
+            )
             for key in ("proves", "confirm"):
                 if n.annotations.get(key):
                     r.say(f"    {key}: {' '.join(n.annotations[key].split())}")
-    r.say(f"{case.name}: expected {expected}; observed {observed}"
-          + (f" after {seconds:.0f} s" if seconds is not None else "") + (" - OK" if correct else " - WRONG"))
+    r.say(
+        f"{case.name}: expected {expected}; observed {observed}"
+        + (f" after {seconds:.0f} s" if seconds is not None else "")
+        + (" - OK" if correct else " - WRONG")
+    )
     check = scenarios.Check(case.name, phase, expected, observed, correct, seconds)
     check.onset = onset
     check.expected_pages = len(want)
@@ -575,6 +799,7 @@ def resolves(r, checks, timeout=200):
             if set(done) >= devices:
                 c.resolved_seconds = max(done.values()) - c.fixed_at
         return all(c.resolved_seconds is not None for c in pending)
+
     try:
         procs.wait_until("the last resolves", fill, timeout, interval=5)
     except TimeoutError:
@@ -603,16 +828,24 @@ def summary(checks):
     tp = sum(c.true_pages for c in cases)
     fp = sum(c.false_pages for c in cases)
     expected = sum(c.expected_pages for c in cases)
-    return {"cases": len(cases), "healthy": sum(1 for c in cases if not CASES[c.scenario].sick),
-            "sick": sum(1 for c in cases if CASES[c.scenario].sick), "expected_pages": expected,
-            "true_pages": tp, "false_pages": fp, "missed_pages": expected - tp,
-            "precision": tp / (tp + fp) if tp + fp else float("nan"),
-            "recall": tp / expected if expected else float("nan"),
-            "page_seconds": sorted(s for c in cases for s in getattr(c, "page_seconds", {}).values())}
+    return {
+        "cases": len(cases),
+        "healthy": sum(1 for c in cases if not CASES[c.scenario].sick),
+        "sick": sum(1 for c in cases if CASES[c.scenario].sick),
+        "expected_pages": expected,
+        "true_pages": tp,
+        "false_pages": fp,
+        "missed_pages": expected - tp,
+        "precision": tp / (tp + fp) if tp + fp else float("nan"),
+        "recall": tp / expected if expected else float("nan"),
+        "page_seconds": sorted(s for c in cases for s in getattr(c, "page_seconds", {}).values()),
+    }
 
 
 def format_summary(s):
     secs = ", ".join(f"{x:.0f}" for x in s["page_seconds"]) or "-"
-    return (f"corpus: {s['healthy']} healthy and {s['sick']} sick cases; {s['true_pages']} of {s['expected_pages']} "
-            f"expected pages, {s['false_pages']} false; precision {s['precision']:.2f}, recall {s['recall']:.2f}; "
-            f"onset to page (s): {secs}")
+    return (
+        f"corpus: {s['healthy']} healthy and {s['sick']} sick cases; {s['true_pages']} of {s['expected_pages']} "
+        f"expected pages, {s['false_pages']} false; precision {s['precision']:.2f}, recall {s['recall']:.2f}; "
+        f"onset to page (s): {secs}"
+    )

@@ -20,6 +20,7 @@ in about two minutes; the recording rules' 20 s windows still hold 10 samples. E
 undone on exit, also on failure: fio stopped, sysfs settings restored, filesystems unmounted,
 loop devices detached, servers stopped.
 """
+
 import contextlib
 import os
 import shutil
@@ -45,8 +46,11 @@ SETTLE = 22  # after the page, until the recording rules' 20 s windows hold coll
 def missing_requirements():
     """Why a lab run cannot happen here, or None."""
     problems = [] if os.geteuid() == 0 else ["needs root (loop devices, mounts, BPF)"]
-    problems += [f"{tool} is not installed (run make deps)" for tool in ("fio", "losetup", "mkfs.ext4")
-                 if shutil.which(tool) is None]
+    problems += [
+        f"{tool} is not installed (run make deps)"
+        for tool in ("fio", "losetup", "mkfs.ext4")
+        if shutil.which(tool) is None
+    ]
     problems += Stack("/nonexistent", components=COMPONENTS).missing()
     return "; ".join(problems) or None
 
@@ -64,12 +68,19 @@ def collapse(workdir, phases=PHASES, log=print, servers=None):
         raise RuntimeError(why)
     with contextlib.ExitStack() as es:
         lower_dev, upper_dev, _ = es.enter_context(loop.stacked_pair(LOWER_SIZE, UPPER_SIZE))
-        upper_mnt = es.enter_context(loop.ext4(upper_dev, mkfs_args=loop.NO_DISCARD + ["-J", "size=4"]))
+        upper_mnt = es.enter_context(
+            loop.ext4(upper_dev, mkfs_args=loop.NO_DISCARD + ["-J", "size=4"])
+        )
         upper, lower = loop.name(upper_dev), loop.name(lower_dev)
         log(f">> lab: {upper} (ext4 on {upper_mnt}) on a file on ext4 on {lower}")
 
-        stack = Stack(workdir, components=COMPONENTS, scrape_interval=SCRAPE_INTERVAL,
-                      evaluation_interval=SCRAPE_INTERVAL, servers=servers)
+        stack = Stack(
+            workdir,
+            components=COMPONENTS,
+            scrape_interval=SCRAPE_INTERVAL,
+            evaluation_interval=SCRAPE_INTERVAL,
+            servers=servers,
+        )
         es.enter_context(stack.running(timeout=120))
         prometheus = Prometheus(stack.url("prometheus"))
         prometheus.wait_targets_up(timeout=60)
@@ -83,8 +94,20 @@ def collapse(workdir, phases=PHASES, log=print, servers=None):
         times["healthy"] = (start, time.time())
         log(f">> lab: fsync phase, {phases['fsync']} s")
         t = time.time()
-        fio.run(["--rw=randwrite", "--bs=4k", "--ioengine=psync", "--fsync=1", "--size=32m", "--numjobs=4",
-                 f"--directory={upper_mnt}", "--group_reporting"], runtime=phases["fsync"], name="fsync")
+        fio.run(
+            [
+                "--rw=randwrite",
+                "--bs=4k",
+                "--ioengine=psync",
+                "--fsync=1",
+                "--size=32m",
+                "--numjobs=4",
+                f"--directory={upper_mnt}",
+                "--group_reporting",
+            ],
+            runtime=phases["fsync"],
+            name="fsync",
+        )
         times["fsync"] = (t, time.time())
         log(f">> lab: collapsed phase (nomerges=2, max_sectors_kb=4 on {lower}) until the page")
         collapsed = es.enter_context(contextlib.ExitStack())  # closed by end() or on exit
@@ -111,16 +134,34 @@ def collapse(workdir, phases=PHASES, log=print, servers=None):
             log(f">> lab: refused-merges phase (nomerges=2 on {lower}, reads of {lower})")
             r = time.time()
             try:
-                with loop.sysfs_setting(lower_dev, "queue/nomerges", "2"), \
-                        fio.background(fio.SEQ_BATCHED_READ + [f"--filename={lower_dev}", "--readonly"],
-                                       runtime=HOLD, name="refused"):
+                with (
+                    loop.sysfs_setting(lower_dev, "queue/nomerges", "2"),
+                    fio.background(
+                        fio.SEQ_BATCHED_READ + [f"--filename={lower_dev}", "--readonly"],
+                        runtime=HOLD,
+                        name="refused",
+                    ),
+                ):
                     yield
             finally:
                 times["refused"] = (r, time.time())
-        procs.wait_until(f"the collapse page for {lower}", lambda: prometheus.query(PAGE % lower), 120, 2)
+
+        procs.wait_until(
+            f"the collapse page for {lower}", lambda: prometheus.query(PAGE % lower), 120, 2
+        )
         paged = time.time()
         log(f">> lab: paged {paged - t:.0f} s after the flip")
         time.sleep(SETTLE)
-        yield types.SimpleNamespace(stack=stack, prometheus=prometheus, grafana_password=secret(stack.grafana_password_file),
-                                    upper=upper, lower=lower, mountpoint=upper_mnt, start=start, paged=paged, phases=times,
-                                    end=end, refusing=refusing)
+        yield types.SimpleNamespace(
+            stack=stack,
+            prometheus=prometheus,
+            grafana_password=secret(stack.grafana_password_file),
+            upper=upper,
+            lower=lower,
+            mountpoint=upper_mnt,
+            start=start,
+            paged=paged,
+            phases=times,
+            end=end,
+            refusing=refusing,
+        )

@@ -37,6 +37,7 @@ How it is made:
 - Kernels: those with an initrd in /boot (Debian 12's 6.1 and 6.12: the root disk's virtio_blk is
   a module); the image's ext4 needs 5.15 or newer (orphan_file).
 """
+
 import argparse
 import contextlib
 import fcntl
@@ -56,26 +57,51 @@ import time
 from blockstack_deploy import procs
 from blockstack_deploy.stack import REPO
 from blockstack_lab import vm
-from blockstack_lab.vm import GUEST_ADDRESS, AGENT_PORT, AgentGuest, GuestError, _kill_group, _write
+from blockstack_lab.vm import AGENT_PORT, GUEST_ADDRESS, AgentGuest, GuestError, _kill_group, _write
 
 SUITE = "bookworm"
 # Bump when the image changes in a way the key below does not see (the build steps)
 IMAGE_VERSION = 1
 CACHE = os.path.join(REPO, ".build", "debian")
-IMAGE_SIZE = 6 << 30          # sparse; the root filesystem's size in the guest
+IMAGE_SIZE = 6 << 30  # sparse; the root filesystem's size in the guest
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 # In the image beside systemd and udev: the device stack (LVM, thin pools, ext4), fio, python3 (the
 # agent, blockstack-exporter), curl; dbus for systemd-logind and hostnamectl like a real host
-PACKAGES = ("systemd-sysv", "udev", "dbus", "kmod", "iproute2", "procps", "lvm2", "thin-provisioning-tools",
-            "e2fsprogs", "fio", "python3", "curl")
+PACKAGES = (
+    "systemd-sysv",
+    "udev",
+    "dbus",
+    "kmod",
+    "iproute2",
+    "procps",
+    "lvm2",
+    "thin-provisioning-tools",
+    "e2fsprogs",
+    "fio",
+    "python3",
+    "curl",
+)
 # What build_repo downloads by default: the stack's Debian packages and the project's .deb's Python dependencies
-REPO_PACKAGES = ("prometheus-node-exporter", "prometheus", "prometheus-alertmanager", "python3-prometheus-client",
-                 "python3-yaml", "python3-bcrypt")
+REPO_PACKAGES = (
+    "prometheus-node-exporter",
+    "prometheus",
+    "prometheus-alertmanager",
+    "python3-prometheus-client",
+    "python3-yaml",
+    "python3-bcrypt",
+)
 # The guest's ports forwarded to 127.0.0.1 (deploy/blockstack_deploy/roles.py's)
-PORTS = {"node": 9100, "blockstack": 9363, "ebpf": 9435, "prometheus": 9090, "alertmanager": 9093,
-         "receiver": 9466, "grafana": 3000}
-SHARE = "/mnt/lab"            # the guest's view of the host's <dir>/lab (read-only)
-GUEST_REPO = "/mnt/repo"      # the guest's view of the local apt repo (read-only)
+PORTS = {
+    "node": 9100,
+    "blockstack": 9363,
+    "ebpf": 9435,
+    "prometheus": 9090,
+    "alertmanager": 9093,
+    "receiver": 9466,
+    "grafana": 3000,
+}
+SHARE = "/mnt/lab"  # the guest's view of the host's <dir>/lab (read-only)
+GUEST_REPO = "/mnt/repo"  # the guest's view of the local apt repo (read-only)
 NINE_P = "trans=virtio,version=9p2000.L,msize=524288,ro"
 AGENT_UNIT = "blockstack-lab-agent.service"
 # The lab's configuration of the image: path -> content
@@ -120,15 +146,17 @@ WantedBy=multi-user.target
     "etc/apt/apt.conf.d/90blockstack-lab": 'APT::Install-Recommends "false";\nAcquire::Languages "none";\n',
 }
 ENABLE = ("systemd-networkd.service", AGENT_UNIT)
-MASK = ("apt-daily.timer", "apt-daily-upgrade.timer")   # nothing to fetch from
+MASK = ("apt-daily.timer", "apt-daily-upgrade.timer")  # nothing to fetch from
 
 
 def initrd(vmlinuz):
     """Debian's initrd beside a /boot/vmlinuz-RELEASE; FileNotFoundError if there is none."""
     path = vmlinuz.replace("vmlinuz-", "initrd.img-")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no initrd {path} for {vmlinuz}: the Debian host boots kernels installed "
-                                f"by apt (6.1, 6.12; make vm-deps)")
+        raise FileNotFoundError(
+            f"no initrd {path} for {vmlinuz}: the Debian host boots kernels installed "
+            f"by apt (6.1, 6.12; make vm-deps)"
+        )
     return path
 
 
@@ -146,6 +174,7 @@ def missing(kernel="6.1"):
 
 
 # -- the host's Debian mirror -------------------------------------------------------------------
+
 
 def host_uri(suite):
     """The URI of the host's apt source (one-line or deb822) that serves `suite`, or None."""
@@ -165,8 +194,12 @@ def host_uri(suite):
                     continue
                 key, value = line.split(":", 1)
                 fields[key.strip().lower()] = value.split()
-            if (fields.get("enabled", ["yes"])[0].lower() != "no" and "deb" in fields.get("types", [])
-                    and suite in fields.get("suites", []) and fields.get("uris")):
+            if (
+                fields.get("enabled", ["yes"])[0].lower() != "no"
+                and "deb" in fields.get("types", [])
+                and suite in fields.get("suites", [])
+                and fields.get("uris")
+            ):
                 return fields["uris"][0]
     return None
 
@@ -176,16 +209,21 @@ def sources(suite=SUITE):
     against Debian's archive keyring."""
     main, security = host_uri(suite), host_uri(f"{suite}-security")
     if not main:
-        raise RuntimeError(f"no apt source of the host serves {suite}: cannot tell its Debian mirror")
+        raise RuntimeError(
+            f"no apt source of the host serves {suite}: cannot tell its Debian mirror"
+        )
     lines = [f"deb [signed-by={KEYRING}] {main} {suite} main"]
     if host_uri(f"{suite}-updates"):
-        lines.append(f"deb [signed-by={KEYRING}] {host_uri(suite + '-updates')} {suite}-updates main")
+        lines.append(
+            f"deb [signed-by={KEYRING}] {host_uri(suite + '-updates')} {suite}-updates main"
+        )
     if security:
         lines.append(f"deb [signed-by={KEYRING}] {security} {suite}-security main")
     return lines
 
 
 # -- the image ---------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def _locked(name):
@@ -197,8 +235,16 @@ def _locked(name):
 
 
 def image_key(release, packages=PACKAGES):
-    facts = {"version": IMAGE_VERSION, "suite": SUITE, "packages": sorted(packages), "release": release,
-             "size": IMAGE_SIZE, "config": CONFIG_FILES, "enable": ENABLE, "mask": MASK}
+    facts = {
+        "version": IMAGE_VERSION,
+        "suite": SUITE,
+        "packages": sorted(packages),
+        "release": release,
+        "size": IMAGE_SIZE,
+        "config": CONFIG_FILES,
+        "enable": ENABLE,
+        "mask": MASK,
+    }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -223,7 +269,7 @@ def build_image(kernel="6.1", packages=PACKAGES, say=print):
     if image.exists():
         return image
     with _locked("build.lock"):
-        if image.exists():   # built by another process meanwhile
+        if image.exists():  # built by another process meanwhile
             return image
         modules = f"/lib/modules/{release}"
         if not os.path.isfile(os.path.join(modules, "modules.dep")):
@@ -232,32 +278,67 @@ def build_image(kernel="6.1", packages=PACKAGES, say=print):
         stage = tempfile.mkdtemp(prefix="blockstack-debian-build-", dir=vm.VM_ROOT)
         try:
             root = os.path.join(stage, "root")
-            say(f"debian: mmdebstrap {SUITE} ({len(packages)} packages) from the host's mirror into {root}")
-            subprocess.run(["mmdebstrap", "--variant=minbase", "--mode=root", "--quiet",
-                            "--include=" + ",".join(packages),
-                            # no manuals, translations or docs in the lab's image (nor later installs)
-                            "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/locale/*",
-                            "--dpkgopt=path-include=/usr/share/locale/locale.alias",
-                            "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-                            SUITE, root, *sources()], check=True, stdin=subprocess.DEVNULL)
+            say(
+                f"debian: mmdebstrap {SUITE} ({len(packages)} packages) from the host's mirror into {root}"
+            )
+            subprocess.run(
+                [
+                    "mmdebstrap",
+                    "--variant=minbase",
+                    "--mode=root",
+                    "--quiet",
+                    "--include=" + ",".join(packages),
+                    # no manuals, translations or docs in the lab's image (nor later installs)
+                    "--dpkgopt=path-exclude=/usr/share/man/*",
+                    "--dpkgopt=path-exclude=/usr/share/locale/*",
+                    "--dpkgopt=path-include=/usr/share/locale/locale.alias",
+                    "--dpkgopt=path-exclude=/usr/share/doc/*",
+                    "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+                    SUITE,
+                    root,
+                    *sources(),
+                ],
+                check=True,
+                stdin=subprocess.DEVNULL,
+            )
             debootstrapped = time.monotonic() - started
             _configure(root, modules, say)
-            versions = subprocess.run(["chroot", root, "dpkg-query", "-W", "-f", "${Package}\t${Version}\n"],
-                                      check=True, capture_output=True, text=True).stdout
+            versions = subprocess.run(
+                ["chroot", root, "dpkg-query", "-W", "-f", "${Package}\t${Version}\n"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             tmp = image.path + ".tmp"
             with open(tmp, "wb") as f:
                 f.truncate(IMAGE_SIZE)
             say(f"debian: mkfs.ext4 -d into {image.path}")
-            subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "blockstack-root", "-d", root, tmp], check=True)
+            subprocess.run(
+                ["mkfs.ext4", "-q", "-F", "-L", "blockstack-root", "-d", root, tmp], check=True
+            )
             shutil.copyfile(os.path.join(root, "var/lib/dpkg/status"), image.status)
             seconds = round(time.monotonic() - started, 1)
-            _write(image.manifest, json.dumps({
-                "suite": SUITE, "release": release, "key": image.key, "packages": list(packages),
-                "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": seconds,
-                "mmdebstrap_seconds": round(debootstrapped, 1),
-                "versions": dict(line.split("\t") for line in versions.splitlines())}, indent=1) + "\n")
+            _write(
+                image.manifest,
+                json.dumps(
+                    {
+                        "suite": SUITE,
+                        "release": release,
+                        "key": image.key,
+                        "packages": list(packages),
+                        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        "seconds": seconds,
+                        "mmdebstrap_seconds": round(debootstrapped, 1),
+                        "versions": dict(line.split("\t") for line in versions.splitlines()),
+                    },
+                    indent=1,
+                )
+                + "\n",
+            )
             os.rename(tmp, image.path)
-            say(f"debian: image {image.path} built in {seconds} s (mmdebstrap {debootstrapped:.0f} s)")
+            say(
+                f"debian: image {image.path} built in {seconds} s (mmdebstrap {debootstrapped:.0f} s)"
+            )
         finally:
             shutil.rmtree(stage, ignore_errors=True)
             with contextlib.suppress(FileNotFoundError):
@@ -274,13 +355,15 @@ def _configure(root, modules, say):
         _write(full, text)
     for d in (SHARE, GUEST_REPO):
         os.makedirs(root + d, exist_ok=True)
-    subprocess.run(["systemctl", f"--root={root}", "enable", *ENABLE], check=True, capture_output=True)
+    subprocess.run(
+        ["systemctl", f"--root={root}", "enable", *ENABLE], check=True, capture_output=True
+    )
     subprocess.run(["systemctl", f"--root={root}", "mask", *MASK], check=True, capture_output=True)
     # a machine id of the image's own: no first-boot logic on each guest
     _write(os.path.join(root, "etc/machine-id"), secrets.token_hex(16) + "\n", 0o444)
     say(f"debian: copying {modules} into the image")
     shutil.copytree(modules, root + modules, symlinks=True)
-    for link in ("build", "source"):   # links into the host's kernel headers
+    for link in ("build", "source"):  # links into the host's kernel headers
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(root + modules, link))
     subprocess.run(["depmod", "-b", root, os.path.basename(modules)], check=True)
@@ -288,13 +371,33 @@ def _configure(root, modules, say):
 
 # -- the local apt repository ------------------------------------------------------------------
 
+
 def _lab_apt(d, status):
     """apt-get with the lab's private configuration in `d`, resolving against the dpkg `status`."""
-    return ["apt-get", "-q", "-o", f"Dir::Etc::sourcelist={d}/sources.list", "-o", f"Dir::Etc::sourceparts={d}/empty",
-            "-o", f"Dir::Etc::preferences={d}/preferences", "-o", f"Dir::Etc::preferencesparts={d}/empty",
-            "-o", f"Dir::State={d}/state", "-o", f"Dir::State::status={status}", "-o", f"Dir::Cache={d}/cache",
-            "-o", "Acquire::Languages=none", "-o", "APT::Install-Recommends=false",
-            "-o", "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false"]
+    return [
+        "apt-get",
+        "-q",
+        "-o",
+        f"Dir::Etc::sourcelist={d}/sources.list",
+        "-o",
+        f"Dir::Etc::sourceparts={d}/empty",
+        "-o",
+        f"Dir::Etc::preferences={d}/preferences",
+        "-o",
+        f"Dir::Etc::preferencesparts={d}/empty",
+        "-o",
+        f"Dir::State={d}/state",
+        "-o",
+        f"Dir::State::status={status}",
+        "-o",
+        f"Dir::Cache={d}/cache",
+        "-o",
+        "Acquire::Languages=none",
+        "-o",
+        "APT::Install-Recommends=false",
+        "-o",
+        "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false",
+    ]
 
 
 def build_repo(packages=REPO_PACKAGES, kernel="6.1", image=None, say=print):
@@ -305,7 +408,9 @@ def build_repo(packages=REPO_PACKAGES, kernel="6.1", image=None, say=print):
     build_repo((*REPO_PACKAGES, "dist/blockstack_1.0_all.deb")). Its path (DebianHost(repo=...))."""
     image = image or build_image(kernel, say=say)
     packages = [os.path.abspath(p) if p.endswith(".deb") else p for p in packages]
-    facts = [image.key, sorted(packages)] + [_sha256(p) for p in sorted(packages) if p.endswith(".deb")]
+    facts = [image.key, sorted(packages)] + [
+        _sha256(p) for p in sorted(packages) if p.endswith(".deb")
+    ]
     key = hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
     repo = os.path.join(CACHE, f"repo-{key}")
     if os.path.exists(os.path.join(repo, "Packages")):
@@ -320,27 +425,42 @@ def build_repo(packages=REPO_PACKAGES, kernel="6.1", image=None, say=print):
             os.makedirs(os.path.join(d, sub))
         _write(os.path.join(d, "sources.list"), "\n".join(sources()) + "\n")
         _write(os.path.join(d, "preferences"), "")
-        status = os.path.join(d, "dpkg", "status")   # apt's locks land beside it, in the lab's directory
+        status = os.path.join(
+            d, "dpkg", "status"
+        )  # apt's locks land beside it, in the lab's directory
         shutil.copyfile(image.status, status)
         apt = _lab_apt(d, status)
         names = [os.path.basename(p) for p in packages]
-        say(f"debian: downloading {' '.join(names)} and what {os.path.basename(image.path)} lacks of their dependencies")
+        say(
+            f"debian: downloading {' '.join(names)} and what {os.path.basename(image.path)} lacks of their dependencies"
+        )
         subprocess.run([*apt, "update"], check=True, stdin=subprocess.DEVNULL, capture_output=True)
-        subprocess.run([*apt, "install", "--download-only", "-y", *packages], check=True, stdin=subprocess.DEVNULL,
-                       capture_output=True)
+        subprocess.run(
+            [*apt, "install", "--download-only", "-y", *packages],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+        )
         tmp = repo + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         for deb in glob.glob(os.path.join(d, "cache", "archives", "*.deb")):
             shutil.move(deb, tmp)
-        index = subprocess.run(["dpkg-scanpackages", "--multiversion", "."], cwd=tmp, check=True,
-                               capture_output=True, text=True).stdout
+        index = subprocess.run(
+            ["dpkg-scanpackages", "--multiversion", "."],
+            cwd=tmp,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         _write(os.path.join(tmp, "Packages"), index)
         os.rename(tmp, repo)
         shutil.rmtree(d, ignore_errors=True)
         debs = len(glob.glob(os.path.join(repo, "*.deb")))
         size = sum(os.path.getsize(p) for p in glob.glob(os.path.join(repo, "*.deb")))
-        say(f"debian: repo {repo}: {debs} packages, {size >> 20} MiB, in {time.monotonic() - started:.0f} s")
+        say(
+            f"debian: repo {repo}: {debs} packages, {size >> 20} MiB, in {time.monotonic() - started:.0f} s"
+        )
     return repo
 
 
@@ -350,6 +470,7 @@ def _sha256(path):
 
 
 # -- the guest ---------------------------------------------------------------------------------
+
 
 class DebianHost(AgentGuest):
     """One booted Debian 12 host: kernel `kernel` (one of vm.KERNELS with an initrd, or a vmlinuz
@@ -361,27 +482,45 @@ class DebianHost(AgentGuest):
     (vm.BLACKLIST). A context manager: booted on enter, powered off and removed on exit, also on
     failure. run, start, background, request and console_tail are vm.Guest's."""
 
-    def __init__(self, kernel="6.1", nvme=1, nvme_size=vm.NVME_SIZE, memory="2G", cpus=2, ports=None, repo=None,
-                 packages=PACKAGES, boot_timeout=600, qemu_opts=(), blacklist=vm.BLACKLIST, say=print,
-                 root=vm.VM_ROOT):
+    def __init__(
+        self,
+        kernel="6.1",
+        nvme=1,
+        nvme_size=vm.NVME_SIZE,
+        memory="2G",
+        cpus=2,
+        ports=None,
+        repo=None,
+        packages=PACKAGES,
+        boot_timeout=600,
+        qemu_opts=(),
+        blacklist=vm.BLACKLIST,
+        say=print,
+        root=vm.VM_ROOT,
+    ):
         self.kernel_name, self.vmlinuz = kernel, vm.kernel(kernel)
         self.initrd = initrd(self.vmlinuz)
         self.release = os.path.basename(self.vmlinuz).removeprefix("vmlinuz-")
         self.nvme, self.nvme_size, self.memory, self.cpus = nvme, nvme_size, memory, cpus
         self.guest_ports = dict(PORTS if ports is None else ports)
         self.repo, self.packages = repo, tuple(packages)
-        self.boot_timeout, self.extra_qemu_opts, self.say, self.root = boot_timeout, list(qemu_opts), say, root
+        self.boot_timeout, self.extra_qemu_opts, self.say, self.root = (
+            boot_timeout,
+            list(qemu_opts),
+            say,
+            root,
+        )
         self.blacklist = list(blacklist)
         self.dir = self.proc = self.token = self.image = None
-        self.ports = {}          # name -> host port on 127.0.0.1 ("agent", "node", ...)
-        self.images = []         # the NVMe devices' image files, nvme0n1 first
-        self.boot_seconds = None     # the first boot: QEMU started -> the agent answers
-        self.reboot_seconds = []     # each reboot(): systemctl reboot -> the agent answers again
-        self.power_cycle_seconds = []    # each power_cycle(): systemctl poweroff -> a new QEMU's agent answers
-        self.apt_update_seconds = None   # the first boot's apt-get update of the local repo
+        self.ports = {}  # name -> host port on 127.0.0.1 ("agent", "node", ...)
+        self.images = []  # the NVMe devices' image files, nvme0n1 first
+        self.boot_seconds = None  # the first boot: QEMU started -> the agent answers
+        self.reboot_seconds = []  # each reboot(): systemctl reboot -> the agent answers again
+        self.power_cycle_seconds = []  # each power_cycle(): systemctl poweroff -> a new QEMU's agent answers
+        self.apt_update_seconds = None  # the first boot's apt-get update of the local repo
         self._console = None
         self._copies = 0
-        self.console = ""        # the console's text, kept after close()
+        self.console = ""  # the console's text, kept after close()
 
     # -- boot and teardown --------------------------------------------------------------
 
@@ -411,12 +550,25 @@ class DebianHost(AgentGuest):
         self.token = secrets.token_hex(16)
         _write(os.path.join(self.share, "token"), self.token + "\n", 0o600)
         shutil.copyfile(vm.AGENT, os.path.join(self.share, "vm_agent.py"))
-        if self.repo is None:   # the guest's apt source must exist: an empty repo
+        if self.repo is None:  # the guest's apt source must exist: an empty repo
             self.repo = os.path.join(self.dir, "repo")
             os.makedirs(self.repo)
             _write(os.path.join(self.repo, "Packages"), "")
-        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", self.image.path, "-F", "raw",
-                        self.overlay], check=True)
+        subprocess.run(
+            [
+                "qemu-img",
+                "create",
+                "-q",
+                "-f",
+                "qcow2",
+                "-b",
+                self.image.path,
+                "-F",
+                "raw",
+                self.overlay,
+            ],
+            check=True,
+        )
         for i in range(self.nvme):
             path = os.path.join(self.dir, f"nvme{i}.img")
             with open(path, "wb") as f:
@@ -433,38 +585,94 @@ class DebianHost(AgentGuest):
     def command(self):
         """QEMU's command line: Debian's kernel and initrd, TCG, the overlay as /dev/vda, the shares,
         the network with its forwarded ports, the NVMe devices, the console into console.log."""
-        append = ["root=/dev/vda", "rw", "console=ttyS0", "net.ifnames=0",
-                  *([f"modprobe.blacklist={','.join(self.blacklist)}"] if self.blacklist else [])]
+        append = [
+            "root=/dev/vda",
+            "rw",
+            "console=ttyS0",
+            "net.ifnames=0",
+            *([f"modprobe.blacklist={','.join(self.blacklist)}"] if self.blacklist else []),
+        ]
         forwards = [f"hostfwd=tcp:127.0.0.1:{self.ports['agent']}-{GUEST_ADDRESS}:{AGENT_PORT}"]
-        forwards += [f"hostfwd=tcp:127.0.0.1:{self.ports[n]}-{GUEST_ADDRESS}:{p}" for n, p in self.guest_ports.items()]
-        cmd = ["qemu-system-x86_64", "-name", "blockstack-debian", "-machine", "q35", "-accel", "tcg", "-cpu", "max",
-               "-smp", str(self.cpus), "-m", self.memory, "-nodefaults", "-no-user-config", "-display", "none",
-               "-kernel", self.vmlinuz, "-initrd", self.initrd, "-append", " ".join(append),
-               "-chardev", f"file,id=console,path={self.console_log},append=on", "-serial", "chardev:console",
-               # the overlay is thrown away on exit: no flush needs to reach the host's disk
-               "-drive", f"file={self.overlay},if=virtio,format=qcow2,cache=unsafe,discard=unmap",
-               "-netdev", "user,id=lab,restrict=on," + ",".join(forwards), "-device", "virtio-net-pci,netdev=lab",
-               "-device", "virtio-rng-pci",
-               "-virtfs", f"local,path={self.share},mount_tag=lab,security_model=none,readonly=on",
-               "-virtfs", f"local,path={self.repo},mount_tag=repo,security_model=none,readonly=on"]
+        forwards += [
+            f"hostfwd=tcp:127.0.0.1:{self.ports[n]}-{GUEST_ADDRESS}:{p}"
+            for n, p in self.guest_ports.items()
+        ]
+        cmd = [
+            "qemu-system-x86_64",
+            "-name",
+            "blockstack-debian",
+            "-machine",
+            "q35",
+            "-accel",
+            "tcg",
+            "-cpu",
+            "max",
+            "-smp",
+            str(self.cpus),
+            "-m",
+            self.memory,
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-kernel",
+            self.vmlinuz,
+            "-initrd",
+            self.initrd,
+            "-append",
+            " ".join(append),
+            "-chardev",
+            f"file,id=console,path={self.console_log},append=on",
+            "-serial",
+            "chardev:console",
+            # the overlay is thrown away on exit: no flush needs to reach the host's disk
+            "-drive",
+            f"file={self.overlay},if=virtio,format=qcow2,cache=unsafe,discard=unmap",
+            "-netdev",
+            "user,id=lab,restrict=on," + ",".join(forwards),
+            "-device",
+            "virtio-net-pci,netdev=lab",
+            "-device",
+            "virtio-rng-pci",
+            "-virtfs",
+            f"local,path={self.share},mount_tag=lab,security_model=none,readonly=on",
+            "-virtfs",
+            f"local,path={self.repo},mount_tag=repo,security_model=none,readonly=on",
+        ]
         for i, img in enumerate(self.images):
-            cmd += ["-drive", f"file={img},if=none,id=nv{i},format=raw,cache=none",
-                    "-device", f"nvme,drive=nv{i},serial=nvme{i}"]
+            cmd += [
+                "-drive",
+                f"file={img},if=none,id=nv{i},format=raw,cache=none",
+                "-device",
+                f"nvme,drive=nv{i},serial=nvme{i}",
+            ]
         return cmd + self.extra_qemu_opts
 
     def _boot(self):
-        self.say(f"debian: booting {self.release} (TCG, {self.nvme} NVMe, {self.memory}) from "
-                 f"{os.path.basename(self.image.path)} in {self.dir}")
+        self.say(
+            f"debian: booting {self.release} (TCG, {self.nvme} NVMe, {self.memory}) from "
+            f"{os.path.basename(self.image.path)} in {self.dir}"
+        )
         start = time.monotonic()
         if self._console:
             self._console.close()
-        self._console = open(self.console_log, "ab")   # QEMU's own messages; the serial console appends too
-        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._console,
-                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=self.dir)
+        self._console = open(
+            self.console_log, "ab"
+        )  # QEMU's own messages; the serial console appends too
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._console,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.dir,
+        )
         self._save()
         self._wait_for_agent(self.proc, start + self.boot_timeout, "QEMU")
         self.boot_seconds = time.monotonic() - start
-        self.say(f"debian: {self.release} up in {self.boot_seconds:.1f} s; agent on 127.0.0.1:{self.ports['agent']}")
+        self.say(
+            f"debian: {self.release} up in {self.boot_seconds:.1f} s; agent on 127.0.0.1:{self.ports['agent']}"
+        )
 
     def boot_id(self):
         return self.run(["cat", "/proc/sys/kernel/random/boot_id"]).stdout.strip()
@@ -479,15 +687,24 @@ class DebianHost(AgentGuest):
 
         def rebooted():
             with contextlib.suppress(OSError, ValueError, GuestError):
-                return self.request("run", argv=["cat", "/proc/sys/kernel/random/boot_id"], timeout=30,
-                                    connect_timeout=5).get("stdout", "").strip() not in ("", old)
+                return self.request(
+                    "run",
+                    argv=["cat", "/proc/sys/kernel/random/boot_id"],
+                    timeout=30,
+                    connect_timeout=5,
+                ).get("stdout", "").strip() not in ("", old)
             return False
+
         while not rebooted():
             if self.proc.poll() is not None:
-                raise GuestError(f"QEMU exited with {self.proc.returncode} during the reboot:\n{self.console_tail()}")
+                raise GuestError(
+                    f"QEMU exited with {self.proc.returncode} during the reboot:\n{self.console_tail()}"
+                )
             if time.monotonic() > deadline:
-                raise GuestError(f"the guest's agent did not come back within {timeout or self.boot_timeout} s "
-                                 f"of systemctl reboot:\n{self.console_tail()}")
+                raise GuestError(
+                    f"the guest's agent did not come back within {timeout or self.boot_timeout} s "
+                    f"of systemctl reboot:\n{self.console_tail()}"
+                )
             time.sleep(1)
         seconds = time.monotonic() - start
         self.reboot_seconds.append(seconds)
@@ -503,9 +720,11 @@ class DebianHost(AgentGuest):
         try:
             self.proc.wait(timeout or self.boot_timeout)
         except subprocess.TimeoutExpired:
-            raise GuestError(f"QEMU did not exit within {timeout or self.boot_timeout} s of systemctl "
-                             f"poweroff:\n{self.console_tail()}") from None
-        _kill_group(self.proc.pid)   # nothing should be left; QEMU's group is gone then
+            raise GuestError(
+                f"QEMU did not exit within {timeout or self.boot_timeout} s of systemctl "
+                f"poweroff:\n{self.console_tail()}"
+            ) from None
+        _kill_group(self.proc.pid)  # nothing should be left; QEMU's group is gone then
         self.proc = None
         first = self.boot_seconds
         self._boot_retrying()
@@ -517,10 +736,14 @@ class DebianHost(AgentGuest):
 
     def system_state(self, timeout=300):
         """`systemctl is-system-running --wait`: "running", "degraded", ... once the boot is done."""
-        return self.run(["systemctl", "is-system-running", "--wait"], timeout=timeout, check=False).stdout.strip()
+        return self.run(
+            ["systemctl", "is-system-running", "--wait"], timeout=timeout, check=False
+        ).stdout.strip()
 
     def failed_units(self):
-        return self.run(["systemctl", "--failed", "--no-legend", "--plain"], check=False).stdout.strip()
+        return self.run(
+            ["systemctl", "--failed", "--no-legend", "--plain"], check=False
+        ).stdout.strip()
 
     NAME = "debian"
     POWEROFF_WAIT = 60
@@ -547,8 +770,10 @@ class DebianHost(AgentGuest):
             shutil.copy2(host_path, staged)
         target = guest_path + name if guest_path.endswith("/") else guest_path
         source = f"{SHARE}/in/{self._copies}/{name}"
-        self.run(f"mkdir -p {shlex.quote(os.path.dirname(target) or '/')} && "
-                 f"cp -a {shlex.quote(source)} {shlex.quote(target)} && chown -R root:root {shlex.quote(target)}")
+        self.run(
+            f"mkdir -p {shlex.quote(os.path.dirname(target) or '/')} && "
+            f"cp -a {shlex.quote(source)} {shlex.quote(target)} && chown -R root:root {shlex.quote(target)}"
+        )
         shutil.rmtree(staged, ignore_errors=True)
         return target
 
@@ -565,9 +790,13 @@ class DebianHost(AgentGuest):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="The VM lab's Debian host: build the image (and the local repo) ahead.")
+    ap = argparse.ArgumentParser(
+        description="The VM lab's Debian host: build the image (and the local repo) ahead."
+    )
     ap.add_argument("what", choices=("image", "repo"), nargs="*", default=["image", "repo"])
-    ap.add_argument("--kernel", default="6.1", help="one of vm.KERNELS with an initrd (default 6.1)")
+    ap.add_argument(
+        "--kernel", default="6.1", help="one of vm.KERNELS with an initrd (default 6.1)"
+    )
     args = ap.parse_args(argv)
     problems = missing(args.kernel)
     if problems:

@@ -14,6 +14,7 @@ aria-label attributes), as Grafana's e2e-playwright suite does:
                     value link text VALUE (pages.Dashboard.SubMenu); its options: data-testid Select option
                     (components.Select.option)
 """
+
 import contextlib
 import json
 import re
@@ -23,8 +24,15 @@ import urllib.parse
 
 CHROMIUM = "/usr/bin/chromium"
 # Headless, and nothing of chromium's own that would call out (component updates, sync, field trials).
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 PANEL = '[data-testid^="data-testid Panel header "]'
 PANEL_PREFIX = "data-testid Panel header "
 LOADING = '[aria-label="Panel loading bar"]'
@@ -41,17 +49,24 @@ class Browser:
     def __init__(self, base_url, password, viewport=(1600, 1000)):
         self.base_url, self.password, self.viewport = base_url.rstrip("/"), password, viewport
         self.requests = []  # every URL the page asked for (documents, scripts, XHR, fonts, websockets)
-        self.queries = []   # /api/ds/query: {"body", "status", "response", "ms", "done"}
-        self.failed = []    # (url, HTTP status or failure text) of every request that failed
+        self.queries = []  # /api/ds/query: {"body", "status", "response", "ms", "done"}
+        self.failed = []  # (url, HTTP status or failure text) of every request that failed
         self._stack = contextlib.ExitStack()
 
     def __enter__(self):
         from playwright.sync_api import sync_playwright
+
         pw = self._stack.enter_context(sync_playwright())
-        profile = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="blockstack-chromium-"))
+        profile = self._stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="blockstack-chromium-")
+        )
         self.context = pw.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-            viewport={"width": self.viewport[0], "height": self.viewport[1]})
+            profile,
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": self.viewport[0], "height": self.viewport[1]},
+        )
         self._stack.callback(self.context.close)
         self.page = self.context.pages[0] if self.context.pages else self.context.new_page()
         self.page.set_default_timeout(60_000)
@@ -68,15 +83,23 @@ class Browser:
     def _on_request(self, request):
         self.requests.append(request.url)
         if "/api/ds/query" in request.url and request.method == "POST":
-            self.queries.append({"request": request, "body": json.loads(request.post_data or "{}"), "done": False,
-                                 "started": time.monotonic()})
+            self.queries.append(
+                {
+                    "request": request,
+                    "body": json.loads(request.post_data or "{}"),
+                    "done": False,
+                    "started": time.monotonic(),
+                }
+            )
 
     def _on_finished(self, request):
         response = request.response() if request.failure is None else None
         if request.failure == "net::ERR_ABORTED":
             pass  # cancelled by the page itself (Grafana cancels a panel's queries when a variable changes)
         elif request.failure is not None or response is None or response.status >= 400:
-            self.failed.append((request.url, request.failure or (response.status if response else "no response")))
+            self.failed.append(
+                (request.url, request.failure or (response.status if response else "no response"))
+            )
         for q in self.queries:
             if q["request"] is request:
                 q["done"] = True
@@ -87,16 +110,23 @@ class Browser:
                 except Exception:  # a cancelled or non-JSON answer: the status says it
                     q["response"] = None
                 timing = request.timing
-                q["ms"] = timing["responseEnd"] - timing["requestStart"] if timing["responseEnd"] > 0 else None
+                q["ms"] = (
+                    timing["responseEnd"] - timing["requestStart"]
+                    if timing["responseEnd"] > 0
+                    else None
+                )
 
     def in_flight(self):
         return sum(not q["done"] for q in self.queries)
 
     def foreign_requests(self):
         """Requests to any host but 127.0.0.1 (data: and blob: URLs stay in the page)."""
-        return [u for u in self.requests
-                if urllib.parse.urlsplit(u).scheme not in ("data", "blob")
-                and urllib.parse.urlsplit(u).hostname != "127.0.0.1"]
+        return [
+            u
+            for u in self.requests
+            if urllib.parse.urlsplit(u).scheme not in ("data", "blob")
+            and urllib.parse.urlsplit(u).hostname != "127.0.0.1"
+        ]
 
     # -- Grafana ----------------------------------------------------------------------------
     def login(self):
@@ -122,8 +152,12 @@ class Browser:
         deadline = time.monotonic() + timeout
         states = {}
         while time.monotonic() < deadline:
-            titles = [t[len(PANEL_PREFIX):] for t in page.locator(PANEL).evaluate_all(
-                "els => els.map(e => e.getAttribute('data-testid'))")]
+            titles = [
+                t[len(PANEL_PREFIX) :]
+                for t in page.locator(PANEL).evaluate_all(
+                    "els => els.map(e => e.getAttribute('data-testid'))"
+                )
+            ]
             pending = [t for t in titles if t not in states]
             if not pending:
                 break
@@ -131,11 +165,18 @@ class Browser:
                 panel = self.panel(title)
                 panel.scroll_into_view_if_needed()
                 loaded_at = self.wait_loaded(panel, deadline)
-                states[title] = {"error": _text(panel.locator(ERROR)), "no_data": _text(panel.locator(NO_DATA)),
-                                 "loaded_at": loaded_at}
-            page.mouse.wheel(0, self.viewport[1])  # further rows may appear below the last panel seen
+                states[title] = {
+                    "error": _text(panel.locator(ERROR)),
+                    "no_data": _text(panel.locator(NO_DATA)),
+                    "loaded_at": loaded_at,
+                }
+            page.mouse.wheel(
+                0, self.viewport[1]
+            )  # further rows may appear below the last panel seen
         else:
-            raise TimeoutError(f"panels still loading after {timeout}s: {sorted(set(titles) - set(states))}")
+            raise TimeoutError(
+                f"panels still loading after {timeout}s: {sorted(set(titles) - set(states))}"
+            )
         return states
 
     def wait_loaded(self, panel, deadline):
@@ -165,8 +206,10 @@ class Browser:
             pass  # no options at all: said below
         offered = [t.strip() for t in options.all_inner_texts()]
         if value not in offered:
-            raise AssertionError(f"variable {label!r}: {value} not among the options {offered}; "
-                                 f"failed requests of the page: {self.failed}")
+            raise AssertionError(
+                f"variable {label!r}: {value} not among the options {offered}; "
+                f"failed requests of the page: {self.failed}"
+            )
         options.filter(has_text=re.compile(f"^{re.escape(value)}$")).click()
         page.keyboard.press("Escape")
 
@@ -176,13 +219,18 @@ class Browser:
 
     def _picker(self, label):
         return self.page.get_by_test_id("data-testid template variable").filter(
-            has=self.page.get_by_test_id(f"data-testid Dashboard template variables submenu Label {label}"))
+            has=self.page.get_by_test_id(
+                f"data-testid Dashboard template variables submenu Label {label}"
+            )
+        )
 
     def screenshot(self, path):
         """The whole dashboard as a reader sees it, into the PNG `path`: the viewport made as tall as the
         page, so that every panel is in view and drawn (Grafana scrolls an inner container; a
         full-page capture of the usual viewport leaves virtualised tables outside it blank)."""
-        height = self.page.evaluate("() => Math.max(...Array.from(document.querySelectorAll('*'), e => e.scrollHeight))")
+        height = self.page.evaluate(
+            "() => Math.max(...Array.from(document.querySelectorAll('*'), e => e.scrollHeight))"
+        )
         self.page.set_viewport_size({"width": self.viewport[0], "height": height + 100})
         try:
             self.page.mouse.wheel(0, -height)
@@ -196,9 +244,14 @@ class Browser:
 
     def legend(self, title):
         """{series name: [cell texts]} of a time series panel's table legend (Name, Mean, Max, Last *)."""
-        rows = self.panel(title).locator("table tbody tr").evaluate_all(
-            "rows => rows.map(r => [r.querySelector('button') ? r.querySelector('button').title : '',"
-            " ...Array.from(r.querySelectorAll('td')).slice(1).map(td => td.textContent)])")
+        rows = (
+            self.panel(title)
+            .locator("table tbody tr")
+            .evaluate_all(
+                "rows => rows.map(r => [r.querySelector('button') ? r.querySelector('button').title : '',"
+                " ...Array.from(r.querySelectorAll('td')).slice(1).map(td => td.textContent)])"
+            )
+        )
         return {r[0].strip(): r[1:] for r in rows if r[0]}
 
     def legend_hidden(self, title):
@@ -219,7 +272,8 @@ class Browser:
     def truncated(self, title, prefix="BlockStack"):
         """The texts starting with `prefix` (alert names) that a table panel cuts short: a cell, or
         an element in it, narrower than its text."""
-        return self.panel(title).evaluate(r"""(panel, prefix) => {
+        return self.panel(title).evaluate(
+            r"""(panel, prefix) => {
           const cut = [];
           for (const cell of panel.querySelectorAll('[role="gridcell"], [role="cell"]')) {
             const text = cell.textContent.trim();
@@ -228,17 +282,24 @@ class Browser:
             if (els.some(e => e.scrollWidth > e.clientWidth + 1)) cut.push(text);
           }
           return cut;
-        }""", prefix)
+        }""",
+            prefix,
+        )
 
     def annotations(self, title):
         return self.panel(title).locator(ANNOTATION).count()
 
     def table_rows(self, title):
         """The data rows a table panel renders: [[cell texts]] (header rows left out)."""
-        return self.panel(title).locator('[role="row"]').evaluate_all(
-            "rows => rows.filter(r => !r.querySelector('[role=\"columnheader\"]'))"
-            ".map(r => Array.from(r.querySelectorAll('[role=\"gridcell\"], [role=\"cell\"]'))"
-            ".map(c => c.textContent.trim()))")
+        return (
+            self.panel(title)
+            .locator('[role="row"]')
+            .evaluate_all(
+                "rows => rows.filter(r => !r.querySelector('[role=\"columnheader\"]'))"
+                '.map(r => Array.from(r.querySelectorAll(\'[role="gridcell"], [role="cell"]\'))'
+                ".map(c => c.textContent.trim()))"
+            )
+        )
 
     def red(self, title):
         """What a panel paints red, as a reader sees it: [(text, text of its table row or "")] of every

@@ -13,6 +13,7 @@ On exit (success, failure, Ctrl-C, SIGTERM) it restores the settings, unmounts, 
 removes the directory; a final sweep catches anything an interrupt left half-made. Signals are
 deferred while it cleans up. `sweep_stale` undoes a lab whose process was killed, from its journal.
 """
+
 import contextlib
 import json
 import os
@@ -32,7 +33,7 @@ DISK_ROOT = "/var/tmp"  # the journal scenario's lower devices: on the root disk
 SINGLE_SIZE = 256 << 20
 LOWER_SIZE = 512 << 20
 UPPER_SIZE = 192 << 20
-JOURNAL_LOWER_SIZE = 4 << 30         # sparse files: room for a 1 GiB journal and the writers' files
+JOURNAL_LOWER_SIZE = 4 << 30  # sparse files: room for a 1 GiB journal and the writers' files
 JOURNAL_UPPER_SIZE = 3 << 30
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # The queue settings every scenario starts from (a fresh loop device's defaults).
@@ -41,6 +42,7 @@ JOURNAL = "lab.json"
 
 
 # -- signals ----------------------------------------------------------------------------------
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so every context manager unwinds."""
@@ -53,7 +55,10 @@ def install_signal_handlers():
 
     def handler(signum, frame):
         if state["raised"]:
-            print(f"\n>> {signal.Signals(signum).name} again: still cleaning up, please wait", flush=True)
+            print(
+                f"\n>> {signal.Signals(signum).name} again: still cleaning up, please wait",
+                flush=True,
+            )
             return
         state["raised"] = True
         raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
@@ -82,6 +87,7 @@ class CleanupStack(contextlib.ExitStack):
 
 # -- the lab ----------------------------------------------------------------------------------
 
+
 class Lab:
     """Loop devices, filesystems and sysfs settings for the scenarios; all undone on exit."""
 
@@ -89,9 +95,9 @@ class Lab:
         self.say, self.root = say, root
         self.dir = None
         self.disk_dir = None  # only if a scenario needs a device on the root disk
-        self.devices = {}   # role -> /dev/loopN
-        self.mounts = {}    # role -> mountpoint
-        self.changed = []   # [(dev, attr, value before, value set)] of the settings changed now, in order
+        self.devices = {}  # role -> /dev/loopN
+        self.mounts = {}  # role -> mountpoint
+        self.changed = []  # [(dev, attr, value before, value set)] of the settings changed now, in order
         self._es = None
 
     def __enter__(self):
@@ -106,8 +112,10 @@ class Lab:
         except BaseException:
             self._es.close()
             raise
-        self.say(f"lab: {self.name('upper')} (direct-io, ext4 on {self.mounts['upper']}) on a file on ext4 on "
-                 f"{self.name('lower')}; {self.name('single')} alone; all backed by {self.dir}")
+        self.say(
+            f"lab: {self.name('upper')} (direct-io, ext4 on {self.mounts['upper']}) on a file on ext4 on "
+            f"{self.name('lower')}; {self.name('single')} alone; all backed by {self.dir}"
+        )
         return self
 
     def __exit__(self, *exc):
@@ -119,8 +127,17 @@ class Lab:
         cannot be caught), and what a watcher needs to know of it."""
         path = os.path.join(self.dir, JOURNAL)
         with open(path + ".tmp", "w") as f:
-            json.dump({"pid": os.getpid(), "dir": self.dir, "disk_dir": self.disk_dir, "devices": self.devices,
-                       "mounts": self.mounts, "changed": [list(c) for c in self.changed]}, f)
+            json.dump(
+                {
+                    "pid": os.getpid(),
+                    "dir": self.dir,
+                    "disk_dir": self.disk_dir,
+                    "devices": self.devices,
+                    "mounts": self.mounts,
+                    "changed": [list(c) for c in self.changed],
+                },
+                f,
+            )
         os.replace(path + ".tmp", path)
 
     def name(self, role):
@@ -171,16 +188,33 @@ class Lab:
                 self.say(f"restored {loop.name(dev)} {attr} {value} -> {old}")
 
     @contextlib.contextmanager
-    def pair(self, upper, lower, sizes=(LOWER_SIZE, UPPER_SIZE), directory=None, sparse=False, mkfs_args=(),
-             mount_options=""):
+    def pair(
+        self,
+        upper,
+        lower,
+        sizes=(LOWER_SIZE, UPPER_SIZE),
+        directory=None,
+        sparse=False,
+        mkfs_args=(),
+        mount_options="",
+    ):
         """Roles UPPER (direct-io, ext4 mounted) over a file on ext4 on LOWER: `loop.stacked_pair`
         with the lower's file in `directory` (default the lab's), mounts under the lab's directory
         and the baseline settings, for the body. Yields UPPER's mountpoint."""
         with CleanupStack() as es:
-            self.devices[lower], self.devices[upper], self.mounts[lower] = es.enter_context(loop.stacked_pair(
-                *sizes, directory=directory or self.dir, mount_directory=self.dir, sparse=sparse))
-            self.mounts[upper] = es.enter_context(loop.ext4(self.devices[upper], [*loop.NO_DISCARD, *mkfs_args],
-                                                            mount_options, directory=self.dir))
+            self.devices[lower], self.devices[upper], self.mounts[lower] = es.enter_context(
+                loop.stacked_pair(
+                    *sizes, directory=directory or self.dir, mount_directory=self.dir, sparse=sparse
+                )
+            )
+            self.mounts[upper] = es.enter_context(
+                loop.ext4(
+                    self.devices[upper],
+                    [*loop.NO_DISCARD, *mkfs_args],
+                    mount_options,
+                    directory=self.dir,
+                )
+            )
             self._save()
             for role in (lower, upper):
                 es.enter_context(self._baseline_cm(role))
@@ -198,13 +232,22 @@ class Lab:
         if self.disk_dir is None:
             self.disk_dir = tempfile.mkdtemp(prefix="blockstack-lab-", dir=DISK_ROOT)
             self._save()
-        return self.pair(role, f"{role}-lower", (JOURNAL_LOWER_SIZE, JOURNAL_UPPER_SIZE), self.disk_dir, sparse=True,
-                         mkfs_args=["-J", f"size={journal_mib}"], mount_options=mount_options)
+        return self.pair(
+            role,
+            f"{role}-lower",
+            (JOURNAL_LOWER_SIZE, JOURNAL_UPPER_SIZE),
+            self.disk_dir,
+            sparse=True,
+            mkfs_args=["-J", f"size={journal_mib}"],
+            mount_options=mount_options,
+        )
 
     def sweep(self):
         """Undo whatever the context managers could not: settings journaled as changed, mounts
         under the lab directory, loop devices over its files; then remove the directory."""
-        for dev, attr, old, _ in reversed(self.changed):  # the last change first: the first's old value wins
+        for dev, attr, old, _ in reversed(
+            self.changed
+        ):  # the last change first: the first's old value wins
             with contextlib.suppress(OSError):
                 loop.write_sysfs(dev, attr, old)
                 self.say(f"sweep: restored {loop.name(dev)} {attr} -> {old}")
@@ -214,14 +257,20 @@ class Lab:
         dirs = [d + "/" for d in (self.dir, self.disk_dir) if d]
         # which loop devices are ours, read before unmounting: a lazily unmounted filesystem's
         # files show as "/upper.img" in losetup afterwards
-        ours = [(dev, back) for dev, back in loop.attached_devices().items() if back.startswith(tuple(dirs))]
+        ours = [
+            (dev, back)
+            for dev, back in loop.attached_devices().items()
+            if back.startswith(tuple(dirs))
+        ]
         mounts = lab_mounts(self.dir)
         for mnt in sorted(mounts, key=len, reverse=True):
             self.say(f"sweep: unmounting {mnt}")
             subprocess.run(["umount", "-l", mnt], capture_output=True, timeout=60)
         # devices over files inside the lab's filesystems first (the uppers), then the lowers
         inner = tuple(m + "/" for m in mounts)
-        for dev, back in sorted(ours, key=lambda kv: not kv[1].startswith(inner) if inner else True):
+        for dev, _back in sorted(
+            ours, key=lambda kv: not kv[1].startswith(inner) if inner else True
+        ):
             self.say(f"sweep: detaching {dev}")
             with contextlib.suppress(subprocess.SubprocessError):
                 loop.detach(dev)
@@ -236,8 +285,11 @@ def fio_tag(pid):
 def fio_of(pid):
     """Pids of the fio processes a lab process `pid` started (named fio_tag(pid)-...)."""
     name = f"--name={fio_tag(pid)}-".encode()
-    return [p for p, argv in procs.cmdlines()
-            if os.path.basename(argv[0]) == b"fio" and any(a.startswith(name) for a in argv)]
+    return [
+        p
+        for p, argv in procs.cmdlines()
+        if os.path.basename(argv[0]) == b"fio" and any(a.startswith(name) for a in argv)
+    ]
 
 
 def sweep_stale(say=print, root=LAB_ROOT):

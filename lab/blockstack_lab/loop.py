@@ -3,6 +3,7 @@
 Every context manager undoes what it did on exit, whether the body returned or raised,
 so tests and the lab leave no loop device, mount or changed queue setting behind.
 """
+
 import contextlib
 import os
 import subprocess
@@ -17,7 +18,9 @@ NO_DISCARD = ["-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"]
 
 
 def _run(argv, timeout=60):
-    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=timeout).stdout.strip()
+    return subprocess.run(
+        argv, check=True, capture_output=True, text=True, timeout=timeout
+    ).stdout.strip()
 
 
 def name(dev):
@@ -90,7 +93,10 @@ def umount(mnt):
 
 def mkfs_ext4(dev, args=()):
     """mkfs.ext4 quietly, without lazy init (so background writes do not disturb measurements)."""
-    _run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", *args, dev], timeout=300)
+    _run(
+        ["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", *args, dev],
+        timeout=300,
+    )
 
 
 @contextlib.contextmanager
@@ -132,8 +138,12 @@ def stacked_pair(lower_size, upper_size, directory=None, mount_directory=None, s
 
 def attached_devices():
     """{'/dev/loopN': backing file} for every attached loop device (losetup's view)."""
-    out = subprocess.run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
-                         capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     devices = {}
     for line in out.splitlines():
         parts = line.split(None, 1)

@@ -6,6 +6,7 @@ Each scenario returns `Check`s: what was expected (page / no page / alert at the
 receiver), what the stack did (notifications at the receiver since the onset, alerts pending or
 firing in Prometheus), whether they match, and the seconds from onset to the notification.
 """
+
 import dataclasses
 import os
 import time
@@ -16,11 +17,12 @@ from . import fio
 from .lab import fio_tag
 from .view import Diskstats
 
+
 @dataclasses.dataclass
 class Expect:
-    kind: str                 # "page", "alert" (warning at the ticket receiver) or "none"
+    kind: str  # "page", "alert" (warning at the ticket receiver) or "none"
     alertname: str = ""
-    role: str = ""            # the lab device the alert must name
+    role: str = ""  # the lab device the alert must name
     nothing: str = "no page"  # how to say "none"
 
     def describe(self, lab):
@@ -36,7 +38,7 @@ class Check:
     expected: str
     observed: str
     correct: bool
-    seconds: float = None     # onset to notification at the receiver
+    seconds: float = None  # onset to notification at the receiver
     resolved_seconds: float = None
 
 
@@ -44,17 +46,20 @@ class Check:
 class Timing:
     """How long phases last. Defaults suit the 5 s scrape of `make up` (alerts/README.md "Time to
     page": <= 55 s onset to page)."""
-    warmup: float = 25        # healthy load before a fault: the 20 s rate windows fill
-    quiet: float = 75         # a must-not-page phase: longer than the worst-case time to page
+
+    warmup: float = 25  # healthy load before a fault: the 20 s rate windows fill
+    quiet: float = 75  # a must-not-page phase: longer than the worst-case time to page
     page_timeout: float = 90  # a page later than this is a miss
     resolve_timeout: float = 120
-    alert_timeout: float = 300  # the jbd2 warning: rate window + for + the ticket route's group_wait 30 s
+    alert_timeout: float = (
+        300  # the jbd2 warning: rate window + for + the ticket route's group_wait 30 s
+    )
     journal_quiet: float = 180  # the large journal: as long as the warning would need, and more
     settle_timeout: float = 240
-    linger: float = 10        # after a page, how long other notifications may still arrive
+    linger: float = 10  # after a page, how long other notifications may still arrive
     narrate_every: float = 15
     corpus_warmup: float = 15  # corpus (corpus.py): healthy load before a sick case's fault
-    corpus_quiet: float = 55   # corpus: a healthy case; longer than the worst-case 40 s to page
+    corpus_quiet: float = 55  # corpus: a healthy case; longer than the worst-case 40 s to page
 
 
 class Runner:
@@ -74,22 +79,38 @@ class Runner:
         and, with a stack, the alerts pending or firing), and say it."""
         names = self.lab.names()
         devices = [names[r] for r in roles if r in names]
-        entry = {"time": time.time(), "onset": onset, "roles": {names[r]: r for r in roles if r in names}}
+        entry = {
+            "time": time.time(),
+            "onset": onset,
+            "roles": {names[r]: r for r in roles if r in names},
+        }
         if self.view is None:
             entry.update(source="iostat", lineup=self.diskstats.lineup(devices))
         else:
-            entry.update(source="Prometheus", lineup=self.view.lineup(devices), alerts=self.view.alerts(devices))
+            entry.update(
+                source="Prometheus",
+                lineup=self.view.lineup(devices),
+                alerts=self.view.alerts(devices),
+            )
         self.narration.append(entry)
         when = f"+{entry['time'] - onset:.0f}s " if onset else ""
         parts = []
         for dev, role in entry["roles"].items():
             ops = entry["lineup"].get(dev, {})
-            figures = ", ".join(f"{op} {rate:.0f}/s x {size:.1f} sectors" for op, (rate, size) in sorted(ops.items()))
+            figures = ", ".join(
+                f"{op} {rate:.0f}/s x {size:.1f} sectors"
+                for op, (rate, size) in sorted(ops.items())
+            )
             parts.append(f"{dev} ({role}): {figures or 'idle'}")
         self.say(f"{when}lineup ({entry['source']}): " + "; ".join(parts))
         if "alerts" in entry:
-            self.say(f"{when}alerts: " + (", ".join(f"{a} on {d} {s}" for a, d, s in entry["alerts"])
-                                          or "none pending or firing"))
+            self.say(
+                f"{when}alerts: "
+                + (
+                    ", ".join(f"{a} on {d} {s}" for a, d, s in entry["alerts"])
+                    or "none pending or firing"
+                )
+            )
 
     def watch(self, seconds, roles, onset=None, until=None):
         """Narrate every narrate_every seconds for `seconds`, or until `until()` is truthy."""
@@ -113,8 +134,11 @@ class Runner:
 
     def new_firing(self, onset, devices):
         """The firing alerts on these devices notified since onset that started after it."""
-        return [n for n in self.view.notifications(onset) if n.status == "firing" and n.device in devices
-                and n.starts_at >= onset - 1]
+        return [
+            n
+            for n in self.view.notifications(onset)
+            if n.status == "firing" and n.device in devices and n.starts_at >= onset - 1
+        ]
 
     def settle(self):
         """Wait until no alert is pending or firing on a lab device (the previous scenario's
@@ -123,10 +147,16 @@ class Runner:
             return
         devices = list(self.lab.names().values())
         try:
-            procs.wait_until("the lab's alerts to clear", lambda: not self.view.alerts(devices),
-                             self.t.settle_timeout, interval=2)
+            procs.wait_until(
+                "the lab's alerts to clear",
+                lambda: not self.view.alerts(devices),
+                self.t.settle_timeout,
+                interval=2,
+            )
         except TimeoutError:
-            self.say(f"still active after {self.t.settle_timeout:.0f} s: {self.view.alerts(devices)}")
+            self.say(
+                f"still active after {self.t.settle_timeout:.0f} s: {self.view.alerts(devices)}"
+            )
 
     def observe(self, scenario, phase, expect, onset, roles):
         """Watch a phase that began at `onset` (Unix time) and judge it against `expect`."""
@@ -145,13 +175,19 @@ class Runner:
             timeout = self.t.page_timeout if expect.kind == "page" else self.t.alert_timeout
 
             def arrived():
-                return [n for n in self.new_firing(onset, devices)
-                        if n.path == path and n.alertname == expect.alertname and n.device == target]
+                return [
+                    n
+                    for n in self.new_firing(onset, devices)
+                    if n.path == path and n.alertname == expect.alertname and n.device == target
+                ]
+
             hit = self.watch(timeout, roles, onset, until=arrived)
             if hit:
                 seconds = hit[0].received_at - onset
-                self.say(f"+{seconds:.0f}s {'PAGE' if path == '/page' else 'TICKET'} at the receiver ({path}): "
-                         f"{hit[0].alertname} on {hit[0].device}: {hit[0].annotations.get('summary', '')}")
+                self.say(
+                    f"+{seconds:.0f}s {'PAGE' if path == '/page' else 'TICKET'} at the receiver ({path}): "
+                    f"{hit[0].alertname} on {hit[0].device}: {hit[0].annotations.get('summary', '')}"
+                )
                 for key in ("likely_cause", "description"):
                     if hit[0].annotations.get(key):
                         self.say(f"    {key}: {' '.join(hit[0].annotations[key].split())}")
@@ -172,7 +208,11 @@ class Runner:
             elif state == "firing" and (a, d) not in suppressed:
                 late.add((a, d, f"firing {severity} in Prometheus"))
             else:
-                why = "inhibited" if (a, d) in suppressed else f"{severity} {state}, not at the receiver"
+                why = (
+                    "inhibited"
+                    if (a, d) in suppressed
+                    else f"{severity} {state}, not at the receiver"
+                )
                 extra.append(f"{a} on {d} ({why})")
         seen |= late
         observed = ", ".join(f"{kind} {a} on {d}" for a, d, kind in sorted(seen)) or expect.nothing
@@ -181,10 +221,15 @@ class Runner:
         if expect.kind == "none":
             correct = not seen
         else:
-            want = ("page" if expect.kind == "page" else "alert")
-            correct = seconds is not None and {(a, d, k) for a, d, k in seen} == {(expect.alertname, lab.name(expect.role), want)}
-        self.say(f"{scenario} / {phase}: expected {expected}; observed {observed}"
-                 + (f" after {seconds:.0f} s" if seconds is not None else "") + (" - OK" if correct else " - WRONG"))
+            want = "page" if expect.kind == "page" else "alert"
+            correct = seconds is not None and {(a, d, k) for a, d, k in seen} == {
+                (expect.alertname, lab.name(expect.role), want)
+            }
+        self.say(
+            f"{scenario} / {phase}: expected {expected}; observed {observed}"
+            + (f" after {seconds:.0f} s" if seconds is not None else "")
+            + (" - OK" if correct else " - WRONG")
+        )
         return Check(scenario, phase, expected, observed, correct, seconds)
 
     def resolved(self, check, expect, since):
@@ -194,12 +239,18 @@ class Runner:
         target = self.lab.name(expect.role)
 
         def resolve():
-            return [n for n in self.view.notifications(since) if n.status == "resolved"
-                    and n.alertname == expect.alertname and n.device == target]
+            return [
+                n
+                for n in self.view.notifications(since)
+                if n.status == "resolved" and n.alertname == expect.alertname and n.device == target
+            ]
+
         hit = self.watch(self.t.resolve_timeout, ["single", "upper", "lower"], since, until=resolve)
         if hit:
             check.resolved_seconds = hit[0].received_at - since
-            self.say(f"+{check.resolved_seconds:.0f}s resolved at the receiver: {expect.alertname} on {target}")
+            self.say(
+                f"+{check.resolved_seconds:.0f}s resolved at the receiver: {expect.alertname} on {target}"
+            )
         else:
             self.say(f"no resolve within {self.t.resolve_timeout:.0f} s")
 
@@ -211,7 +262,11 @@ def _seq_read(dev):
 def _collapse(r, scenario, phase, read_role, fault_role, attr, value):
     """Batched sequential reads on read_role; fault_role's ATTR -> value and back. Expected: the
     collapse page naming fault_role, and its resolve."""
-    lab, roles, expect = r.lab, sorted({read_role, fault_role}), Expect("page", "BlockStackMergeCollapse", fault_role)
+    lab, roles, expect = (
+        r.lab,
+        sorted({read_role, fault_role}),
+        Expect("page", "BlockStackMergeCollapse", fault_role),
+    )
     with r.fio(_seq_read(lab.devices[read_role]), "seq"):
         r.say(f"healthy: batched sequential reads on {lab.name(read_role)} for {r.t.warmup:.0f} s")
         r.watch(r.t.warmup, roles)
@@ -225,13 +280,17 @@ def merge_collapse_nomerges(r):
     """Sequential batched 4 KiB direct reads on the single device; nomerges 0 -> 2 -> 0.
     Expected: the collapse page on that device, merging refused (eBPF; diskstats alone cannot tell
     it from random 4 KiB I/O), resolved after nomerges goes back to 0."""
-    return _collapse(r, "merge-collapse-nomerges", "nomerges=2", "single", "single", "queue/nomerges", "2")
+    return _collapse(
+        r, "merge-collapse-nomerges", "nomerges=2", "single", "single", "queue/nomerges", "2"
+    )
 
 
 def stack_split(r):
     """Sequential batched reads on the upper of the stacked pair; the lower's max_sectors_kb
     1280 -> 4 -> back. Expected: the layered collapse page naming the lower device."""
-    return _collapse(r, "stack-split", "lower max_sectors_kb=4", "upper", "lower", "queue/max_sectors_kb", "4")
+    return _collapse(
+        r, "stack-split", "lower max_sectors_kb=4", "upper", "lower", "queue/max_sectors_kb", "4"
+    )
 
 
 def random_4k(r):
@@ -239,10 +298,14 @@ def random_4k(r):
     and on a file in the ext4 on the stacked pair. Must not page."""
     lab, roles = r.lab, ["single", "upper", "lower"]
     rw = ["--rw=randrw", "--bs=4k", "--direct=1", "--ioengine=libaio", "--iodepth=16"]
-    with r.fio([*rw, f"--filename={lab.devices['single']}"], "rand-dev"), \
-            r.fio([*rw, f"--directory={lab.mounts['upper']}", "--size=64m"], "rand-file"):
+    with (
+        r.fio([*rw, f"--filename={lab.devices['single']}"], "rand-dev"),
+        r.fio([*rw, f"--directory={lab.mounts['upper']}", "--size=64m"], "rand-file"),
+    ):
         onset = time.time()
-        r.say(f"random 4 KiB reads and writes on {lab.name('single')} and in the ext4 on {lab.name('upper')}")
+        r.say(
+            f"random 4 KiB reads and writes on {lab.name('single')} and in the ext4 on {lab.name('upper')}"
+        )
         return [r.observe("random-4k", "randrw 4k", Expect("none"), onset, roles)]
 
 
@@ -250,8 +313,12 @@ def nomerges_1(r):
     """nomerges=1 (simple one-hit merges only) on the single device and on the stacked pair's
     lower, under batched sequential reads. Merging still happens. Must not page."""
     lab, roles = r.lab, ["single", "upper", "lower"]
-    with lab.setting("single", "queue/nomerges", "1"), lab.setting("lower", "queue/nomerges", "1"), \
-            r.fio(_seq_read(lab.devices["single"]), "seq-single"), r.fio(_seq_read(lab.devices["upper"]), "seq-upper"):
+    with (
+        lab.setting("single", "queue/nomerges", "1"),
+        lab.setting("lower", "queue/nomerges", "1"),
+        r.fio(_seq_read(lab.devices["single"]), "seq-single"),
+        r.fio(_seq_read(lab.devices["upper"]), "seq-upper"),
+    ):
         onset = time.time()
         return [r.observe("nomerges-1", "nomerges=1", Expect("none"), onset, roles)]
 
@@ -261,8 +328,10 @@ def trickle(r):
     the ext4. Small requests, but far too few to matter. Must not page."""
     lab, roles = r.lab, ["single", "upper", "lower"]
     rw = ["--rw=randrw", "--bs=4k", "--direct=1", "--ioengine=psync", "--rate_iops=5,5"]
-    with r.fio([*rw, f"--filename={lab.devices['single']}"], "trickle-dev"), \
-            r.fio([*rw, f"--directory={lab.mounts['upper']}", "--size=16m"], "trickle-file"):
+    with (
+        r.fio([*rw, f"--filename={lab.devices['single']}"], "trickle-dev"),
+        r.fio([*rw, f"--directory={lab.mounts['upper']}", "--size=16m"], "trickle-file"),
+    ):
         onset = time.time()
         return [r.observe("trickle", "5+5 IOPS", Expect("none"), onset, roles)]
 
@@ -274,11 +343,25 @@ def trickle(r):
 # wait (1.9 ms on a busy machine), 128 writers 0.67 ms (p99 <= 16 ms); 1 GiB journal 0.03-0.05 ms
 # (p99 <= 2 ms) with either. 128 writers keep the small journal well above the alert's 0.5 ms.
 JOURNAL_WRITERS = 128
-JOURNAL_FIO = ["--rw=randwrite", "--bs=16k", "--ioengine=psync", "--fdatasync=1", "--buffered=1",
-               f"--numjobs={JOURNAL_WRITERS}", "--size=4m", "--group_reporting"]
+JOURNAL_FIO = [
+    "--rw=randwrite",
+    "--bs=16k",
+    "--ioengine=psync",
+    "--fdatasync=1",
+    "--buffered=1",
+    f"--numjobs={JOURNAL_WRITERS}",
+    "--size=4m",
+    "--group_reporting",
+]
 JOURNAL_PHASES = (
     # (phase, role, journal MiB, mount options, expectation)
-    ("4 MiB journal", "jsmall", 4, "data=journal", Expect("alert", "BlockStackJbd2CreditWaitHigh", "jsmall")),
+    (
+        "4 MiB journal",
+        "jsmall",
+        4,
+        "data=journal",
+        Expect("alert", "BlockStackJbd2CreditWaitHigh", "jsmall"),
+    ),
     ("1 GiB journal", "jlarge", 1024, "data=journal", Expect("none", nothing="no alert")),
 )
 
@@ -291,12 +374,16 @@ def journal_starvation(r):
     checks = []
     for phase, role, journal_mib, options, expect in JOURNAL_PHASES:
         with r.lab.journal_fs(role, journal_mib, options) as mnt:
-            r.say(f"{phase}: {JOURNAL_WRITERS} writers, 16 KiB randwrite + fdatasync, on {r.lab.name(role)} ({options})")
+            r.say(
+                f"{phase}: {JOURNAL_WRITERS} writers, 16 KiB randwrite + fdatasync, on {r.lab.name(role)} ({options})"
+            )
             with r.fio([*JOURNAL_FIO, f"--directory={mnt}"], role):
                 onset = time.time()
                 saved, r.t.quiet = r.t.quiet, r.t.journal_quiet
                 try:
-                    check = r.observe("journal-starvation", phase, expect, onset, [role, f"{role}-lower"])
+                    check = r.observe(
+                        "journal-starvation", phase, expect, onset, [role, f"{role}-lower"]
+                    )
                 finally:
                     r.t.quiet = saved
                 if r.view is not None:

@@ -1,6 +1,7 @@
 """What the stack sees of the lab: Prometheus's alerts and lineup (requests per second and
 sectors per request, per device and operation) through its API, the notifications in the page
 receiver's file, and iostat's lineup from /proc/diskstats when no stack is attached."""
+
 import dataclasses
 import datetime
 import json
@@ -9,6 +10,7 @@ import socket
 import time
 
 import yaml
+
 from page_receiver import received
 
 from .api import Alertmanager, Prometheus
@@ -21,8 +23,12 @@ def page_alerts(rules=RULES):
     receiver)."""
     with open(rules) as f:
         groups = yaml.safe_load(f)["groups"]
-    return frozenset(r["alert"] for g in groups for r in g["rules"]
-                     if "alert" in r and r.get("labels", {}).get("severity") == "critical")
+    return frozenset(
+        r["alert"]
+        for g in groups
+        for r in g["rules"]
+        if "alert" in r and r.get("labels", {}).get("severity") == "critical"
+    )
 
 
 PAGE_ALERTS = page_alerts()
@@ -31,8 +37,8 @@ PAGE_ALERTS = page_alerts()
 @dataclasses.dataclass
 class Notified:
     received_at: float
-    path: str          # /page or /ticket
-    status: str        # firing or resolved
+    path: str  # /page or /ticket
+    status: str  # firing or resolved
     alertname: str
     device: str
     starts_at: float
@@ -53,8 +59,11 @@ class StackView:
         """The stack `make up` runs in STATE (ports in STATE/ports.json)."""
         with open(os.path.join(state, "ports.json")) as f:
             ports = json.load(f)
-        view = cls(f"http://127.0.0.1:{ports['prometheus']}", os.path.join(state, "pages", "pages.jsonl"),
-                   alertmanager_url=f"http://127.0.0.1:{ports['alertmanager']}")
+        view = cls(
+            f"http://127.0.0.1:{ports['prometheus']}",
+            os.path.join(state, "pages", "pages.jsonl"),
+            alertmanager_url=f"http://127.0.0.1:{ports['alertmanager']}",
+        )
         # the basic auth of make up: Prometheus's (user admin) and Alertmanager's (user alertmanager)
         for client, user in ((view.prometheus, "admin"), (view.alertmanager, "alertmanager")):
             password = os.path.join(state, "secrets", f"{user}-password")
@@ -71,15 +80,29 @@ class StackView:
 
     def notifications(self, since=0.0):
         """Every alert in every notification received at or after `since`, oldest first."""
-        return [Notified(rec["received_at"], rec["path"], a["status"], a["labels"].get("alertname", ""),
-                         a["labels"].get("device", ""),
-                         datetime.datetime.fromisoformat(a["startsAt"]).timestamp() if a.get("startsAt") else 0.0,
-                         a["labels"], a.get("annotations", {}))
-                for rec, a in received(self.pages_file, since)]
+        return [
+            Notified(
+                rec["received_at"],
+                rec["path"],
+                a["status"],
+                a["labels"].get("alertname", ""),
+                a["labels"].get("device", ""),
+                datetime.datetime.fromisoformat(a["startsAt"]).timestamp()
+                if a.get("startsAt")
+                else 0.0,
+                a["labels"],
+                a.get("annotations", {}),
+            )
+            for rec, a in received(self.pages_file, since)
+        ]
 
     def pages(self, device, status="firing"):
         """The paging alerts on this device the receiver got with this status."""
-        return [n for n in self.notifications() if n.status == status and n.alertname in PAGE_ALERTS and n.device == device]
+        return [
+            n
+            for n in self.notifications()
+            if n.status == status and n.alertname in PAGE_ALERTS and n.device == device
+        ]
 
     def alerts(self, devices, with_severity=False):
         """[(alertname, device, state[, severity])] pending or firing in Prometheus on these devices."""
@@ -93,16 +116,25 @@ class StackView:
         if not self.alertmanager:
             return set()
         alerts = self.alertmanager.alerts()
-        return {(a["labels"].get("alertname", ""), a["labels"].get("device", "")) for a in alerts
-                if a.get("status", {}).get("state") == "suppressed"}
+        return {
+            (a["labels"].get("alertname", ""), a["labels"].get("device", ""))
+            for a in alerts
+            if a.get("status", {}).get("state") == "suppressed"
+        }
 
     def lineup(self, devices):
         """{device: {operation: (requests/s, sectors per request)}} from the recording rules."""
         regex = "|".join(devices)
         out = {}
-        rates = self.prometheus.query(f'host_device_operation:node_disk_completed:rate{{device=~"{regex}"}}')
-        sizes = self.prometheus.query(f'host_device_operation:node_disk_request_size_sectors:avg{{device=~"{regex}"}}')
-        size = {(r["metric"]["device"], r["metric"]["operation"]): float(r["value"][1]) for r in sizes}
+        rates = self.prometheus.query(
+            f'host_device_operation:node_disk_completed:rate{{device=~"{regex}"}}'
+        )
+        sizes = self.prometheus.query(
+            f'host_device_operation:node_disk_request_size_sectors:avg{{device=~"{regex}"}}'
+        )
+        size = {
+            (r["metric"]["device"], r["metric"]["operation"]): float(r["value"][1]) for r in sizes
+        }
         for r in rates:
             dev, op, rate = r["metric"]["device"], r["metric"]["operation"], float(r["value"][1])
             if rate >= 0.5:
@@ -110,7 +142,9 @@ class StackView:
         return out
 
     def jbd2_wait(self, device):
-        return self.prometheus.value(f'host_device:ebpf_jbd2_credit_wait_seconds:avg{{device="{device}"}}')
+        return self.prometheus.value(
+            f'host_device:ebpf_jbd2_credit_wait_seconds:avg{{device="{device}"}}'
+        )
 
 
 class Diskstats:
@@ -144,4 +178,3 @@ class Diskstats:
                 if n / dt >= 0.5:
                     out.setdefault(dev, {})[op] = (n / dt, sectors / n)
         return out
-

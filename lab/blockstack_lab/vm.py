@@ -36,6 +36,7 @@ device-mapper accounts the split bios in its own /proc/diskstats: a dm-snapshot 
 shows 8-sector requests on dm-N at any nomerges, so only the missed-merge counter and the bio sizes
 entering dm show the NVMe incident's contrast.
 """
+
 import contextlib
 import dataclasses
 import glob
@@ -59,31 +60,64 @@ from blockstack_exporter.collectors.ebpf import parse_status
 
 VNG = os.path.join(REPO, ".venv", "bin", "vng")
 AGENT = os.path.join(REPO, "lab", "blockstack_lab", "vm_agent.py")
-VM_ROOT = "/var/tmp"          # the guests' directories: images, script, console log
+VM_ROOT = "/var/tmp"  # the guests' directories: images, script, console log
 PREFIX = "blockstack-vm-"
 JOURNAL = "vm.json"
-GUEST_ADDRESS = "10.0.2.15"   # QEMU user networking's first guest address
+GUEST_ADDRESS = "10.0.2.15"  # QEMU user networking's first guest address
 # The guest's own ports (only reachable through the host-forwarded ones)
 AGENT_PORT = 7000
 EXPORTER_PORTS = {"node": 9100, "blockstack": 9363, "ebpf": 9435}
 GUEST_EXPORTERS = tuple(EXPORTER_PORTS)
-NVME_SIZE = 2 << 30           # sparse
-GUEST_LVM_DIR = "/tmp/lvm"    # the guest's LVM_SYSTEM_DIR (its lvm.conf), on the guest's tmpfs
+NVME_SIZE = 2 << 30  # sparse
+GUEST_LVM_DIR = "/tmp/lvm"  # the guest's LVM_SYSTEM_DIR (its lvm.conf), on the guest's tmpfs
 DOCTOR = os.path.join(VENV_BIN, "blockstack-doctor")
 # Modules the guest's udev would load for QEMU's q35 machine and `-cpu max` (SATA and CD-ROM,
 # KVM, watchdog, SMBus, CPU crypto and frequency drivers) that no scenario uses: under TCG on a
 # busy machine each modprobe took 10-40 s, and udev's coldplug held the boot for minutes. Kernel
 # parameter modprobe.blacklist: kmod refuses them when loaded by alias (udev); an explicit
 # `modprobe NAME` in the guest still loads one.
-BLACKLIST = ("kvm", "kvm_amd", "kvm_intel", "iTCO_wdt", "iTCO_vendor_support", "i2c_i801", "i2c_smbus", "lpc_ich",
-             "ahci", "libahci", "sr_mod", "cdrom", "sg", "pcspkr", "serio_raw", "joydev", "evdev", "psmouse",
-             "bochs", "drm_vram_helper", "powernow_k8", "acpi_cpufreq", "intel_rapl_msr", "intel_rapl_common",
-             "aesni_intel", "ghash_clmulni_intel", "crc32_pclmul", "polyval_clmulni", "sha512_ssse3",
-             "sha256_ssse3", "sha1_ssse3", "button", "qemu_fw_cfg")
+BLACKLIST = (
+    "kvm",
+    "kvm_amd",
+    "kvm_intel",
+    "iTCO_wdt",
+    "iTCO_vendor_support",
+    "i2c_i801",
+    "i2c_smbus",
+    "lpc_ich",
+    "ahci",
+    "libahci",
+    "sr_mod",
+    "cdrom",
+    "sg",
+    "pcspkr",
+    "serio_raw",
+    "joydev",
+    "evdev",
+    "psmouse",
+    "bochs",
+    "drm_vram_helper",
+    "powernow_k8",
+    "acpi_cpufreq",
+    "intel_rapl_msr",
+    "intel_rapl_common",
+    "aesni_intel",
+    "ghash_clmulni_intel",
+    "crc32_pclmul",
+    "polyval_clmulni",
+    "sha512_ssse3",
+    "sha256_ssse3",
+    "sha1_ssse3",
+    "button",
+    "qemu_fw_cfg",
+)
 # Kernels by the name the tests use: the newest installed of each line. 6.1 and 6.12 are Debian 12's
 # packages; 5.10 (Debian 11) and sid are unpacked from bullseye's and sid's by scripts/fetch-kernel.sh
-KERNEL_GLOBS = {"6.1": "/boot/vmlinuz-6.1.0-*-amd64", "6.12": "/boot/vmlinuz-6.12.*+deb12-amd64",
-                "5.10": "/boot/vmlinuz-5.10.0-*-amd64"}
+KERNEL_GLOBS = {
+    "6.1": "/boot/vmlinuz-6.1.0-*-amd64",
+    "6.12": "/boot/vmlinuz-6.12.*+deb12-amd64",
+    "5.10": "/boot/vmlinuz-5.10.0-*-amd64",
+}
 # Kernels by the file in which fetch-kernel.sh names the release it installed: sid's changes with each
 # upload (e.g. 7.2.13+deb14-amd64), its "+debN" with each Debian release
 KERNEL_MARKERS = {"sid": "/var/lib/blockstack-lab/kernels/sid"}
@@ -120,7 +154,9 @@ def kernel(name):
                 path = "/boot/vmlinuz-" + (f.read().split() or [""])[0]
             if os.path.isfile(path):
                 return path
-        raise FileNotFoundError(f"no Debian {name} kernel (named in {KERNEL_MARKERS[name]}): run make vm-deps")
+        raise FileNotFoundError(
+            f"no Debian {name} kernel (named in {KERNEL_MARKERS[name]}): run make vm-deps"
+        )
     found = sorted(glob.glob(KERNEL_GLOBS[name]), key=_version_key)
     if not found:
         raise FileNotFoundError(f"no Debian {name} kernel ({KERNEL_GLOBS[name]}): run make vm-deps")
@@ -191,9 +227,11 @@ class Background:
 
     def wait(self, timeout):
         """(exit status, output) once it ends, within `timeout` seconds; stopped if it is not done."""
+
         def finished():
             rc, output = self.poll()
             return (rc, output) if rc is not None else None
+
         try:
             return procs.wait_until(f"{self.argv} in the guest", finished, timeout)
         finally:
@@ -220,14 +258,18 @@ class AgentGuest:
         last = None
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise GuestError(f"{exited} exited with {proc.returncode} during the boot:\n{self.console_tail()}")
+                raise GuestError(
+                    f"{exited} exited with {proc.returncode} during the boot:\n{self.console_tail()}"
+                )
             try:
                 return self.request("run", argv=["true"], timeout=30, connect_timeout=5)
             except (OSError, ValueError, GuestError) as e:
                 last = e
                 time.sleep(1)
-        raise GuestError(f"the guest's agent did not answer within {self.boot_timeout} s ({last}):\n"
-                         f"{self.console_tail()}")
+        raise GuestError(
+            f"the guest's agent did not answer within {self.boot_timeout} s ({last}):\n"
+            f"{self.console_tail()}"
+        )
 
     def _boot_retrying(self):
         """_boot(), and once more with other ports if a port picked free was taken before QEMU
@@ -237,7 +279,9 @@ class AgentGuest:
         except GuestError as e:
             if "Could not set up host forwarding rule" not in str(e):
                 raise
-            self.say(f"{self.NAME}: a forwarded port was taken meanwhile; booting again with other ports: {e}")
+            self.say(
+                f"{self.NAME}: a forwarded port was taken meanwhile; booting again with other ports: {e}"
+            )
             self._stop_qemu()
             self.ports = {name: procs.free_port() for name in self.ports}
             self._save()
@@ -246,8 +290,8 @@ class AgentGuest:
     def __exit__(self, *exc):
         self.close()
 
-    NAME = "vm"            # say()'s prefix
-    POWEROFF_WAIT = 30     # seconds QEMU gets to exit once asked to power off
+    NAME = "vm"  # say()'s prefix
+    POWEROFF_WAIT = 30  # seconds QEMU gets to exit once asked to power off
 
     def _ask_poweroff(self):
         self.request("shutdown", timeout=30, connect_timeout=5)
@@ -261,14 +305,16 @@ class AgentGuest:
             self._console = None
         if self.dir:
             with contextlib.suppress(OSError):
-                self.console = self.console_tail(10 ** 6)
+                self.console = self.console_tail(10**6)
             shutil.rmtree(self.dir, ignore_errors=True)
             self.say(f"{self.NAME}: {self.release} powered off, {self.dir} removed")
             self.dir = None
 
     def _stop_qemu(self):
         if self.proc is not None:
-            if self.proc.poll() is None and self.boot_seconds is not None:  # else no agent to ask: killed
+            if (
+                self.proc.poll() is None and self.boot_seconds is not None
+            ):  # else no agent to ask: killed
                 with contextlib.suppress(OSError, ValueError, GuestError):
                     self._ask_poweroff()
                 try:
@@ -284,9 +330,14 @@ class AgentGuest:
 
     def request(self, op, connect_timeout=10, timeout=600, **fields):
         """One request to the guest's agent; its answer (raises GuestError on an error answer)."""
-        with socket.create_connection(("127.0.0.1", self.ports["agent"]), timeout=connect_timeout) as s:
+        with socket.create_connection(
+            ("127.0.0.1", self.ports["agent"]), timeout=connect_timeout
+        ) as s:
             s.settimeout(timeout + 30)
-            s.sendall(json.dumps({"token": self.token, "op": op, "timeout": timeout, **fields}).encode() + b"\n")
+            s.sendall(
+                json.dumps({"token": self.token, "op": op, "timeout": timeout, **fields}).encode()
+                + b"\n"
+            )
             data = b""
             while not data.endswith(b"\n"):
                 chunk = s.recv(1 << 16)
@@ -305,8 +356,10 @@ class AgentGuest:
         a = self.request("run", argv=argv, timeout=timeout)
         result = Result(a.get("rc"), a.get("stdout", ""), a.get("stderr", ""))
         if check and (result.rc != 0 or "error" in a):
-            raise GuestError(f"{cmd!r} in the guest: {a.get('error') or f'exit {result.rc}'}\n"
-                             f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+            raise GuestError(
+                f"{cmd!r} in the guest: {a.get('error') or f'exit {result.rc}'}\n"
+                f"{result.stdout[-2000:]}{result.stderr[-2000:]}"
+            )
         return result
 
     def start(self, cmd):
@@ -333,20 +386,36 @@ class Guest(AgentGuest):
     layouts: nvme-subsys for multipath); `blacklist`: modules udev must not load (BLACKLIST). A context manager:
     booted on enter, powered off and removed on exit, also on failure."""
 
-    def __init__(self, kernel="6.1", nvme=1, nvme_size=NVME_SIZE, memory="2G", cpus=2, boot_timeout=600,
-                 qemu_opts=(), blacklist=BLACKLIST, say=print, root=VM_ROOT):
+    def __init__(
+        self,
+        kernel="6.1",
+        nvme=1,
+        nvme_size=NVME_SIZE,
+        memory="2G",
+        cpus=2,
+        boot_timeout=600,
+        qemu_opts=(),
+        blacklist=BLACKLIST,
+        say=print,
+        root=VM_ROOT,
+    ):
         self.kernel_name, self.vmlinuz = kernel, globals()["kernel"](kernel)
         self.release = os.path.basename(self.vmlinuz).removeprefix("vmlinuz-")
         self.nvme, self.nvme_size, self.memory, self.cpus = nvme, nvme_size, memory, cpus
-        self.boot_timeout, self.extra_qemu_opts, self.say, self.root = boot_timeout, list(qemu_opts), say, root
+        self.boot_timeout, self.extra_qemu_opts, self.say, self.root = (
+            boot_timeout,
+            list(qemu_opts),
+            say,
+            root,
+        )
         self.blacklist = list(blacklist)
         self.dir = self.proc = self.token = None
         self._probe = self._ebpf_configs = None  # select-configs.sh in the guest, its answer
-        self.ports = {}          # name -> host port forwarded to the guest ("agent", "node", ...)
-        self.images = []         # the NVMe devices' image files, nvme0n1 first
+        self.ports = {}  # name -> host port forwarded to the guest ("agent", "node", ...)
+        self.images = []  # the NVMe devices' image files, nvme0n1 first
         self.boot_seconds = None
         self._console = None
-        self.console = ""       # the console's text, kept after close()
+        self.console = ""  # the console's text, kept after close()
 
     # -- boot and teardown --------------------------------------------------------------
 
@@ -390,20 +459,48 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
 
     def qemu_opts(self):
         forwards = [f"hostfwd=tcp:127.0.0.1:{self.ports['agent']}-{GUEST_ADDRESS}:{AGENT_PORT}"]
-        forwards += [f"hostfwd=tcp:127.0.0.1:{self.ports[n]}-{GUEST_ADDRESS}:{p}" for n, p in EXPORTER_PORTS.items()]
-        opts = ["-netdev", "user,id=lab,restrict=on," + ",".join(forwards),
-                "-device", "virtio-net-pci,netdev=lab"]
+        forwards += [
+            f"hostfwd=tcp:127.0.0.1:{self.ports[n]}-{GUEST_ADDRESS}:{p}"
+            for n, p in EXPORTER_PORTS.items()
+        ]
+        opts = [
+            "-netdev",
+            "user,id=lab,restrict=on," + ",".join(forwards),
+            "-device",
+            "virtio-net-pci,netdev=lab",
+        ]
         for i, img in enumerate(self.images):
-            opts += ["-drive", f"file={img},if=none,id=nv{i},format=raw,cache=none",
-                     "-device", f"nvme,drive=nv{i},serial=nvme{i}"]
+            opts += [
+                "-drive",
+                f"file={img},if=none,id=nv{i},format=raw,cache=none",
+                "-device",
+                f"nvme,drive=nv{i},serial=nvme{i}",
+            ]
         return opts + self.extra_qemu_opts
 
     def command(self):
         """vng's command line: the kernel, TCG, memory and CPUs, the start script, QEMU's extras."""
-        return [VNG, "--run", self.vmlinuz, "--disable-kvm", "--disable-microvm", "--memory", self.memory,
-                "--cpus", str(self.cpus), "--verbose", f"--rwdir={self.dir}",
-                *([f"--append=modprobe.blacklist={','.join(self.blacklist)}"] if self.blacklist else []), "--exec", f"sh {self.dir}/guest.sh",
-                "--qemu-opts=" + " ".join(self.qemu_opts())]
+        return [
+            VNG,
+            "--run",
+            self.vmlinuz,
+            "--disable-kvm",
+            "--disable-microvm",
+            "--memory",
+            self.memory,
+            "--cpus",
+            str(self.cpus),
+            "--verbose",
+            f"--rwdir={self.dir}",
+            *(
+                [f"--append=modprobe.blacklist={','.join(self.blacklist)}"]
+                if self.blacklist
+                else []
+            ),
+            "--exec",
+            f"sh {self.dir}/guest.sh",
+            "--qemu-opts=" + " ".join(self.qemu_opts()),
+        ]
 
     def _boot(self):
         self.say(f"vm: booting {self.release} (TCG, {self.nvme} NVMe, {self.memory}) in {self.dir}")
@@ -411,14 +508,22 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
         if self._console:
             self._console.close()
         self._console = open(self.console_log, "ab")
-        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._console,
-                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=self.dir,
-                                     # vng runs virtme-run from PATH: the one beside it in .venv
-                                     env=dict(os.environ, PATH=os.path.dirname(VNG) + ":" + os.environ["PATH"]))
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._console,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.dir,
+            # vng runs virtme-run from PATH: the one beside it in .venv
+            env=dict(os.environ, PATH=os.path.dirname(VNG) + ":" + os.environ["PATH"]),
+        )
         self._save()
         self._wait_for_agent(self.proc, start + self.boot_timeout, "virtme-ng")
         self.boot_seconds = time.monotonic() - start
-        self.say(f"vm: {self.release} up in {self.boot_seconds:.1f} s; agent on 127.0.0.1:{self.ports['agent']}")
+        self.say(
+            f"vm: {self.release} up in {self.boot_seconds:.1f} s; agent on 127.0.0.1:{self.ports['agent']}"
+        )
 
     def _save(self):
         path = os.path.join(self.dir, JOURNAL)
@@ -437,8 +542,14 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
         the background, on its real devices with the guest's lvm.conf; doctor(job) collects it.
         A minute under TCG on a busy machine: a scenario starts it while it waits for something."""
         # dmsetup under TCG on a busy machine can outlast the default 10 s (see exporter_commands)
-        argv = [DOCTOR, "--json", f"--path.lvmconf={GUEST_LVM_DIR}/lvm.conf", "--collector.dm.timeout=60",
-                *([f"--collector.ebpf.status-file={self.ebpf_status_file}"] if self._probed() else []), *args]
+        argv = [
+            DOCTOR,
+            "--json",
+            f"--path.lvmconf={GUEST_LVM_DIR}/lvm.conf",
+            "--collector.dm.timeout=60",
+            *([f"--collector.ebpf.status-file={self.ebpf_status_file}"] if self._probed() else []),
+            *args,
+        ]
         report = f"/tmp/blockstack-doctor-{secrets.token_hex(4)}.json"
         job = self.start(" ".join(shlex.quote(a) for a in argv) + f" > {report}")
         job.report = report
@@ -462,9 +573,11 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
         if self._probe is None and self._ebpf_configs is None:
             # jbd2 is a module: the fexit variant attaches to its functions only once it is loaded
             # (a host with ext4 mounted has it; a guest before its first mount has not)
-            self._probe = self.start(f"modprobe ext4; SELECT_CONFIGS_TIMEOUT=300 "
-                                     f"{os.path.join(REPO, 'ebpf-configs', 'select-configs.sh')} {EBPF_EXPORTER} "
-                                     f"{EBPF_CONFIG_DIR} {self.ebpf_status_file}")
+            self._probe = self.start(
+                f"modprobe ext4; SELECT_CONFIGS_TIMEOUT=300 "
+                f"{os.path.join(REPO, 'ebpf-configs', 'select-configs.sh')} {EBPF_EXPORTER} "
+                f"{EBPF_CONFIG_DIR} {self.ebpf_status_file}"
+            )
 
     @property
     def ebpf_status_file(self):
@@ -486,8 +599,12 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
             warnings = [line for line in lines if line.startswith("select-configs:")]
             if warnings:
                 self.say("vm: select-configs.sh in the guest: " + " ".join(warnings))
-            self._ebpf_configs = lines[-1].strip() if lines and not lines[-1].startswith("select-configs:") else ""
-            self.say(f"vm: ebpf_exporter configs that load on {self.release}: {self._ebpf_configs or 'none'}")
+            self._ebpf_configs = (
+                lines[-1].strip() if lines and not lines[-1].startswith("select-configs:") else ""
+            )
+            self.say(
+                f"vm: ebpf_exporter configs that load on {self.release}: {self._ebpf_configs or 'none'}"
+            )
         return self._ebpf_configs
 
     def _probed(self):
@@ -506,12 +623,18 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
     def exporter_commands(self, ebpf_configs=None):
         """{component: argv} of the stack's exporters (Stack.commands: the same flags as `make up`),
         listening on the guest's address instead of 127.0.0.1."""
-        stack = Stack(os.path.join(self.dir, "guest-stack"), components=GUEST_EXPORTERS, ports=EXPORTER_PORTS,
-                      ebpf_configs=self.ebpf_configs() if ebpf_configs is None else ebpf_configs)
+        stack = Stack(
+            os.path.join(self.dir, "guest-stack"),
+            components=GUEST_EXPORTERS,
+            ports=EXPORTER_PORTS,
+            ebpf_configs=self.ebpf_configs() if ebpf_configs is None else ebpf_configs,
+        )
         stack.ebpf_status_file, stack.kernel_release = self.ebpf_status_file, self.release
         listen = "--web.listen-address=127.0.0.1:"
-        commands = {c: [a.replace(listen, f"--web.listen-address={GUEST_ADDRESS}:") for a in argv]
-                    for c, (argv, _, _) in stack.commands().items()}
+        commands = {
+            c: [a.replace(listen, f"--web.listen-address={GUEST_ADDRESS}:") for a in argv]
+            for c, (argv, _, _) in stack.commands().items()
+        }
         # dmsetup under TCG on a busy machine outlasted the default 5 s: the dm collector then
         # reported no snapshot status (COW use) on 6.12
         commands["blockstack"].append("--collector.dm.timeout=30")
@@ -525,8 +648,11 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
         with contextlib.ExitStack() as es:
             self._exporters = {}
             for c, argv in self.exporter_commands(ebpf_configs).items():
-                job = es.enter_context(self.background(
-                    ["env", "OTEL_TRACES_EXPORTER=none", *argv] if c == "ebpf" else argv))
+                job = es.enter_context(
+                    self.background(
+                        ["env", "OTEL_TRACES_EXPORTER=none", *argv] if c == "ebpf" else argv
+                    )
+                )
                 self._exporters[c] = job
             for c, job in self._exporters.items():
                 url = f"http://127.0.0.1:{self.ports[c]}/metrics"
@@ -534,15 +660,20 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
                 def up():
                     rc, out = job.poll()
                     if rc is not None:
-                        raise GuestError(f"{c} exporter exited with {rc} in the guest:\n{out[-3000:]}")
+                        raise GuestError(
+                            f"{c} exporter exited with {rc} in the guest:\n{out[-3000:]}"
+                        )
                     try:
                         procs.http_get(url, timeout=20)
                         return True
                     except OSError:
                         return False
+
                 procs.wait_until(f"the guest's {c} exporter on {url}", up, timeout, interval=2)
-            self.say("vm: exporters up in the guest: " + ", ".join(
-                f"{c} on 127.0.0.1:{self.ports[c]}" for c in self._exporters))
+            self.say(
+                "vm: exporters up in the guest: "
+                + ", ".join(f"{c} on 127.0.0.1:{self.ports[c]}" for c in self._exporters)
+            )
             yield {c: self.ports[c] for c in self._exporters}
 
     def exporter_logs(self):
@@ -554,11 +685,18 @@ class HostStack(Stack):
     page receiver (and Grafana if listed) — scraping a guest's exporters through their
     host-forwarded ports. Only the servers run here (`commands`)."""
 
-    def __init__(self, guest, workdir, servers=("receiver", "alertmanager", "prometheus"), host=None, **kw):
+    def __init__(
+        self, guest, workdir, servers=("receiver", "alertmanager", "prometheus"), host=None, **kw
+    ):
         ports = {c: guest.ports[c] for c in GUEST_EXPORTERS}
         kw.setdefault("ebpf_configs", guest.ebpf_configs())  # the guest's kernel's, not this host's
-        super().__init__(workdir, host=host or f"vm-{guest.kernel_name}",
-                         components=[*GUEST_EXPORTERS, *servers], ports=ports, **kw)
+        super().__init__(
+            workdir,
+            host=host or f"vm-{guest.kernel_name}",
+            components=[*GUEST_EXPORTERS, *servers],
+            ports=ports,
+            **kw,
+        )
 
     def commands(self):
         return {c: cmd for c, cmd in super().commands().items() if c not in GUEST_EXPORTERS}

@@ -13,6 +13,7 @@ The listener is reachable only through QEMU's user network, whose host-forwarded
 the host's 127.0.0.1; the token (a file only root reads on the host) keeps the host's other local
 users out of the guest, which can read every file of the host.
 """
+
 import argparse
 import json
 import os
@@ -23,7 +24,7 @@ import sys
 import threading
 
 LOG_DIR = "/tmp/blockstack-vm-agent"  # the guest's own tmpfs
-MAX_OUTPUT = 1 << 20                  # bytes of a background command's output returned
+MAX_OUTPUT = 1 << 20  # bytes of a background command's output returned
 
 
 class Agent:
@@ -40,12 +41,22 @@ class Agent:
         op = req.get("op")
         if op == "run":
             try:
-                p = subprocess.run(req["argv"], capture_output=True, text=True, errors="replace",
-                                   timeout=req.get("timeout", 600), stdin=subprocess.DEVNULL)
+                p = subprocess.run(
+                    req["argv"],
+                    capture_output=True,
+                    text=True,
+                    errors="replace",
+                    timeout=req.get("timeout", 600),
+                    stdin=subprocess.DEVNULL,
+                )
                 return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
             except subprocess.TimeoutExpired as e:
-                return {"rc": None, "stdout": _text(e.stdout), "stderr": _text(e.stderr),
-                        "error": f"timed out after {req.get('timeout')} s"}
+                return {
+                    "rc": None,
+                    "stdout": _text(e.stdout),
+                    "stderr": _text(e.stderr),
+                    "error": f"timed out after {req.get('timeout')} s",
+                }
             except OSError as e:
                 return {"rc": 127, "stdout": "", "stderr": str(e)}
         if op == "start":
@@ -54,8 +65,13 @@ class Agent:
                 log = os.path.join(LOG_DIR, f"{n}.log")
                 with open(log, "wb") as out:
                     try:
-                        p = subprocess.Popen(req["argv"], stdout=out, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)
+                        p = subprocess.Popen(
+                            req["argv"],
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                        )
                     except OSError as e:
                         return {"error": str(e)}
                 self.background[n] = (p, log)

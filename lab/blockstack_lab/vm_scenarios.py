@@ -18,6 +18,7 @@ bios, so the snapshot's dm-N shows 8-sector requests at either nomerges (the wri
 dm at 512 over nvme at 8, is an older kernel's); only nvme0n1's request size, the missed-merge
 counter and the split counter show the contrast.
 """
+
 import argparse
 import contextlib
 import dataclasses
@@ -64,23 +65,28 @@ ORIGIN_WRITES = f"dd if=/dev/zero of=/dev/vg0/lv bs=1M seek={512 - COW_MIB} coun
 # A synchronous writer on its own small ext4 (a loop device on the guest's tmpfs, not nvme0n1):
 # every 4 KiB write starts a jbd2 handle, so the credit-wait histogram counts on every kernel
 JBD2_IMAGE, JBD2_MNT = "/tmp/blockstack-jbd2.img", "/tmp/blockstack-jbd2"
-JBD2_WRITES = (f"set -e; modprobe loop; truncate -s 64M {JBD2_IMAGE}; dev=$(losetup -f --show {JBD2_IMAGE}); "
-               f"mkfs.ext4 -q -E lazy_itable_init=0,lazy_journal_init=0,nodiscard $dev; mkdir -p {JBD2_MNT}; "
-               f"mount $dev {JBD2_MNT}; dd if=/dev/zero of={JBD2_MNT}/sync bs=4k count=300 oflag=dsync status=none; "
-               f"echo ${{dev#/dev/}}")
+JBD2_WRITES = (
+    f"set -e; modprobe loop; truncate -s 64M {JBD2_IMAGE}; dev=$(losetup -f --show {JBD2_IMAGE}); "
+    f"mkfs.ext4 -q -E lazy_itable_init=0,lazy_journal_init=0,nodiscard $dev; mkdir -p {JBD2_MNT}; "
+    f"mount $dev {JBD2_MNT}; dd if=/dev/zero of={JBD2_MNT}/sync bs=4k count=300 oflag=dsync status=none; "
+    f"echo ${{dev#/dev/}}"
+)
 # Buffered reads of the file through the snapshot, from the device every pass
-SNAPSHOT_READS = (f"while :; do echo 1 > /proc/sys/vm/drop_caches; "
-                  f"dd if={MNT_SNAP}/data of=/dev/null bs=1M status=none; done")
+SNAPSHOT_READS = (
+    f"while :; do echo 1 > /proc/sys/vm/drop_caches; "
+    f"dd if={MNT_SNAP}/data of=/dev/null bs=1M status=none; done"
+)
 
 
 @dataclasses.dataclass
 class Timing:
     """Phases of the NVMe incident, seconds. The healthy watch starts when Prometheus sees the
     reads on nvme0n1 (its rate windows full)."""
-    scrape_interval: str = "5s"     # `make up`'s
-    healthy: float = 180            # nomerges=0 under snapshot reads: no page
-    page_timeout: float = 150       # nomerges=2 -> the page (TCG: the exporters are ~10x slower)
-    linger: float = 20              # after the page: a second one would show up here
+
+    scrape_interval: str = "5s"  # `make up`'s
+    healthy: float = 180  # nomerges=0 under snapshot reads: no page
+    page_timeout: float = 150  # nomerges=2 -> the page (TCG: the exporters are ~10x slower)
+    linger: float = 20  # after the page: a second one would show up here
     lineup_timeout: float = 180
 
 
@@ -89,16 +95,18 @@ class Outcome:
     kernel: str
     release: str
     boot_seconds: float = None
-    healthy_seconds: float = 0.0        # watched at nomerges=0 under reads
+    healthy_seconds: float = 0.0  # watched at nomerges=0 under reads
     healthy_pages: list = dataclasses.field(default_factory=list)
-    page_seconds: float = None          # nomerges 0 -> 2 to the page at the receiver
-    pages: list = dataclasses.field(default_factory=list)   # every firing page after the onset
-    facts: dict = dataclasses.field(default_factory=dict)   # what the exporters reported
-    configs: str = ""                   # the ebpf_exporter configs the kernel loads (select-configs.sh)
+    page_seconds: float = None  # nomerges 0 -> 2 to the page at the receiver
+    pages: list = dataclasses.field(default_factory=list)  # every firing page after the onset
+    facts: dict = dataclasses.field(default_factory=dict)  # what the exporters reported
+    configs: str = ""  # the ebpf_exporter configs the kernel loads (select-configs.sh)
     ebpf_status: dict = dataclasses.field(default_factory=dict)  # {set: (config, {variant: error})}
     healthy_lineup: dict = dataclasses.field(default_factory=dict)
     sick_lineup: dict = dataclasses.field(default_factory=dict)
-    doctor: dict = dataclasses.field(default_factory=dict)  # "healthy"/"sick" -> (exit status, JSON report)
+    doctor: dict = dataclasses.field(
+        default_factory=dict
+    )  # "healthy"/"sick" -> (exit status, JSON report)
     phases: dict = dataclasses.field(default_factory=vm.Phases)  # seconds per phase after the boot
 
 
@@ -116,8 +124,13 @@ def dm_names(guest):
 
 def host_stack(guest, workdir, timing, servers=SERVERS):
     """The servers' configuration on the host (vm.HostStack), scraping at the timing's interval."""
-    return vm.HostStack(guest, workdir, servers=servers, scrape_interval=timing.scrape_interval,
-                        evaluation_interval=timing.scrape_interval)
+    return vm.HostStack(
+        guest,
+        workdir,
+        servers=servers,
+        scrape_interval=timing.scrape_interval,
+        evaluation_interval=timing.scrape_interval,
+    )
 
 
 @contextlib.contextmanager
@@ -149,15 +162,29 @@ def latest(view, metric, selector=""):
 
 def exporter_facts(view):
     """What the exporters in the guest report of the snapshot stack, through Prometheus."""
+
     def by_device(metric):
         return {r["metric"]["device"]: float(r["value"][1]) for r in latest(view, metric)}
-    info = {r["metric"]["device"]: r["metric"] for r in latest(view, "blockstack_device_info", 'kind="dm"')}
-    edges = sorted((r["metric"]["device"], r["metric"]["lower"]) for r in latest(view, "blockstack_device_lower_info"))
-    return {"dm": {dev: {k: m.get(k, "") for k in ("name", "vg_name", "lv_name", "lv_layer")} for dev, m in info.items()},
-            "edges": edges, "snapshot": [r["metric"] for r in latest(view, "blockstack_dm_snapshot_info")],
-            "chunk_bytes": by_device("blockstack_dm_snapshot_chunk_size_bytes"),
-            "cow_used_bytes": by_device("blockstack_dm_snapshot_cow_used_bytes"),
-            "cow_size_bytes": by_device("blockstack_dm_snapshot_cow_size_bytes")}
+
+    info = {
+        r["metric"]["device"]: r["metric"]
+        for r in latest(view, "blockstack_device_info", 'kind="dm"')
+    }
+    edges = sorted(
+        (r["metric"]["device"], r["metric"]["lower"])
+        for r in latest(view, "blockstack_device_lower_info")
+    )
+    return {
+        "dm": {
+            dev: {k: m.get(k, "") for k in ("name", "vg_name", "lv_name", "lv_layer")}
+            for dev, m in info.items()
+        },
+        "edges": edges,
+        "snapshot": [r["metric"] for r in latest(view, "blockstack_dm_snapshot_info")],
+        "chunk_bytes": by_device("blockstack_dm_snapshot_chunk_size_bytes"),
+        "cow_used_bytes": by_device("blockstack_dm_snapshot_cow_used_bytes"),
+        "cow_size_bytes": by_device("blockstack_dm_snapshot_cow_size_bytes"),
+    }
 
 
 def scrape_health(view, seconds=3600):
@@ -165,20 +192,30 @@ def scrape_health(view, seconds=3600):
     scrapes that carried the snapshot's info series, the longest scrape, the collectors' errors by
     reason (a collector past its share of the 4.5 s deadline skips the rest: under TCG, dmsetup)."""
     p, sel, w = view.prometheus, f'host="{view.host}"', f"{int(seconds)}s"
-    return {"scrapes": p.value(f'sum(count_over_time(up{{{sel},job="blockstack"}}[{w}]))', 0.0),
-            "up": p.value(f'sum(sum_over_time(up{{{sel},job="blockstack"}}[{w}]))', 0.0),
-            "with_snapshot_info": p.value(f"max(count_over_time(blockstack_dm_snapshot_info{{{sel}}}[{w}]))", 0.0),
-            "longest_seconds": p.value(f'max(max_over_time(scrape_duration_seconds{{{sel},job="blockstack"}}[{w}]))', 0.0),
-            "errors": {f'{r["metric"].get("collector")}/{r["metric"].get("reason")}': float(r["value"][1])
-                       for r in p.query(f"blockstack_collector_errors_total{{{sel}}}")}}
+    return {
+        "scrapes": p.value(f'sum(count_over_time(up{{{sel},job="blockstack"}}[{w}]))', 0.0),
+        "up": p.value(f'sum(sum_over_time(up{{{sel},job="blockstack"}}[{w}]))', 0.0),
+        "with_snapshot_info": p.value(
+            f"max(count_over_time(blockstack_dm_snapshot_info{{{sel}}}[{w}]))", 0.0
+        ),
+        "longest_seconds": p.value(
+            f'max(max_over_time(scrape_duration_seconds{{{sel},job="blockstack"}}[{w}]))', 0.0
+        ),
+        "errors": {
+            f"{r['metric'].get('collector')}/{r['metric'].get('reason')}": float(r["value"][1])
+            for r in p.query(f"blockstack_collector_errors_total{{{sel}}}")
+        },
+    }
 
 
 def counter_increase(view, metric, device, seconds):
     """increase() of an ebpf_exporter counter on `device` over the last `seconds`: its series carry
     the device number (devno), named through the rules' device map."""
     return view.prometheus.value(
-        f'sum(increase({metric}[{int(seconds)}s]) * on (host, devno) group_left (device)'
-        f' host_devno:blockstack_device:info{{device="{device}"}})', 0.0)
+        f"sum(increase({metric}[{int(seconds)}s]) * on (host, devno) group_left (device)"
+        f' host_devno:blockstack_device:info{{device="{device}"}})',
+        0.0,
+    )
 
 
 def counter_value(view, metric, device):
@@ -186,7 +223,8 @@ def counter_value(view, metric, device):
     the scenario's), named through the rules' device map as counter_increase does."""
     return view.prometheus.value(
         f'sum({metric} * on (host, devno) group_left (device) host_devno:blockstack_device:info{{device="{device}"}})',
-        0.0)
+        0.0,
+    )
 
 
 def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
@@ -201,8 +239,10 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
     dm = build_snapshot(guest)
     snap = dm["vg0-snap"]
     guest.run(ORIGIN_WRITES, timeout=600)
-    say(f"vm: vg0/lv (ext4, {DATA_MIB} MiB file) and vg0/snap (4 KiB chunks) on nvme0n1, {COW_MIB} MiB written "
-        "to the origin since: " + ", ".join(f"{n}={d}" for n, d in sorted(dm.items())))
+    say(
+        f"vm: vg0/lv (ext4, {DATA_MIB} MiB file) and vg0/snap (4 KiB chunks) on nvme0n1, {COW_MIB} MiB written "
+        "to the origin since: " + ", ".join(f"{n}={d}" for n, d in sorted(dm.items()))
+    )
     phases.end("setup")
     # nomerges=0: blockstack-doctor meanwhile (a minute or more in the guest on a busy machine)
     doctor = guest.start_doctor()
@@ -216,21 +256,38 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
         def reads_seen():
             lineup = view.lineup(["nvme0n1", snap])
             return lineup if "read" in lineup.get("nvme0n1", {}) else None
-        out.healthy_lineup = procs.wait_until("snapshot reads on nvme0n1 in Prometheus", reads_seen,
-                                              t.lineup_timeout, interval=2)
+
+        out.healthy_lineup = procs.wait_until(
+            "snapshot reads on nvme0n1 in Prometheus", reads_seen, t.lineup_timeout, interval=2
+        )
         # dmsetup in the guest on a busy machine often outlasts the scrape's deadline: wait for a
         # scrape that had the snapshot's status
-        procs.wait_until("the snapshot's COW use in Prometheus",
-                         lambda: latest(view, "blockstack_dm_snapshot_cow_used_bytes"), 240, interval=2)
+        procs.wait_until(
+            "the snapshot's COW use in Prometheus",
+            lambda: latest(view, "blockstack_dm_snapshot_cow_used_bytes"),
+            240,
+            interval=2,
+        )
         out.facts = exporter_facts(view)
         out.configs, out.ebpf_status = guest.ebpf_configs(), guest.ebpf_status()
         jbd2_dev = guest.run(JBD2_WRITES, timeout=300).stdout.split()[-1]
-        out.facts["jbd2_waits"] = procs.wait_until(
-            f"jbd2 credit waits on {jbd2_dev} in Prometheus",
-            lambda: counter_value(view, "ebpf_exporter_jbd2_credit_wait_seconds_count", jbd2_dev) or None,
-            60, interval=2) if "jbd2" in out.configs else 0.0
-        say(f"vm: configs {out.configs or 'none'}; {out.facts['jbd2_waits']:.0f} jbd2 credit waits counted on "
-            f"{jbd2_dev} (300 synchronous writes)")
+        out.facts["jbd2_waits"] = (
+            procs.wait_until(
+                f"jbd2 credit waits on {jbd2_dev} in Prometheus",
+                lambda: (
+                    counter_value(view, "ebpf_exporter_jbd2_credit_wait_seconds_count", jbd2_dev)
+                    or None
+                ),
+                60,
+                interval=2,
+            )
+            if "jbd2" in out.configs
+            else 0.0
+        )
+        say(
+            f"vm: configs {out.configs or 'none'}; {out.facts['jbd2_waits']:.0f} jbd2 credit waits counted on "
+            f"{jbd2_dev} (300 synchronous writes)"
+        )
         say(f"vm: healthy lineup (nomerges=0): {_lineup(out.healthy_lineup)}")
         phases.end("reads seen")
         if healthy:
@@ -239,12 +296,17 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
                 time.sleep(min(15, max(0.0, t.healthy - (time.time() - start))))
                 out.healthy_pages = firing_pages(view, start - 60)
                 alerts = view.alerts(["nvme0n1", *dm.values()])
-                say(f"vm: +{time.time() - start:.0f}s nomerges=0: {_lineup(view.lineup(['nvme0n1', snap]))}; "
-                    f"alerts: {alerts or 'none'}; pages: {len(out.healthy_pages)}")
+                say(
+                    f"vm: +{time.time() - start:.0f}s nomerges=0: {_lineup(view.lineup(['nvme0n1', snap]))}; "
+                    f"alerts: {alerts or 'none'}; pages: {len(out.healthy_pages)}"
+                )
             out.healthy_seconds = time.time() - start
             out.facts["missed_merges_healthy"] = counter_increase(
-                view, "ebpf_exporter_block_rq_missed_merges_total", "nvme0n1", 60)
-            out.facts["splits_healthy"] = counter_increase(view, "ebpf_exporter_block_bio_splits_total", snap, 60)
+                view, "ebpf_exporter_block_rq_missed_merges_total", "nvme0n1", 60
+            )
+            out.facts["splits_healthy"] = counter_increase(
+                view, "ebpf_exporter_block_bio_splits_total", snap, 60
+            )
         out.doctor["healthy"] = guest.doctor(job=doctor)
         say(f"vm: blockstack-doctor at nomerges=0: {doctor_summary(out.doctor['healthy'])}")
         phases.end("healthy")
@@ -254,11 +316,17 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
         doctor = guest.start_doctor()  # while the page comes
 
         def paged():
-            return [n for n in firing_pages(view, onset) if n.alertname == "BlockStackMergeCollapse"
-                    and n.device == "nvme0n1"]
+            return [
+                n
+                for n in firing_pages(view, onset)
+                if n.alertname == "BlockStackMergeCollapse" and n.device == "nvme0n1"
+            ]
+
         hit = procs.wait_until("the collapse page on nvme0n1", paged, t.page_timeout, interval=1)
         out.page_seconds = hit[0].received_at - onset
-        say(f"vm: +{out.page_seconds:.0f}s PAGE {hit[0].alertname} on {hit[0].device}: {hit[0].annotations.get('summary')}")
+        say(
+            f"vm: +{out.page_seconds:.0f}s PAGE {hit[0].alertname} on {hit[0].device}: {hit[0].annotations.get('summary')}"
+        )
         say(f"    description: {' '.join(hit[0].annotations.get('description', '').split())}")
         phases.end("page")
         time.sleep(t.linger)
@@ -268,8 +336,11 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
         out.sick_lineup = view.lineup(["nvme0n1", snap])
         seconds = max(time.time() - onset, 30)
         out.facts["missed_merges_sick"] = counter_increase(
-            view, "ebpf_exporter_block_rq_missed_merges_total", "nvme0n1", min(seconds, 60))
-        out.facts["splits_sick"] = counter_increase(view, "ebpf_exporter_block_bio_splits_total", snap, min(seconds, 60))
+            view, "ebpf_exporter_block_rq_missed_merges_total", "nvme0n1", min(seconds, 60)
+        )
+        out.facts["splits_sick"] = counter_increase(
+            view, "ebpf_exporter_block_bio_splits_total", snap, min(seconds, 60)
+        )
         out.facts["dm_names"] = dm
         say(f"vm: sick lineup (nomerges=2): {_lineup(out.sick_lineup)}")
         out.facts["scrapes"] = scrape_health(view)
@@ -281,12 +352,16 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
 def doctor_summary(doctor):
     """A line of a blockstack-doctor run (Guest.doctor): its exit status and findings."""
     rc, report = doctor
-    return f"exit {rc}; " + "; ".join(f"{f['severity']} {f['check']} on {report['devices'][f['device']]['label']}: "
-                                      f"{f['what']}" for f in report["findings"])
+    return f"exit {rc}; " + "; ".join(
+        f"{f['severity']} {f['check']} on {report['devices'][f['device']]['label']}: {f['what']}"
+        for f in report["findings"]
+    )
 
 
 @contextlib.contextmanager
-def nvme_collapse(guest, workdir, healthy=60, settle=25, timing=None, servers=(*SERVERS, "grafana"), say=print):
+def nvme_collapse(
+    guest, workdir, healthy=60, settle=25, timing=None, servers=(*SERVERS, "grafana"), say=print
+):
     """The NVMe incident held open for a look at it (the dashboard screenshot): the snapshot stack,
     the exporters in the guest, `servers` on the host (Grafana too by default), `healthy` seconds
     of snapshot reads at nomerges=0 once Prometheus sees them, then nomerges=2 until the collapse
@@ -297,35 +372,66 @@ def nvme_collapse(guest, workdir, healthy=60, settle=25, timing=None, servers=(*
     guest.probe_ebpf_configs()  # meanwhile
     dm = build_snapshot(guest)
     snap = dm["vg0-snap"]
-    say("vm: vg0/snap (4 KiB chunks) over nvme0n1: " + ", ".join(f"{n}={d}" for n, d in sorted(dm.items())))
+    say(
+        "vm: vg0/snap (4 KiB chunks) over nvme0n1: "
+        + ", ".join(f"{n}={d}" for n, d in sorted(dm.items()))
+    )
     stack = host_stack(guest, workdir, t, servers)
     with guest.exporters(), serving(stack) as view, guest.background(SNAPSHOT_READS):
-        procs.wait_until("snapshot reads on nvme0n1 in Prometheus",
-                         lambda: "read" in view.lineup(["nvme0n1"]).get("nvme0n1", {}), t.lineup_timeout, interval=5)
+        procs.wait_until(
+            "snapshot reads on nvme0n1 in Prometheus",
+            lambda: "read" in view.lineup(["nvme0n1"]).get("nvme0n1", {}),
+            t.lineup_timeout,
+            interval=5,
+        )
         start = time.time()
-        say(f"vm: healthy (nomerges=0) for {healthy:.0f} s: {_lineup(view.lineup(['nvme0n1', snap]))}")
+        say(
+            f"vm: healthy (nomerges=0) for {healthy:.0f} s: {_lineup(view.lineup(['nvme0n1', snap]))}"
+        )
         time.sleep(healthy)
         onset = time.time()
         guest.write_sysfs("nvme0n1", "queue/nomerges", 2)
         say("vm: nvme0n1 nomerges 0 -> 2")
-        hit = procs.wait_until("the collapse page on nvme0n1", lambda: [
-            n for n in firing_pages(view, onset) if n.alertname == "BlockStackMergeCollapse" and n.device == "nvme0n1"],
-            t.page_timeout, interval=1)
+        hit = procs.wait_until(
+            "the collapse page on nvme0n1",
+            lambda: [
+                n
+                for n in firing_pages(view, onset)
+                if n.alertname == "BlockStackMergeCollapse" and n.device == "nvme0n1"
+            ],
+            t.page_timeout,
+            interval=1,
+        )
         paged = hit[0].received_at
-        say(f"vm: +{paged - onset:.0f}s PAGE {hit[0].alertname} on {hit[0].device}; "
-            f"sick: {_lineup(view.lineup(['nvme0n1', snap]))}")
+        say(
+            f"vm: +{paged - onset:.0f}s PAGE {hit[0].alertname} on {hit[0].device}; "
+            f"sick: {_lineup(view.lineup(['nvme0n1', snap]))}"
+        )
         time.sleep(settle)
-        yield types.SimpleNamespace(stack=stack, view=view, dm=dm, snap=snap, start=start, onset=onset, paged=paged)
+        yield types.SimpleNamespace(
+            stack=stack, view=view, dm=dm, snap=snap, start=start, onset=onset, paged=paged
+        )
 
 
 def _lineup(lineup):
-    return "; ".join(f"{dev} " + ", ".join(f"{op} {rate:.0f}/s x {size:.1f} sectors" for op, (rate, size) in ops.items())
-                     for dev, ops in sorted(lineup.items())) or "idle"
+    return (
+        "; ".join(
+            f"{dev} "
+            + ", ".join(
+                f"{op} {rate:.0f}/s x {size:.1f} sectors" for op, (rate, size) in ops.items()
+            )
+            for dev, ops in sorted(lineup.items())
+        )
+        or "idle"
+    )
 
 
 def run(kernel, healthy=True, timing=None, say=print):
     """Boot `kernel`, run the NVMe incident, tear down; an Outcome."""
-    with tempfile.TemporaryDirectory(prefix="blockstack-vm-stack-") as workdir, vm.Guest(kernel, nvme=1, say=vm.say) as g:
+    with (
+        tempfile.TemporaryDirectory(prefix="blockstack-vm-stack-") as workdir,
+        vm.Guest(kernel, nvme=1, say=vm.say) as g,
+    ):
         return nvme_incident(g, workdir, timing, healthy, say)
 
 
@@ -342,12 +448,16 @@ def main(argv=None):
         good = not o.healthy_pages and o.page_seconds is not None and len(o.pages) == 1
         good &= o.configs == EXPECTED_CONFIGS.get(k, o.configs)
         ok &= good
-        rows.append(f"| NVMe incident (LVM snapshot 4 KiB chunks on nvme0n1) | {o.release} | {o.configs or 'none'} | page "
-                    f"BlockStackMergeCollapse on nvme0n1 at nomerges=2, none at 0 | "
-                    f"{'; '.join(f'{p.alertname} on {p.device}' for p in o.pages) or 'no page'}"
-                    f"{'; healthy: ' + ', '.join(p.alertname for p in o.healthy_pages) if o.healthy_pages else ''} | "
-                    f"{o.page_seconds:.0f} | {o.healthy_seconds / 60:.1f} | boot {o.boot_seconds:.0f} s |")
-    print("\n| scenario | kernel | configs | expected | observed | onset→page s | healthy min watched | |")
+        rows.append(
+            f"| NVMe incident (LVM snapshot 4 KiB chunks on nvme0n1) | {o.release} | {o.configs or 'none'} | page "
+            f"BlockStackMergeCollapse on nvme0n1 at nomerges=2, none at 0 | "
+            f"{'; '.join(f'{p.alertname} on {p.device}' for p in o.pages) or 'no page'}"
+            f"{'; healthy: ' + ', '.join(p.alertname for p in o.healthy_pages) if o.healthy_pages else ''} | "
+            f"{o.page_seconds:.0f} | {o.healthy_seconds / 60:.1f} | boot {o.boot_seconds:.0f} s |"
+        )
+    print(
+        "\n| scenario | kernel | configs | expected | observed | onset→page s | healthy min watched | |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0 if ok else 1

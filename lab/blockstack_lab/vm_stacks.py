@@ -21,6 +21,7 @@ ext4: a 4 MiB journal, dioread_nolock, 128 fsync-heavy writers on one NVMe names
 NVMe kernel names follow the order the controllers are probed, not QEMU's: devices are found by
 their serial (/sys/block/nvmeXnY/device/serial).
 """
+
 import argparse
 import contextlib
 import dataclasses
@@ -45,7 +46,9 @@ BY_SERIAL = r"""nv() { for d in $(ls /sys/block | grep -E '^nvme[0-9]+n1$'); do
 export LVM_SUPPRESS_FD_WARNINGS=1
 """
 THIN_USED_MIB = 216
-STACKS_SETUP = BY_SERIAL + f"""set -e
+STACKS_SETUP = (
+    BY_SERIAL
+    + f"""set -e
 for m in dm-thin-pool dm-crypt raid1 raid456; do modprobe $m; done
 mdadm --create /dev/md0 --run --level=1 --raid-devices=2 --metadata=1.2 --assume-clean /dev/$(nv nvme0) /dev/$(nv nvme1)
 mdadm --create /dev/md1 --run --level=5 --raid-devices=3 --metadata=1.2 --assume-clean \
@@ -59,20 +62,30 @@ cryptsetup open --type plain --cipher aes-xts-plain64 --key-size 256 --key-file 
 # {THIN_USED_MIB} MiB of 256 (84 %: dmeventd's and the doctor's warning from 80 %).
 dd if=/dev/zero of=/dev/vgt/thin1 bs=1M count={THIN_USED_MIB} oflag=direct status=none
 """
+)
 TOPS = ("md0", "md1", "vgt/thin1", "mapper/crypt0")
 # Sequential buffered reads through every top device, from the device every pass
-STACKS_READS = BY_SERIAL + ("while :; do echo 1 > /proc/sys/vm/drop_caches; for d in "
-                            + " ".join(f"/dev/{t}" for t in TOPS)
-                            + f" /dev/$(nv {MP_SERIAL}); do dd if=$d of=/dev/null bs=1M count=64 status=none; done; done")
+STACKS_READS = BY_SERIAL + (
+    "while :; do echo 1 > /proc/sys/vm/drop_caches; for d in "
+    + " ".join(f"/dev/{t}" for t in TOPS)
+    + f" /dev/$(nv {MP_SERIAL}); do dd if=$d of=/dev/null bs=1M count=64 status=none; done; done"
+)
 
 
 def multipath_opts(image):
     """QEMU options for one namespace on `image` shared by two controllers of one NVMe subsystem."""
-    return ["-device", f"nvme-subsys,id=mpsubsys,nqn={MP_SERIAL}",
-            "-device", f"nvme,serial={MP_SERIAL},subsys=mpsubsys,id=mpa",
-            "-device", f"nvme,serial={MP_SERIAL},subsys=mpsubsys,id=mpb",
-            "-drive", f"file={image},if=none,id=mpns,format=raw,cache=none",
-            "-device", "nvme-ns,drive=mpns,nsid=1"]
+    return [
+        "-device",
+        f"nvme-subsys,id=mpsubsys,nqn={MP_SERIAL}",
+        "-device",
+        f"nvme,serial={MP_SERIAL},subsys=mpsubsys,id=mpa",
+        "-device",
+        f"nvme,serial={MP_SERIAL},subsys=mpsubsys,id=mpb",
+        "-drive",
+        f"file={image},if=none,id=mpns,format=raw,cache=none",
+        "-device",
+        "nvme-ns,drive=mpns,nsid=1",
+    ]
 
 
 class RulesStack(vm.HostStack):
@@ -107,16 +120,16 @@ def by_serial(guest, serial):
 class StacksOutcome:
     release: str
     boot_seconds: float = None
-    devices: dict = dataclasses.field(default_factory=dict)   # role -> kernel name
-    info: dict = dataclasses.field(default_factory=dict)      # device -> blockstack_device_info labels
-    edges: list = dataclasses.field(default_factory=list)     # (device, lower)
-    targets: dict = dataclasses.field(default_factory=dict)   # dm device -> [target]
-    thin: dict = dataclasses.field(default_factory=dict)      # metric suffix -> value
+    devices: dict = dataclasses.field(default_factory=dict)  # role -> kernel name
+    info: dict = dataclasses.field(default_factory=dict)  # device -> blockstack_device_info labels
+    edges: list = dataclasses.field(default_factory=list)  # (device, lower)
+    targets: dict = dataclasses.field(default_factory=dict)  # dm device -> [target]
+    thin: dict = dataclasses.field(default_factory=dict)  # metric suffix -> value
     lineup: dict = dataclasses.field(default_factory=dict)
     healthy_seconds: float = 0.0
-    alerts: list = dataclasses.field(default_factory=list)    # pending or firing during the reads
+    alerts: list = dataclasses.field(default_factory=list)  # pending or firing during the reads
     pages: list = dataclasses.field(default_factory=list)
-    doctor: tuple = None                # blockstack-doctor in the guest during the reads: (exit status, report)
+    doctor: tuple = None  # blockstack-doctor in the guest during the reads: (exit status, report)
     phases: dict = dataclasses.field(default_factory=vm.Phases)  # seconds per phase after the boot
 
 
@@ -129,8 +142,14 @@ def stacks(guest, workdir, healthy=90, say=print):
     guest.probe_ebpf_configs()  # meanwhile
     guest.run(STACKS_SETUP, timeout=900)
     dm = dm_names(guest)
-    out.devices = {"md0": "md0", "md1": "md1", "crypt": dm["crypt0"], "thin": dm["vgt-thin1"],
-                   "tpool": dm["vgt-pool-tpool"], "mp": by_serial(guest, MP_SERIAL)}
+    out.devices = {
+        "md0": "md0",
+        "md1": "md1",
+        "crypt": dm["crypt0"],
+        "thin": dm["vgt-thin1"],
+        "tpool": dm["vgt-pool-tpool"],
+        "mp": by_serial(guest, MP_SERIAL),
+    }
     out.devices.update({f"nvme{i}": by_serial(guest, f"nvme{i}") for i in range(7)})
     say(f"vm: stacks built: {out.devices}")
     phases.end("setup")
@@ -146,20 +165,39 @@ def stacks(guest, workdir, healthy=90, say=print):
         def reads_seen():
             lineup = view.lineup(tops)
             return lineup if all("read" in lineup.get(d, {}) for d in tops) else None
-        seen = procs.wait_until("reads through every stack in Prometheus", reads_seen, 240, interval=2)
+
+        seen = procs.wait_until(
+            "reads through every stack in Prometheus", reads_seen, 240, interval=2
+        )
         # dmsetup in the guest on a busy machine often outlasts the scrape's deadline: wait for a
         # scrape that had the thin pool's status
-        procs.wait_until("the thin pool's use in Prometheus",
-                         lambda: latest(view, "blockstack_dm_thin_pool_data_used_bytes"), 240, interval=2)
+        procs.wait_until(
+            "the thin pool's use in Prometheus",
+            lambda: latest(view, "blockstack_dm_thin_pool_data_used_bytes"),
+            240,
+            interval=2,
+        )
         phases.end("reads seen")
-        out.info = {r["metric"]["device"]: r["metric"] for r in latest(view, "blockstack_device_info")}
-        out.edges = sorted((r["metric"]["device"], r["metric"]["lower"])
-                           for r in latest(view, "blockstack_device_lower_info"))
+        out.info = {
+            r["metric"]["device"]: r["metric"] for r in latest(view, "blockstack_device_info")
+        }
+        out.edges = sorted(
+            (r["metric"]["device"], r["metric"]["lower"])
+            for r in latest(view, "blockstack_device_lower_info")
+        )
         for r in latest(view, "blockstack_dm_target_info"):
             out.targets.setdefault(r["metric"]["device"], []).append(r["metric"]["target"])
-        for name in ("data_used_bytes", "data_size_bytes", "metadata_used_bytes", "metadata_size_bytes", "state"):
+        for name in (
+            "data_used_bytes",
+            "data_size_bytes",
+            "metadata_used_bytes",
+            "metadata_size_bytes",
+            "state",
+        ):
             for r in latest(view, "blockstack_dm_thin_pool_" + name):
-                out.thin[name if name != "state" else "state_" + r["metric"]["state"]] = float(r["value"][1])
+                out.thin[name if name != "state" else "state_" + r["metric"]["state"]] = float(
+                    r["value"][1]
+                )
         start = time.time()
         all_devices = list(out.devices.values())
         # each device as last seen reading: the loop reads one device at a time, and on a busy
@@ -185,32 +223,39 @@ def stacks(guest, workdir, healthy=90, say=print):
 class Lvm2Outcome:
     release: str
     boot_seconds: float = None
-    seconds_per_gib: dict = dataclasses.field(default_factory=dict)   # chunk KiB -> s/GiB
+    seconds_per_gib: dict = dataclasses.field(default_factory=dict)  # chunk KiB -> s/GiB
     no_snapshot_seconds_per_gib: float = None
-    chunk_alert: list = dataclasses.field(default_factory=list)       # ALERTS at 4 KiB chunks
+    chunk_alert: list = dataclasses.field(default_factory=list)  # ALERTS at 4 KiB chunks
     chunk_alert_seconds: float = None
-    cow_page_seconds: float = None      # fill start -> BlockStackSnapshotCowNearlyFull at the receiver
-    invalid_seconds: float = None       # fill start -> dmsetup status Invalid
+    cow_page_seconds: float = None  # fill start -> BlockStackSnapshotCowNearlyFull at the receiver
+    invalid_seconds: float = None  # fill start -> dmsetup status Invalid
     invalid_page_seconds: float = None  # fill start -> BlockStackSnapshotInvalid at the receiver
     cow_page: object = None
     invalid_page: object = None
     pages: list = dataclasses.field(default_factory=list)
 
 
-LVM2_SETUP = BY_SERIAL + """set -e
+LVM2_SETUP = (
+    BY_SERIAL
+    + """set -e
 modprobe dm-snapshot
 pvcreate -q /dev/$(nv nvme0)
 vgcreate -q vg0 /dev/$(nv nvme0)
 lvcreate -q -y -L 512M -n lv vg0
 dd if=/dev/zero of=/dev/vg0/lv bs=1M count=512 oflag=direct status=none
 """
+)
 WRITE_MIB = 256
 # Rewrites of the origin after the snapshot: every chunk copied once (direct, 1 MiB requests)
-TIMED_WRITE = (f"s=$(date +%s.%N); dd if=/dev/urandom of=/dev/vg0/lv bs=1M count={WRITE_MIB} oflag=direct "
-               "status=none; e=$(date +%s.%N); awk \"BEGIN { print $e - $s }\"")
+TIMED_WRITE = (
+    f"s=$(date +%s.%N); dd if=/dev/urandom of=/dev/vg0/lv bs=1M count={WRITE_MIB} oflag=direct "
+    'status=none; e=$(date +%s.%N); awk "BEGIN { print $e - $s }"'
+)
 # The COW fill: 1 MiB per ~3 s written to the origin until told to stop
-THROTTLED_WRITES = ("i=0; while [ $i -lt 480 ]; do dd if=/dev/urandom of=/dev/vg0/lv bs=1M count=1 seek=$i "
-                    "oflag=direct status=none; i=$((i+1)); sleep 3; done")
+THROTTLED_WRITES = (
+    "i=0; while [ $i -lt 480 ]; do dd if=/dev/urandom of=/dev/vg0/lv bs=1M count=1 seek=$i "
+    "oflag=direct status=none; i=$((i+1)); sleep 3; done"
+)
 
 
 def lvm2(guest, workdir, say=print, chunks=(4, 64, 512), page_timeout=300, chunk_for="30s"):
@@ -224,36 +269,65 @@ def lvm2(guest, workdir, say=print, chunks=(4, 64, 512), page_timeout=300, chunk
         guest.run(f"lvcreate -q -y -s -c {kib}k -L 300M -n snap vg0/lv", timeout=300)
         t = float(guest.run(TIMED_WRITE, timeout=900).stdout.strip())
         out.seconds_per_gib[kib] = t * 1024 / WRITE_MIB
-        say(f"vm: {WRITE_MIB} MiB direct writes to the origin with a {kib} KiB-chunk snapshot: {t:.2f} s "
-            f"({out.seconds_per_gib[kib]:.1f} s/GiB; no snapshot {out.no_snapshot_seconds_per_gib:.1f})")
+        say(
+            f"vm: {WRITE_MIB} MiB direct writes to the origin with a {kib} KiB-chunk snapshot: {t:.2f} s "
+            f"({out.seconds_per_gib[kib]:.1f} s/GiB; no snapshot {out.no_snapshot_seconds_per_gib:.1f})"
+        )
         guest.run("lvremove -q -y vg0/snap", timeout=300)
     # Alerts: the chunk alert's `for:` shortened to chunk_for; everything else as shipped.
     guest.run("lvcreate -q -y -s -c 4k -L 40M -n snap vg0/lv", timeout=300)
     snap = dm_names(guest)["vg0-snap"]
-    with guest.exporters(), serving(RulesStack(guest, workdir, {"snapshot_chunk_for": chunk_for})) as view:
+    with (
+        guest.exporters(),
+        serving(RulesStack(guest, workdir, {"snapshot_chunk_for": chunk_for})) as view,
+    ):
         fill_start = time.time()
         with guest.background(THROTTLED_WRITES):
+
             def chunk_alert():
-                return [a for a in view.alerts([snap], with_severity=True)
-                        if a[0] == "BlockStackSnapshotChunkSmall" and a[2] == "firing"]
-            out.chunk_alert = procs.wait_until("BlockStackSnapshotChunkSmall firing", chunk_alert, page_timeout, interval=2)
+                return [
+                    a
+                    for a in view.alerts([snap], with_severity=True)
+                    if a[0] == "BlockStackSnapshotChunkSmall" and a[2] == "firing"
+                ]
+
+            out.chunk_alert = procs.wait_until(
+                "BlockStackSnapshotChunkSmall firing", chunk_alert, page_timeout, interval=2
+            )
             out.chunk_alert_seconds = time.time() - fill_start
             say(f"vm: +{out.chunk_alert_seconds:.0f}s {out.chunk_alert}")
 
             def page(name):
-                return [n for n in firing_pages(view, fill_start) if n.alertname == name and n.device == snap]
-            hit = procs.wait_until("the COW page", lambda: page("BlockStackSnapshotCowNearlyFull"), page_timeout, interval=1)
+                return [
+                    n
+                    for n in firing_pages(view, fill_start)
+                    if n.alertname == name and n.device == snap
+                ]
+
+            hit = procs.wait_until(
+                "the COW page",
+                lambda: page("BlockStackSnapshotCowNearlyFull"),
+                page_timeout,
+                interval=1,
+            )
             out.cow_page, out.cow_page_seconds = hit[0], hit[0].received_at - fill_start
-            say(f"vm: +{out.cow_page_seconds:.0f}s PAGE {hit[0].alertname}: {hit[0].annotations.get('description')}")
+            say(
+                f"vm: +{out.cow_page_seconds:.0f}s PAGE {hit[0].alertname}: {hit[0].annotations.get('description')}"
+            )
 
             def invalid():
                 return "Invalid" in guest.run("dmsetup status vg0-snap").stdout
+
             procs.wait_until("vg0-snap Invalid", invalid, page_timeout, interval=1)
             out.invalid_seconds = time.time() - fill_start
             say(f"vm: +{out.invalid_seconds:.0f}s dmsetup status vg0-snap: Invalid")
-        hit = procs.wait_until("the Invalid page", lambda: page("BlockStackSnapshotInvalid"), page_timeout, interval=1)
+        hit = procs.wait_until(
+            "the Invalid page", lambda: page("BlockStackSnapshotInvalid"), page_timeout, interval=1
+        )
         out.invalid_page, out.invalid_page_seconds = hit[0], hit[0].received_at - fill_start
-        say(f"vm: +{out.invalid_page_seconds:.0f}s PAGE {hit[0].alertname}: {hit[0].annotations.get('summary')}")
+        say(
+            f"vm: +{out.invalid_page_seconds:.0f}s PAGE {hit[0].alertname}: {hit[0].annotations.get('summary')}"
+        )
         out.pages = firing_pages(view, fill_start)
     return out
 
@@ -262,10 +336,10 @@ def lvm2(guest, workdir, say=print, chunks=(4, 64, 512), page_timeout=300, chunk
 class Ext4Outcome:
     release: str
     boot_seconds: float = None
-    configs: str = ""                   # the ebpf_exporter configs the guest's kernel loads
-    wait_seconds: float = None          # host_device:ebpf_jbd2_credit_wait_seconds:avg at the warning
+    configs: str = ""  # the ebpf_exporter configs the guest's kernel loads
+    wait_seconds: float = None  # host_device:ebpf_jbd2_credit_wait_seconds:avg at the warning
     waits_per_second: float = None
-    alert_seconds: float = None         # writers' start -> the warning at the ticket receiver
+    alert_seconds: float = None  # writers' start -> the warning at the ticket receiver
     ticket: object = None
     pages: list = dataclasses.field(default_factory=list)
 
@@ -273,13 +347,18 @@ class Ext4Outcome:
 EXT4_MNT = "/tmp/blockstack-ext4"
 # The ext4 write-up on the guest's NVMe: a 4 MiB journal, dioread_nolock (6.1's default, named),
 # 128 tasks of 16 KiB random buffered writes each followed by fdatasync
-EXT4_SETUP = BY_SERIAL + f"""set -e
+EXT4_SETUP = (
+    BY_SERIAL
+    + f"""set -e
 mkfs.ext4 -q -F -J size=4 -E lazy_itable_init=0,lazy_journal_init=0,nodiscard /dev/$(nv nvme0)
 mkdir -p {EXT4_MNT}
 mount -o dioread_nolock /dev/$(nv nvme0) {EXT4_MNT}
 """
-EXT4_WRITERS = (f"fio --name=fsync --directory={EXT4_MNT} --rw=randwrite --bs=16k --ioengine=psync --fdatasync=1 "
-                "--buffered=1 --numjobs=128 --size=4m --time_based --runtime=900 --group_reporting")
+)
+EXT4_WRITERS = (
+    f"fio --name=fsync --directory={EXT4_MNT} --rw=randwrite --bs=16k --ioengine=psync --fdatasync=1 "
+    "--buffered=1 --numjobs=128 --size=4m --time_based --runtime=900 --group_reporting"
+)
 
 
 def ext4(guest, workdir, say=print, alert_timeout=420):
@@ -292,15 +371,24 @@ def ext4(guest, workdir, say=print, alert_timeout=420):
     with guest.exporters(ebpf_configs=out.configs), serving(RulesStack(guest, workdir)) as view:
         start = time.time()
         with guest.background(EXT4_WRITERS):
+
             def ticket():
-                return [n for n in view.notifications(start) if n.alertname == "BlockStackJbd2CreditWaitHigh"
-                        and n.status == "firing"]
+                return [
+                    n
+                    for n in view.notifications(start)
+                    if n.alertname == "BlockStackJbd2CreditWaitHigh" and n.status == "firing"
+                ]
+
             hit = procs.wait_until("the jbd2 warning", ticket, alert_timeout, interval=2)
             out.ticket, out.alert_seconds = hit[0], hit[0].received_at - start
             out.wait_seconds = view.jbd2_wait(dev)
-            out.waits_per_second = view.prometheus.value(f'host_device:ebpf_jbd2_credit_wait:rate{{device="{dev}"}}')
-            say(f"vm: +{out.alert_seconds:.0f}s {hit[0].alertname} ({hit[0].labels.get('severity')}): "
-                f"{' '.join(hit[0].annotations.get('description', '').split())}")
+            out.waits_per_second = view.prometheus.value(
+                f'host_device:ebpf_jbd2_credit_wait:rate{{device="{dev}"}}'
+            )
+            say(
+                f"vm: +{out.alert_seconds:.0f}s {hit[0].alertname} ({hit[0].labels.get('severity')}): "
+                f"{' '.join(hit[0].annotations.get('description', '').split())}"
+            )
         out.pages = firing_pages(view, start)
     return out
 
@@ -312,17 +400,31 @@ def run(scenario, kernel="6.1", say=print, **kw):
             image = os.path.join(workdir, "multipath.img")
             with open(image, "wb") as f:
                 f.truncate(1 << 30)
-            g = es.enter_context(vm.Guest(kernel, nvme=7, nvme_size=1 << 30, say=say,
-                                          qemu_opts=multipath_opts(image), boot_timeout=BOOT_TIMEOUT))
+            g = es.enter_context(
+                vm.Guest(
+                    kernel,
+                    nvme=7,
+                    nvme_size=1 << 30,
+                    say=say,
+                    qemu_opts=multipath_opts(image),
+                    boot_timeout=BOOT_TIMEOUT,
+                )
+            )
             return stacks(g, os.path.join(workdir, "stack"), say=say, **kw)
         g = es.enter_context(vm.Guest(kernel, nvme=1, say=say, boot_timeout=BOOT_TIMEOUT))
-        return {"lvm2": lvm2, "ext4": ext4}[scenario](g, os.path.join(workdir, "stack"), say=say, **kw)
+        return {"lvm2": lvm2, "ext4": ext4}[scenario](
+            g, os.path.join(workdir, "stack"), say=say, **kw
+        )
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="NVMe stacks and the LVM2 write-up in the VM lab")
-    ap.add_argument("scenarios", nargs="*", default=["stacks", "lvm2", "ext4"],
-                    choices=["stacks", "lvm2", "ext4"])
+    ap.add_argument(
+        "scenarios",
+        nargs="*",
+        default=["stacks", "lvm2", "ext4"],
+        choices=["stacks", "lvm2", "ext4"],
+    )
     ap.add_argument("--kernel", default="6.1")
     args = ap.parse_args(argv)
     if not vm.ready([args.kernel]):

@@ -1,4 +1,5 @@
 """Prerequisites of the lab tests: fail (not skip) with what is missing and how to get it."""
+
 import pytest
 
 from blockstack_lab import cli

@@ -2,6 +2,7 @@
 subprocess gets SIGINT (Ctrl-C) or SIGTERM after it has changed a sysfs setting, and afterwards
 no loop device over its files, no mount, no fio of its own and no changed setting remain. What the
 lab made and changed is read from its journal (lab.json in its directory)."""
+
 import contextlib
 import glob
 import json
@@ -51,21 +52,39 @@ def _faulted(proc, log):
     """Start stack-split without a stack; wait until its fault (the lower's max_sectors_kb -> 4) is
     in the journal and return the journal: every setting changed then (a stale nomerges on a
     reused loop device too) must come back."""
+
     def fault():
         assert proc.poll() is None, "the scenario ended before its fault:\n" + log.read_text()
         journal = _journal(proc.pid)
-        if journal and any(attr == "queue/max_sectors_kb" and new == "4" for _, attr, _, new in journal["changed"]):
+        if journal and any(
+            attr == "queue/max_sectors_kb" and new == "4" for _, attr, _, new in journal["changed"]
+        ):
             return journal
+
     journal = procs.wait_until("the fault in the lab's journal", fault, 90, interval=0.2)
     dev = journal["devices"]["lower"]
     assert loop.read_sysfs(dev, "queue/max_sectors_kb") == "4"
-    assert subprocess.run(["pgrep", "-f", f"blockstack-lab-{proc.pid}-"], capture_output=True).returncode == 0, \
-        "fio is not running"
+    assert (
+        subprocess.run(
+            ["pgrep", "-f", f"blockstack-lab-{proc.pid}-"], capture_output=True
+        ).returncode
+        == 0
+    ), "fio is not running"
     return journal
 
 
 def _start(log):
-    argv = [sys.executable, "-u", "-m", "blockstack_lab", "run", "stack-split", "--no-stack", "--warmup", "3"]
+    argv = [
+        sys.executable,
+        "-u",
+        "-m",
+        "blockstack_lab",
+        "run",
+        "stack-split",
+        "--no-stack",
+        "--warmup",
+        "3",
+    ]
     with open(log, "w") as out:
         return subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
 
@@ -86,7 +105,9 @@ def test_interrupted_scenario_leaves_nothing(lab_prerequisites, signum, tmp_path
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                subprocess.run([sys.executable, "-m", "blockstack_lab", "sweep"], cwd=REPO, timeout=120)
+                subprocess.run(
+                    [sys.executable, "-m", "blockstack_lab", "sweep"], cwd=REPO, timeout=120
+                )
     assert proc.returncode == (130 if signum == signal.SIGINT else 143), log.read_text()
     problems = _leftovers(journal["dir"], f"blockstack-lab-{proc.pid}-", journal["changed"])
     assert not problems, "\n".join(problems) + "\n" + log.read_text()
@@ -102,8 +123,13 @@ def test_killed_lab_is_swept(lab_prerequisites, tmp_path):
     finally:
         proc.kill()
         proc.wait()
-        sweep = subprocess.run([sys.executable, "-m", "blockstack_lab", "sweep"], cwd=REPO, capture_output=True,
-                               text=True, timeout=120)
+        sweep = subprocess.run(
+            [sys.executable, "-m", "blockstack_lab", "sweep"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     assert journal["dir"] in sweep.stdout, sweep.stdout
     problems = _leftovers(journal["dir"], f"blockstack-lab-{proc.pid}-", journal["changed"])

@@ -1,5 +1,6 @@
 """The corpus as data: cases the runner can run, sick cases that never inherit the previous
 one's page, and the precision/recall arithmetic of bench-detection."""
+
 from blockstack_lab import corpus, scenarios
 
 ROLES = {"single", "single2", "upper", "lower", "upper2", "lower2"}
@@ -16,7 +17,9 @@ def test_every_case_names_known_devices_and_settings():
         for target, args in case.workloads:
             role = target.split(":", 1)[-1]
             assert role in (filesystems if target.startswith("fs:") else roles), (case.name, target)
-            assert not any(a.startswith(("--filename", "--directory", "--name")) for a in args), case.name
+            assert not any(a.startswith(("--filename", "--directory", "--name")) for a in args), (
+                case.name
+            )
         for role, attr in {**case.settings, **case.fault}:
             assert role in roles and attr.startswith("queue/"), (case.name, role, attr)
         assert set(case.pages) <= roles
@@ -31,11 +34,22 @@ def test_every_case_names_known_devices_and_settings():
 def test_healthy_corpus_covers_the_workload_shapes_that_must_not_page():
     args = [" ".join(a) for c in corpus.HEALTHY for _, a in c.workloads]
     assert any("--rw=randrw --bs=4k" in a for a in args) and any("--bs=8k" in a for a in args)
-    unbatched = [a for a in args if "--rw=read --bs=4k --direct=1 --ioengine=libaio" in a and "batch" not in a]
-    assert len({a.split("--iodepth=")[1].split()[0] for a in unbatched}) >= 3, "several queue depths"
+    unbatched = [
+        a
+        for a in args
+        if "--rw=read --bs=4k --direct=1 --ioengine=libaio" in a and "batch" not in a
+    ]
+    assert len({a.split("--iodepth=")[1].split()[0] for a in unbatched}) >= 3, (
+        "several queue depths"
+    )
     assert any("--sync=dsync" in a for a in args) and any("--fdatasync=1" in a for a in args)
     assert any("--bs=1m" in a for a in args) and any("--direct=0" in a for a in args)
-    assert any(v == "1" for c in corpus.HEALTHY for (_, attr), v in c.settings.items() if attr == "queue/nomerges")
+    assert any(
+        v == "1"
+        for c in corpus.HEALTHY
+        for (_, attr), v in c.settings.items()
+        if attr == "queue/nomerges"
+    )
 
 
 def test_consecutive_sick_cases_use_different_devices():
@@ -60,9 +74,14 @@ def _check(name, true_pages, false_pages, expected_pages, secs=()):
 
 
 def test_summary_counts_pages():
-    checks = [_check("healthy-random", 0, 0, 0), _check("healthy-streaming", 0, 1, 0),
-              _check("sick-two-stacks", 2, 0, 2, (30, 33)), _check("sick-nomerges2-read", 0, 0, 1),
-              _check("sick-intermittent", 1, 1, 1, (28,)), scenarios.Check("trickle", "", "", "", True)]
+    checks = [
+        _check("healthy-random", 0, 0, 0),
+        _check("healthy-streaming", 0, 1, 0),
+        _check("sick-two-stacks", 2, 0, 2, (30, 33)),
+        _check("sick-nomerges2-read", 0, 0, 1),
+        _check("sick-intermittent", 1, 1, 1, (28,)),
+        scenarios.Check("trickle", "", "", "", True),
+    ]
     s = corpus.summary(checks)
     assert (s["cases"], s["healthy"], s["sick"]) == (5, 2, 3)
     assert (s["true_pages"], s["false_pages"], s["missed_pages"]) == (3, 2, 1)

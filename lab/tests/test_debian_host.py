@@ -4,6 +4,7 @@ finishes, udev names the emulated NVMe device and LVM's links (the image's own l
 on), apt installs from the lab's local repo without network (a package by name, a .deb copied in
 with its dependencies), Debian's node_exporter answers through its forwarded port, and all of it
 comes back after a reboot and after a power cycle."""
+
 import os
 import subprocess
 
@@ -30,22 +31,32 @@ def _dummy_deb(tmp_path):
     (root / "DEBIAN").mkdir(parents=True)
     (root / "DEBIAN" / "control").write_text(
         "Package: blockstack-lab-dummy\nVersion: 1.0\nArchitecture: all\nMaintainer: lab <lab@localhost>\n"
-        "Depends: python3-yaml\nDescription: the VM lab's test package\n")
+        "Depends: python3-yaml\nDescription: the VM lab's test package\n"
+    )
     (root / "usr/share/blockstack-lab-dummy").mkdir(parents=True)
     (root / "usr/share/blockstack-lab-dummy/hello").write_text("hello\n")
     deb = tmp_path / "blockstack-lab-dummy_1.0_all.deb"
-    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True, capture_output=True)
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)],
+        check=True,
+        capture_output=True,
+    )
     return deb
 
 
 def _wait_active(host, unit, timeout=120):
-    return procs.wait_until(f"{unit} active in the guest", lambda: host.unit_active(unit) == "active", timeout, 2)
+    return procs.wait_until(
+        f"{unit} active in the guest", lambda: host.unit_active(unit) == "active", timeout, 2
+    )
 
 
 def _metrics(host):
-    return procs.wait_until("node_exporter on its forwarded port",
-                            lambda: procs.http_get(f"http://127.0.0.1:{host.ports['node']}/metrics", timeout=20),
-                            120, 2)
+    return procs.wait_until(
+        "node_exporter on its forwarded port",
+        lambda: procs.http_get(f"http://127.0.0.1:{host.ports['node']}/metrics", timeout=20),
+        120,
+        2,
+    )
 
 
 def test_debian_host(debian_prerequisites, tmp_path):
@@ -61,15 +72,24 @@ def test_debian_host(debian_prerequisites, tmp_path):
         assert host.run(["cat", "/proc/1/comm"]).stdout.strip() == "systemd"
         state = host.system_state()
         times.end("boot finished (is-system-running --wait)")
-        print(f"\nsystemctl is-system-running: {state}; failed units: {host.failed_units() or 'none'}")
+        print(
+            f"\nsystemctl is-system-running: {state}; failed units: {host.failed_units() or 'none'}"
+        )
         assert state in ("running", "degraded"), host.failed_units()
         assert host.unit_active("systemd-udevd") == "active"
 
         # udev: the NVMe device, then LVM's links with the image's own lvm.conf (udev_sync = 1)
         host.run("udevadm settle")
-        assert host.run("test -b /dev/nvme0n1", check=False).rc == 0, host.run("ls /dev", check=False).stdout
-        assert host.run(["lvmconfig", "--type", "full", "activation/udev_sync"]).stdout.strip() == "udev_sync=1"
-        host.run("pvcreate -q /dev/nvme0n1 && vgcreate -q vg /dev/nvme0n1 && lvcreate -q -y -L 64M -n lv vg")
+        assert host.run("test -b /dev/nvme0n1", check=False).rc == 0, host.run(
+            "ls /dev", check=False
+        ).stdout
+        assert (
+            host.run(["lvmconfig", "--type", "full", "activation/udev_sync"]).stdout.strip()
+            == "udev_sync=1"
+        )
+        host.run(
+            "pvcreate -q /dev/nvme0n1 && vgcreate -q vg /dev/nvme0n1 && lvcreate -q -y -L 64M -n lv vg"
+        )
         host.run("udevadm settle")
         links = host.run("readlink -f /dev/mapper/vg-lv /dev/vg/lv").stdout.split()
         assert len(links) == 2 and links[0] == links[1] and links[0].startswith("/dev/dm-"), links
@@ -84,7 +104,10 @@ def test_debian_host(debian_prerequisites, tmp_path):
         guest_deb = host.copy_in(str(deb), "/root/")
         assert guest_deb == "/root/" + deb.name
         host.apt_install(guest_deb)
-        assert host.run(["python3", "-c", "import yaml; print(yaml.__name__)"]).stdout.strip() == "yaml"
+        assert (
+            host.run(["python3", "-c", "import yaml; print(yaml.__name__)"]).stdout.strip()
+            == "yaml"
+        )
         assert host.run(["cat", "/usr/share/blockstack-lab-dummy/hello"]).stdout == "hello\n"
         times.end("copy_in and apt-get install ./x.deb")
 
@@ -96,8 +119,9 @@ def test_debian_host(debian_prerequisites, tmp_path):
         state = host.system_state()
         print(f"after the reboot: {state}; failed units: {host.failed_units() or 'none'}")
         assert state in ("running", "degraded"), host.failed_units()
-        assert host.run("udevadm settle && test -L /dev/vg/lv", check=False).rc == 0, \
-            host.run("lvs; ls -l /dev/mapper", check=False).stdout
+        assert host.run("udevadm settle && test -L /dev/vg/lv", check=False).rc == 0, host.run(
+            "lvs; ls -l /dev/mapper", check=False
+        ).stdout
         times.end("after the reboot: node_exporter back")
         # the same after a power cycle (a new QEMU on the same disks)
         host.power_cycle()
@@ -108,6 +132,8 @@ def test_debian_host(debian_prerequisites, tmp_path):
         times.end("after the power cycle: node_exporter back")
     times.end("power-off")
     assert not os.path.exists(directory)
-    print(f"{host.release}: first boot {host.boot_seconds:.1f} s (apt-get update {host.apt_update_seconds:.1f} s), "
-          f"reboot {host.reboot_seconds[0]:.1f} s, power cycle {host.power_cycle_seconds[0]:.1f} s; "
-          f"phases (s): {dict(times)}; image {os.path.basename(image.path)}")
+    print(
+        f"{host.release}: first boot {host.boot_seconds:.1f} s (apt-get update {host.apt_update_seconds:.1f} s), "
+        f"reboot {host.reboot_seconds[0]:.1f} s, power cycle {host.power_cycle_seconds[0]:.1f} s; "
+        f"phases (s): {dict(times)}; image {os.path.basename(image.path)}"
+    )

@@ -1,12 +1,13 @@
 """A non-paging scenario end to end against the real stack (exporters, Prometheus with the rules,
 Alertmanager, the receiver): the lineup reaches Prometheus and nothing pages. Scrapes every 2 s
 so the rate windows fill quickly; the rules are the production ones."""
+
 import os
 
 import pytest
 
-from blockstack_lab import corpus, scenarios
 from blockstack_deploy.stack import Stack
+from blockstack_lab import corpus, scenarios
 from blockstack_lab.lab import Lab
 from blockstack_lab.view import StackView
 
@@ -35,7 +36,11 @@ def test_random_4k_is_seen_and_does_not_page(lab_prerequisites, tmp_path):
         rate, sectors = lineup[single][op]
         assert rate > 50 and 7 <= sectors <= 9, lineup
     # and the narration showed Prometheus's lineup of it
-    assert any(n["source"] == "Prometheus" and n["lineup"].get(single) for n in runner.narration), runner.narration
+    assert any(n["source"] == "Prometheus" and n["lineup"].get(single) for n in runner.narration), (
+        runner.narration
+    )
     # only the lab's devices: the machine's other loop devices (other users' tests) may page
-    assert not [n for n in view.notifications() if n.path == "/page" and n.device in ours], "paged for random 4 KiB I/O"
+    assert not [n for n in view.notifications() if n.path == "/page" and n.device in ours], (
+        "paged for random 4 KiB I/O"
+    )
     assert not os.path.exists(lab_dir)

@@ -14,6 +14,7 @@ outlasts its share of the exporter's scrape deadline, so some scrapes lack the s
 the page and the facts read them as of the last scrape that had them (last_over_time), or the page
 lost its "Snapshot vg0/snap" sentence. Each test boots its own guest and checks that nothing of it
 is left behind."""
+
 import os
 import subprocess
 import time
@@ -65,10 +66,12 @@ def test_nvme_incident(kernel, healthy, tmp_path):
     # torn down: no QEMU, no image
     assert not os.path.exists(directory)
     assert not _qemu_of(directory)
-    print(f"\n{kernel} ({o.release}): boot {o.boot_seconds:.0f} s, then {dict(o.phases)}, power-off "
-          f"{time.monotonic() - closing:.0f} s; {time.monotonic() - started:.0f} s in all; healthy "
-          f"{o.healthy_seconds:.0f} s, onset->page {o.page_seconds:.0f} s; configs {o.configs}; {o.ebpf_status}; "
-          f"{o.facts}")
+    print(
+        f"\n{kernel} ({o.release}): boot {o.boot_seconds:.0f} s, then {dict(o.phases)}, power-off "
+        f"{time.monotonic() - closing:.0f} s; {time.monotonic() - started:.0f} s in all; healthy "
+        f"{o.healthy_seconds:.0f} s, onset->page {o.page_seconds:.0f} s; configs {o.configs}; {o.ebpf_status}; "
+        f"{o.facts}"
+    )
 
     # every set of BPF programs loads, as the variant the README's kernel table names
     assert o.configs == vm_scenarios.EXPECTED_CONFIGS[kernel], o.ebpf_status
@@ -81,7 +84,9 @@ def test_nvme_incident(kernel, healthy, tmp_path):
     assert sectors >= 64, o.healthy_lineup
 
     # sick: one page, the collapse on nvme0n1, naming the cause and the snapshot by its LVM name
-    assert [(p.alertname, p.device) for p in o.pages] == [("BlockStackMergeCollapse", "nvme0n1")], o.pages
+    assert [(p.alertname, p.device) for p in o.pages] == [("BlockStackMergeCollapse", "nvme0n1")], (
+        o.pages
+    )
     page = o.pages[0]
     assert "merging refused" in page.annotations["summary"], page.annotations
     assert "Snapshot vg0/snap" in page.annotations["description"], page.annotations
@@ -93,13 +98,30 @@ def test_nvme_incident(kernel, healthy, tmp_path):
     # what the exporters in the guest report of the stack
     f, dm = o.facts, o.facts["dm_names"]
     real, cow, origin, snap = dm["vg0-lv-real"], dm["vg0-snap-cow"], dm["vg0-lv"], dm["vg0-snap"]
-    assert f["dm"][real] == {"name": "vg0-lv-real", "vg_name": "vg0", "lv_name": "lv", "lv_layer": "real"}
-    assert f["dm"][cow] == {"name": "vg0-snap-cow", "vg_name": "vg0", "lv_name": "snap", "lv_layer": "cow"}
+    assert f["dm"][real] == {
+        "name": "vg0-lv-real",
+        "vg_name": "vg0",
+        "lv_name": "lv",
+        "lv_layer": "real",
+    }
+    assert f["dm"][cow] == {
+        "name": "vg0-snap-cow",
+        "vg_name": "vg0",
+        "lv_name": "snap",
+        "lv_layer": "cow",
+    }
     assert f["dm"][origin]["lv_name"] == "lv" and f["dm"][snap]["lv_name"] == "snap"
-    assert {(real, "nvme0n1"), (cow, "nvme0n1"), (snap, real), (snap, cow), (origin, real)} <= set(f["edges"])
+    assert {(real, "nvme0n1"), (cow, "nvme0n1"), (snap, real), (snap, cow), (origin, real)} <= set(
+        f["edges"]
+    )
     assert [(s["device"], s["origin"], s["cow"]) for s in f["snapshot"]] == [(snap, real, cow)]
     assert f["chunk_bytes"][snap] == 4096
-    assert vm_scenarios.COW_MIB << 20 <= f["cow_used_bytes"][snap] < f["cow_size_bytes"][snap] == 256 << 20
+    assert (
+        vm_scenarios.COW_MIB << 20
+        <= f["cow_used_bytes"][snap]
+        < f["cow_size_bytes"][snap]
+        == 256 << 20
+    )
     # the eBPF counters: dm-snapshot splits every bio in both states; merges refused only at nomerges=2
     assert f["splits_sick"] > 1000
     assert f["missed_merges_sick"] > 1000
@@ -113,9 +135,16 @@ def test_nvme_incident(kernel, healthy, tmp_path):
     assert rc == 0 and {x["severity"] for x in report["findings"]} == {"info"}, report["findings"]
     assert report["devices"][snap]["label"] == f"{snap} (vg0/snap)"
     chunk = findings(o.doctor["healthy"], "snapshot_chunk_small")[snap]
-    assert "chunk size 8 sectors (4 KiB)" in chunk["evidence"][0] and "lvremove vg0/snap" in chunk["fix"], chunk
+    assert (
+        "chunk size 8 sectors (4 KiB)" in chunk["evidence"][0]
+        and "lvremove vg0/snap" in chunk["fix"]
+    ), chunk
     cow = findings(o.doctor["healthy"], "snapshot_cow_filling")[snap]
-    assert "COW 44% used" in cow["what"] and "of 256 MiB" in cow["evidence"][0] and "vg0/snap" in cow["fix"], cow
+    assert (
+        "COW 44% used" in cow["what"]
+        and "of 256 MiB" in cow["evidence"][0]
+        and "vg0/snap" in cow["fix"]
+    ), cow
     ext4 = findings(o.doctor["healthy"], "ext4_journal_small")[snap]
     assert "dioread_nolock with a journal of 16 MiB" in ext4["what"], ext4
     assert snap in findings(o.doctor["healthy"], "lvm_autoextend_off")
@@ -125,5 +154,8 @@ def test_nvme_incident(kernel, healthy, tmp_path):
     nomerges = findings(o.doctor["sick"], "nomerges_beneath_stack")
     assert rc == 1 and list(nomerges) == ["nvme0n1"], report["findings"]
     assert nomerges["nvme0n1"]["severity"] == "warning", nomerges
-    assert "nomerges=2" in nomerges["nvme0n1"]["what"] and f"{real} (vg0/lv real layer)" in nomerges["nvme0n1"]["what"]
+    assert (
+        "nomerges=2" in nomerges["nvme0n1"]["what"]
+        and f"{real} (vg0/lv real layer)" in nomerges["nvme0n1"]["what"]
+    )
     assert nomerges["nvme0n1"]["fix"] == "echo 0 > /sys/block/nvme0n1/queue/nomerges"

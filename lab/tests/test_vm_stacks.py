@@ -4,6 +4,7 @@ the exporters in the guest, Prometheus with the project's rules, Alertmanager an
 the host. What the exporters name and link, and sequential reads through every stack that must
 not page. The LVM2 write-up (chunk sizes, the COW page, the Invalid page) is test_lvm2_write_up,
 marked vm_long: make test-vm-long, not make test."""
+
 import os
 import time
 
@@ -29,14 +30,22 @@ def test_nvme_stacks_report_and_stay_quiet(vm_prerequisites, tmp_path):
     image = tmp_path / "multipath.img"
     image.write_bytes(b"")
     os.truncate(image, 1 << 30)
-    with vm.Guest("6.1", nvme=7, nvme_size=1 << 30, qemu_opts=vm_stacks.multipath_opts(image),
-                  boot_timeout=vm_stacks.BOOT_TIMEOUT, say=vm.say) as guest:
+    with vm.Guest(
+        "6.1",
+        nvme=7,
+        nvme_size=1 << 30,
+        qemu_opts=vm_stacks.multipath_opts(image),
+        boot_timeout=vm_stacks.BOOT_TIMEOUT,
+        say=vm.say,
+    ) as guest:
         directory = guest.dir
         o = vm_stacks.stacks(guest, str(tmp_path / "stack"), healthy=HEALTHY_SECONDS, say=vm.say)
         closing = time.monotonic()
     assert not os.path.exists(directory)
-    print(f"\n{o.release}: boot {o.boot_seconds:.0f} s, then {dict(o.phases)}, power-off "
-          f"{time.monotonic() - closing:.0f} s; {time.monotonic() - started:.0f} s in all; {o}")
+    print(
+        f"\n{o.release}: boot {o.boot_seconds:.0f} s, then {dict(o.phases)}, power-off "
+        f"{time.monotonic() - closing:.0f} s; {time.monotonic() - started:.0f} s in all; {o}"
+    )
     d, edges = o.devices, set(o.edges)
 
     # md: kind md, the kernel name, an edge to each member
@@ -45,7 +54,11 @@ def test_nvme_stacks_report_and_stay_quiet(vm_prerequisites, tmp_path):
     assert {("md1", d[f"nvme{i}"]) for i in (2, 3, 4)} <= edges
     # dm-crypt: its dm name and uuid, the crypt target, on its NVMe device; the key never exported
     crypt = o.info[d["crypt"]]  # Prometheus keeps no empty label: vg_name absent
-    assert (crypt["name"], crypt["uuid"], crypt.get("vg_name", "")) == ("crypt0", "CRYPT-PLAIN-crypt0", "")
+    assert (crypt["name"], crypt["uuid"], crypt.get("vg_name", "")) == (
+        "crypt0",
+        "CRYPT-PLAIN-crypt0",
+        "",
+    )
     assert o.targets[d["crypt"]] == ["crypt"] and (d["crypt"], d["nvme6"]) in edges
     # thin: the pool under LVM names (layer tpool), the thin volume above it, use in bytes
     tpool = o.info[d["tpool"]]
@@ -72,17 +85,31 @@ def test_nvme_stacks_report_and_stay_quiet(vm_prerequisites, tmp_path):
     # its metadata use below the threshold; dm-crypt on NVMe without the workqueue bypass flags
     rc, report = o.doctor
     found = {(f["check"], f["device"]): f for f in report["findings"]}
-    assert rc == 1 and {f["severity"] for f in report["findings"]} == {"warning", "info"}, report["findings"]
+    assert rc == 1 and {f["severity"] for f in report["findings"]} == {"warning", "info"}, report[
+        "findings"
+    ]
     pool = found["thin_pool_full", d["tpool"]]
-    assert pool["severity"] == "warning" and pool["what"].startswith("thin pool data 84% used"), pool
+    assert pool["severity"] == "warning" and pool["what"].startswith("thin pool data 84% used"), (
+        pool
+    )
     assert pool["evidence"] == ["dmsetup status vgt-pool-tpool: data 216 MiB of 256 MiB"], pool
     assert pool["fix"] == "lvextend -L +<size> vgt/pool", pool
-    assert [f["what"] for f in report["findings"] if f["check"] == "thin_pool_full"] == [pool["what"]]  # not metadata
+    assert [f["what"] for f in report["findings"] if f["check"] == "thin_pool_full"] == [
+        pool["what"]
+    ]  # not metadata
     crypt = found["crypt_workqueue", d["crypt"]]
-    assert crypt["what"] == f"dm-crypt over non-rotational {d['nvme6']} without no_read_workqueue and no_write_workqueue"
-    assert "cryptsetup refresh --perf-no_read_workqueue --perf-no_write_workqueue crypt0" == crypt["fix"], crypt
+    assert (
+        crypt["what"]
+        == f"dm-crypt over non-rotational {d['nvme6']} without no_read_workqueue and no_write_workqueue"
+    )
+    assert (
+        "cryptsetup refresh --perf-no_read_workqueue --perf-no_write_workqueue crypt0"
+        == crypt["fix"]
+    ), crypt
     assert ("lvm_autoextend_off", d["tpool"]) in found
-    assert [k for k in found if k[0] not in ("thin_pool_full", "crypt_workqueue", "lvm_autoextend_off")] == []
+    assert [
+        k for k in found if k[0] not in ("thin_pool_full", "crypt_workqueue", "lvm_autoextend_off")
+    ] == []
 
 
 @pytest.mark.vm_long
@@ -97,12 +124,20 @@ def test_lvm2_write_up(vm_prerequisites, tmp_path):
     assert s[4] > s[64] and s[4] > s[512], s
     assert min(s.values()) > o.no_snapshot_seconds_per_gib, (s, o.no_snapshot_seconds_per_gib)
     # the chunk alert (info) on the snapshot while the origin takes writes
-    assert [a[0] for a in o.chunk_alert] == ["BlockStackSnapshotChunkSmall"] and o.chunk_alert[0][3] == "info"
+    assert [a[0] for a in o.chunk_alert] == ["BlockStackSnapshotChunkSmall"] and o.chunk_alert[0][
+        3
+    ] == "info"
     # the COW page before the kernel invalidates the snapshot, naming it by VG/LV; then the Invalid page
     assert o.cow_page_seconds < o.invalid_seconds, o
     assert "vg0/snap" in o.cow_page.annotations["description"], o.cow_page.annotations
-    assert o.invalid_page.annotations["summary"] == "Snapshot vg0-snap on vm-6.1 is invalid; its data is gone."
-    assert sorted({p.alertname for p in o.pages}) == ["BlockStackSnapshotCowNearlyFull", "BlockStackSnapshotInvalid"]
+    assert (
+        o.invalid_page.annotations["summary"]
+        == "Snapshot vg0-snap on vm-6.1 is invalid; its data is gone."
+    )
+    assert sorted({p.alertname for p in o.pages}) == [
+        "BlockStackSnapshotCowNearlyFull",
+        "BlockStackSnapshotInvalid",
+    ]
 
 
 @pytest.mark.vm_long
@@ -116,6 +151,9 @@ def test_ext4_write_up(vm_prerequisites, tmp_path):
     # the warning as the runbook describes it: a ticket naming the options and the journal size
     t = o.ticket
     assert t.path == "/ticket" and t.labels["severity"] == "warning", t
-    assert "dioread_nolock=1" in t.annotations["description"] and "journal size 4MiB" in t.annotations["description"], t
+    assert (
+        "dioread_nolock=1" in t.annotations["description"]
+        and "journal size 4MiB" in t.annotations["description"]
+    ), t
     assert o.wait_seconds > 0.0005 and o.waits_per_second >= 100
     assert not o.pages, [(p.alertname, p.device) for p in o.pages]

@@ -15,6 +15,7 @@ own devices (Agent(devices=...)). Agent processes enter only the host's network 
 (nsenter --net), so they keep the root's /sys and tracefs (ebpf_exporter needs them).
 Everything is undone on exit, also on failure: processes, namespaces, bridge, mounts, loops.
 """
+
 import contextlib
 import os
 import shutil
@@ -22,6 +23,7 @@ import subprocess
 import types
 
 import netns
+
 from blockstack_deploy import procs
 from blockstack_deploy.fleet_auth import CentralSecrets
 from blockstack_deploy.procs import wait_until
@@ -43,8 +45,15 @@ class Host:
 
 
 @contextlib.contextmanager
-def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=None, host_down_for="15s",
-              scrape_interval="5s", log=print):
+def fleet_lab(
+    workdir,
+    hosts=("h1", "h2", "h3"),
+    replicas=None,
+    plain_devices=None,
+    host_down_for="15s",
+    scrape_interval="5s",
+    log=print,
+):
     """Yields a namespace: central (Central), hosts {name: Host}, agents {name: Agent}, secrets
     (the central's), admin and scrape (user, password), inventory path, start(host, component) /
     kill(host, component)."""
@@ -54,40 +63,89 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
     os.makedirs(workdir, exist_ok=True)
     with contextlib.ExitStack() as es:
         central_addr, nets = es.enter_context(netns.bridged_hosts(hosts))
-        log(f">> fleet: central {central_addr}, hosts {', '.join(f'{h}={a}' for h, (_, a) in nets.items())}")
+        log(
+            f">> fleet: central {central_addr}, hosts {', '.join(f'{h}={a}' for h, (_, a) in nets.items())}"
+        )
         secrets = CentralSecrets(os.path.join(workdir, "secrets")).ensure(
-            server_names={"central": [central_addr, "127.0.0.1"]}, client_names=["query"])
-        host_secrets = {h: secrets.issue(h, a) for h, (_, a) in nets.items()}  # what `stackctl.py fleet-cert` makes
-        admin, scrape = (secrets.user, secrets.password()), (secrets.scrape.user, secrets.scrape.password())
+            server_names={"central": [central_addr, "127.0.0.1"]}, client_names=["query"]
+        )
+        host_secrets = {
+            h: secrets.issue(h, a) for h, (_, a) in nets.items()
+        }  # what `stackctl.py fleet-cert` makes
+        admin, scrape = (
+            (secrets.user, secrets.password()),
+            (secrets.scrape.user, secrets.scrape.password()),
+        )
 
         # -- each host's loop-device lab ---------------------------------------------------
         fleet_hosts = {}
         for h, (ns, addr) in nets.items():
             host = fleet_hosts[h] = Host(h, ns, addr)
-            lower, upper, _ = es.enter_context(loop.stacked_pair(LOWER_SIZE, UPPER_SIZE, directory="/dev/shm"))
+            lower, upper, _ = es.enter_context(
+                loop.stacked_pair(LOWER_SIZE, UPPER_SIZE, directory="/dev/shm")
+            )
             host.upper, host.lower = loop.name(upper), loop.name(lower)
             for _ in range(plain_devices.get(h, 0)):
                 dev = es.enter_context(loop.attached(PLAIN_SIZE, directory="/dev/shm"))
-                subprocess.run(["fio", "--name=fill", f"--filename={dev}", f"--size={PLAIN_SIZE}", "--rw=write",
-                                "--bs=1m", "--direct=1", "--output=/dev/null"], check=True, timeout=120)
+                subprocess.run(
+                    [
+                        "fio",
+                        "--name=fill",
+                        f"--filename={dev}",
+                        f"--size={PLAIN_SIZE}",
+                        "--rw=write",
+                        "--bs=1m",
+                        "--direct=1",
+                        "--output=/dev/null",
+                    ],
+                    check=True,
+                    timeout=120,
+                )
                 host.plain.append(dev)
-            log(f">> fleet: {h}: {host.upper} on a file on ext4 on {host.lower}; plain {host.plain}")
+            log(
+                f">> fleet: {h}: {host.upper} on a file on ext4 on {host.lower}; plain {host.plain}"
+            )
 
         # -- central role (root namespace) -------------------------------------------------
         inventory = os.path.join(workdir, "inventory.yml")
-        cports = {name: procs.free_port() for name in (
-            "receiver", "query-http", "query-grpc", "watcher-A", "alertmanager-1", "alertmanager-1-cluster",
-            "alertmanager-2", "alertmanager-2-cluster", "gate-1", "gate-2")}
-        central = Central(os.path.join(workdir, "central"), inventory, secrets, listen=central_addr, ports=cports,
-                          scrape_interval=scrape_interval, host_down_for=host_down_for)
+        cports = {
+            name: procs.free_port()
+            for name in (
+                "receiver",
+                "query-http",
+                "query-grpc",
+                "watcher-A",
+                "alertmanager-1",
+                "alertmanager-1-cluster",
+                "alertmanager-2",
+                "alertmanager-2-cluster",
+                "gate-1",
+                "gate-2",
+            )
+        }
+        central = Central(
+            os.path.join(workdir, "central"),
+            inventory,
+            secrets,
+            listen=central_addr,
+            ports=cports,
+            scrape_interval=scrape_interval,
+            host_down_for=host_down_for,
+        )
         central.render()
         central_procs = {}
-        for name, (argv, env, health) in central.commands().items():
-            central_procs[name] = es.enter_context(procs.running(
-                argv, env=env, log_path=os.path.join(central.config, f"{name}.log")))
-        for name, (argv, env, health) in central.commands().items():
-            wait_until(f"central {name} ({health})", lambda: _alive(central_procs[name], name) and
-                       probe(health, auth=admin, ca=secrets.ca), 60)
+        for name, (argv, env, _health) in central.commands().items():
+            central_procs[name] = es.enter_context(
+                procs.running(argv, env=env, log_path=os.path.join(central.config, f"{name}.log"))
+            )
+        for name, (_argv, _env, health) in central.commands().items():
+            wait_until(
+                f"central {name} ({health})",
+                lambda: (
+                    _alive(central_procs[name], name) and probe(health, auth=admin, ca=secrets.ca)
+                ),
+                60,
+            )
 
         # -- agent role in each namespace ----------------------------------------------------
         # one probe for the hosts, which share this kernel; each agent's exporter reads its status
@@ -97,15 +155,27 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
         starters = {}
         for h, host in fleet_hosts.items():
             devices = "|".join([host.upper, host.lower] + [loop.name(d) for d in host.plain])
-            agent = agents[h] = Agent(os.path.join(workdir, h), h, central.alertmanager_addresses(), host_secrets[h],
-                                      replicas=replicas.get(h, ("A",)), listen=host.address, devices=devices,
-                                      scrape_interval=scrape_interval, ebpf_configs=ebpf_configs)
+            agent = agents[h] = Agent(
+                os.path.join(workdir, h),
+                h,
+                central.alertmanager_addresses(),
+                host_secrets[h],
+                replicas=replicas.get(h, ("A",)),
+                listen=host.address,
+                devices=devices,
+                scrape_interval=scrape_interval,
+                ebpf_configs=ebpf_configs,
+            )
             os.makedirs(os.path.dirname(agent.exporters.ebpf_status_file), exist_ok=True)
             shutil.copy(ebpf_status, agent.exporters.ebpf_status_file)
             agent.render()
             for name, (argv, env, health) in agent.commands().items():
-                starters[(h, name)] = (netns.argv_in_net(host.ns, argv), env, health,
-                                       os.path.join(agent.config, f"{name}.log"))
+                starters[(h, name)] = (
+                    netns.argv_in_net(host.ns, argv),
+                    env,
+                    health,
+                    os.path.join(agent.config, f"{name}.log"),
+                )
         ctx = {}
 
         def start(h, name):
@@ -119,8 +189,14 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
         def wait_ready(h, name, timeout=90):
             health = starters[(h, name)][2]
             proc = fleet_hosts[h].procs[name]
-            wait_until(f"{h} {name} ({health})", lambda: _alive(proc, f"{h} {name}") and
-                       netns.call_in(fleet_hosts[h].ns, probe, health, None, secrets.ca), timeout)  # 2xx, or 401: up
+            wait_until(
+                f"{h} {name} ({health})",
+                lambda: (
+                    _alive(proc, f"{h} {name}")
+                    and netns.call_in(fleet_hosts[h].ns, probe, health, None, secrets.ca)
+                ),
+                timeout,
+            )  # 2xx, or 401: up
 
         def kill(h, name):
             cm = ctx.pop((h, name))
@@ -139,11 +215,25 @@ def fleet_lab(workdir, hosts=("h1", "h2", "h3"), replicas=None, plain_devices=No
             start(*key)
         for key in starters:
             wait_ready(*key)
-        write_inventory(inventory, [e for h, a in agents.items() for e in a.inventory_entries(fleet_hosts[h].address)])
+        write_inventory(
+            inventory,
+            [e for h, a in agents.items() for e in a.inventory_entries(fleet_hosts[h].address)],
+        )
         log(f">> fleet: {len(starters)} agent processes up; inventory {inventory}")
-        yield types.SimpleNamespace(central=central, central_procs=central_procs, hosts=fleet_hosts, agents=agents,
-                                    secrets=secrets, admin=admin, scrape=scrape, inventory=inventory, start=start, kill=kill,
-                                    wait_ready=wait_ready, central_address=central_addr)
+        yield types.SimpleNamespace(
+            central=central,
+            central_procs=central_procs,
+            hosts=fleet_hosts,
+            agents=agents,
+            secrets=secrets,
+            admin=admin,
+            scrape=scrape,
+            inventory=inventory,
+            start=start,
+            kill=kill,
+            wait_ready=wait_ready,
+            central_address=central_addr,
+        )
 
 
 def _alive(proc, name):

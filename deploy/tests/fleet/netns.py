@@ -6,6 +6,7 @@
 Addresses exist only on interfaces created here; nothing is routed anywhere else. Everything is
 removed on exit (deleting a namespace deletes its veth end, and the bridge goes last).
 """
+
 import contextlib
 import ctypes
 import os

@@ -43,6 +43,7 @@ Formats, from the kernel:
 Every other target (linear, thin, raid, crypt, ...) is published as blockstack_dm_target_info only;
 its arguments are never logged or exported (a crypt table can carry a key).
 """
+
 import logging
 import os
 import re
@@ -67,13 +68,20 @@ TABLE_ARGS = ("table",)
 STATUS_ARGS = ("status", "--noflush")
 # The whole interface of the privileged helper (dm_helper.py): a request names one of these.
 REQUESTS = {"table": TABLE_ARGS, "status": STATUS_ARGS}
-REASONS = ("command", "timeout", "too_large", "deadline")  # the DmsetupError reasons a helper may answer
+REASONS = (
+    "command",
+    "timeout",
+    "too_large",
+    "deadline",
+)  # the DmsetupError reasons a helper may answer
 MISSING = object()  # the status call failed: already reported once
 KILL_GRACE = 1.0  # seconds to reap a killed dmsetup before abandoning it (stuck in an ioctl)
 MAX_OUTPUT_BYTES = 8 << 20  # dmsetup's output for ~50k targets; beyond, it is not dmsetup talking
 MAX_STDERR_BYTES = 4096
 
-_LINE = re.compile(r"^(\S+?):(?: +(\d+) +(\d+) +(\S+)(?: (.*))?)? *$", re.ASCII)  # mangled names hold no spaces
+_LINE = re.compile(
+    r"^(\S+?):(?: +(\d+) +(\d+) +(\S+)(?: (.*))?)? *$", re.ASCII
+)  # mangled names hold no spaces
 _DEVNO = re.compile(r"^\d+:\d+$", re.ASCII)
 _MANGLED = re.compile(r"\\x([0-9a-fA-F]{2})")
 
@@ -90,11 +98,18 @@ class DmsetupError(Exception):
 # Parsers: pure functions of text, raising only ParseError.
 # ---------------------------------------------------------------------------------------------
 
+
 class Target:
     __slots__ = ("name", "start", "length", "target", "params")
 
     def __init__(self, name, start, length, target, params):
-        self.name, self.start, self.length, self.target, self.params = name, start, length, target, params
+        self.name, self.start, self.length, self.target, self.params = (
+            name,
+            start,
+            length,
+            target,
+            params,
+        )
 
     def __repr__(self):
         return f"Target({self.name!r}, {self.start}, {self.length}, {self.target!r})"
@@ -118,7 +133,13 @@ def parse_line(line):
     name = unmangle(m.group(1))
     if m.group(2) is None:
         return Target(name, None, None, None, "")
-    return Target(name, parse_uint(m.group(2), "start"), parse_uint(m.group(3), "length"), m.group(4), m.group(5) or "")
+    return Target(
+        name,
+        parse_uint(m.group(2), "start"),
+        parse_uint(m.group(3), "length"),
+        m.group(4),
+        m.group(5) or "",
+    )
 
 
 def parse_listing(text):
@@ -159,7 +180,9 @@ def _features(words, target):
         return []
     count, features = _int(words[4], f"{target} feature count"), words[5:]
     if count != len(features):
-        raise ParseError(f"{target} table: {count} feature arguments announced, {len(features)} given")
+        raise ParseError(
+            f"{target} table: {count} feature arguments announced, {len(features)} given"
+        )
     return features
 
 
@@ -171,9 +194,13 @@ def parse_snapshot_table(params):
     store = words[2].upper()
     if store not in ("P", "PO", "N"):
         raise ParseError(f"snapshot table: persistence is not P, PO or N: {words[2][:10]!r}")
-    return {"origin": _devno(words[0], "snapshot origin"), "cow": _devno(words[1], "snapshot cow"),
-            "persistent": store, "chunk_sectors": _int(words[3], "snapshot chunk size"),
-            "features": _features(words, "snapshot")}
+    return {
+        "origin": _devno(words[0], "snapshot origin"),
+        "cow": _devno(words[1], "snapshot cow"),
+        "persistent": store,
+        "chunk_sectors": _int(words[3], "snapshot chunk size"),
+        "features": _features(words, "snapshot"),
+    }
 
 
 def parse_snapshot_status(params):
@@ -204,8 +231,16 @@ def parse_snapshot_status(params):
 
 # dm-crypt's optional parameters that are flags (Documentation/admin-guide/device-mapper/dm-crypt.rst):
 # only these words are taken from a crypt table, which also holds the key (never kept or logged).
-CRYPT_FLAGS = frozenset(("allow_discards", "same_cpu_crypt", "submit_from_crypt_cpus", "no_read_workqueue",
-                         "no_write_workqueue", "iv_large_sectors"))
+CRYPT_FLAGS = frozenset(
+    (
+        "allow_discards",
+        "same_cpu_crypt",
+        "submit_from_crypt_cpus",
+        "no_read_workqueue",
+        "no_write_workqueue",
+        "iv_large_sectors",
+    )
+)
 
 
 def crypt_flags(params):
@@ -229,10 +264,13 @@ def parse_thin_pool_table(params):
     block = _int(words[2], "thin-pool data block size")
     if block == 0:
         raise ParseError("thin-pool table: data block size 0")
-    return {"metadata_dev": _devno(words[0], "thin-pool metadata device"),
-            "data_dev": _devno(words[1], "thin-pool data device"),
-            "data_block_sectors": block, "low_water_mark": _int(words[3], "thin-pool low water mark"),
-            "features": _features(words, "thin-pool")}
+    return {
+        "metadata_dev": _devno(words[0], "thin-pool metadata device"),
+        "data_dev": _devno(words[1], "thin-pool data device"),
+        "data_block_sectors": block,
+        "low_water_mark": _int(words[3], "thin-pool low water mark"),
+        "features": _features(words, "thin-pool"),
+    }
 
 
 def parse_thin_pool_status(params):
@@ -245,11 +283,17 @@ def parse_thin_pool_status(params):
         raise ParseError(f"thin-pool status: expected 4 or more fields, got {len(words)}")
     used_meta, total_meta = _fraction(words[1], "thin-pool metadata blocks")
     used_data, total_data = _fraction(words[2], "thin-pool data blocks")
-    out = {"failed": None, "transaction_id": _int(words[0], "thin-pool transaction id"),
-           "used_metadata_blocks": used_meta, "total_metadata_blocks": total_meta,
-           "used_data_blocks": used_data, "total_data_blocks": total_data,
-           "held_root": None if words[3] == "-" else _int(words[3], "thin-pool held root"),
-           "mode": None, "needs_check": False}
+    out = {
+        "failed": None,
+        "transaction_id": _int(words[0], "thin-pool transaction id"),
+        "used_metadata_blocks": used_meta,
+        "total_metadata_blocks": total_meta,
+        "used_data_blocks": used_data,
+        "total_data_blocks": total_data,
+        "held_root": None if words[3] == "-" else _int(words[3], "thin-pool held root"),
+        "mode": None,
+        "needs_check": False,
+    }
     for w in words[4:]:
         if w in ("rw", "ro", "out_of_data_space"):
             out["mode"] = w
@@ -262,9 +306,10 @@ def parse_thin_pool_status(params):
 # Running dmsetup
 # ---------------------------------------------------------------------------------------------
 
+
 def _stderr(data):
     """dmsetup's complaint on one line: '/dev/mapper/control: open failed: ...; Command failed.'"""
-    lines = [l.strip() for l in data.decode("utf-8", "replace").splitlines() if l.strip()]
+    lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
     return "; ".join(lines)[:300]
 
 
@@ -274,11 +319,18 @@ class DmCollector:
     def __init__(self, dmsetup="dmsetup", timeout=5.0, helper=None, preexec_fn=None):
         """helper: the Unix socket of dm_helper.py, asked instead of running dmsetup here.
         preexec_fn: run in the dmsetup child before exec (dm_helper.py: its capability)."""
-        self.dmsetup, self.timeout, self.helper, self.preexec_fn = dmsetup, timeout, helper, preexec_fn
+        self.dmsetup, self.timeout, self.helper, self.preexec_fn = (
+            dmsetup,
+            timeout,
+            helper,
+            preexec_fn,
+        )
         self._abandoned = []  # dmsetup processes that did not die when killed (stuck in an ioctl)
         self._reuse = Reuse()
         self._crypt_flags = {}  # dm-N -> the performance flags of its crypt targets (crypt_flags)
-        self._table = None  # (the dm devices as sysfs showed them, `dmsetup table`) of the last table read
+        self._table = (
+            None  # (the dm devices as sysfs showed them, `dmsetup table`) of the last table read
+        )
 
     def run(self, args, timeout=None):
         """stdout of `dmsetup ARGS` as text; DmsetupError if absent, failing, slower than the
@@ -290,25 +342,37 @@ class DmCollector:
         timeout = self.timeout if timeout is None else min(self.timeout, timeout)
         command = f"`dmsetup {' '.join(args)}`"
         if timeout <= 0:
-            raise DmsetupError(f"{command} not run: the collector's deadline has passed", "deadline")
+            raise DmsetupError(
+                f"{command} not run: the collector's deadline has passed", "deadline"
+            )
         if self.helper:
             return self._ask(args, timeout, command)
         argv = [self.dmsetup, *args]
         env = dict(os.environ, LC_ALL="C")
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True, env=env,
-                                    preexec_fn=self.preexec_fn)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                env=env,
+                preexec_fn=self.preexec_fn,
+            )
         except OSError as e:
             raise DmsetupError(f"cannot run {self.dmsetup}: {e.strerror or e}") from None
         try:
             out, err = self._read(proc, time.monotonic() + timeout)
         except subprocess.TimeoutExpired:
             self._kill(proc)
-            raise DmsetupError(f"{command} timed out after {timeout:.2g}s; killed", "timeout") from None
+            raise DmsetupError(
+                f"{command} timed out after {timeout:.2g}s; killed", "timeout"
+            ) from None
         except TooLarge:
             self._kill(proc)
-            raise DmsetupError(f"{command} wrote more than {MAX_OUTPUT_BYTES} bytes; killed", "too_large") from None
+            raise DmsetupError(
+                f"{command} wrote more than {MAX_OUTPUT_BYTES} bytes; killed", "too_large"
+            ) from None
         if proc.wait() != 0:
             raise DmsetupError(f"{command} exited with {proc.returncode}: {_stderr(err)}")
         return out.decode("utf-8", "replace")
@@ -327,21 +391,30 @@ class DmCollector:
                 while chunk := s.recv(1 << 16):
                     reply += chunk
                     if len(reply) > MAX_OUTPUT_BYTES + MAX_STDERR_BYTES:
-                        raise DmsetupError(f"{command}: the helper wrote more than {MAX_OUTPUT_BYTES} bytes",
-                                           "too_large")
+                        raise DmsetupError(
+                            f"{command}: the helper wrote more than {MAX_OUTPUT_BYTES} bytes",
+                            "too_large",
+                        )
                     s.settimeout(max(deadline - time.monotonic(), 0.001))
         except TimeoutError:
-            raise DmsetupError(f"{command}: no answer from the dm helper {self.helper} in {timeout:.2g}s",
-                               "timeout") from None
+            raise DmsetupError(
+                f"{command}: no answer from the dm helper {self.helper} in {timeout:.2g}s",
+                "timeout",
+            ) from None
         except OSError as e:
             raise DmsetupError(f"{command}: dm helper {self.helper}: {e.strerror or e}") from None
         head, _, body = bytes(reply).partition(b"\n")
         if head == b"ok":
             return body.decode("utf-8", "replace")
         if not head.startswith(b"error "):
-            raise DmsetupError(f"{command}: unexpected answer from the dm helper ({len(reply)} bytes)")
+            raise DmsetupError(
+                f"{command}: unexpected answer from the dm helper ({len(reply)} bytes)"
+            )
         reason = head.removeprefix(b"error ").decode("ascii", "replace")
-        raise DmsetupError(_stderr(body) or f"{command} failed in the dm helper", reason if reason in REASONS else "command")
+        raise DmsetupError(
+            _stderr(body) or f"{command} failed in the dm helper",
+            reason if reason in REASONS else "command",
+        )
 
     @staticmethod
     def _read(proc, deadline):
@@ -364,7 +437,7 @@ class DmCollector:
                         if len(out) > MAX_OUTPUT_BYTES:
                             raise TooLarge("dmsetup output")
                     elif len(err) < MAX_STDERR_BYTES:
-                        err += chunk[:MAX_STDERR_BYTES - len(err)]
+                        err += chunk[: MAX_STDERR_BYTES - len(err)]
         left = deadline - time.monotonic()
         try:
             proc.wait(max(left, 0.01))
@@ -388,7 +461,9 @@ class DmCollector:
                 except OSError:
                     pass
             self._abandoned.append(proc)
-            log.warning("collector dm: dmsetup pid %d did not exit after SIGKILL; abandoned", proc.pid)
+            log.warning(
+                "collector dm: dmsetup pid %d did not exit after SIGKILL; abandoned", proc.pid
+            )
 
     def _reap(self):
         self._abandoned = [p for p in self._abandoned if p.poll() is None]
@@ -411,17 +486,27 @@ class DmCollector:
             # snapshot, origin and chunk facts stand (they change only when a device is made
             # anew), so a slow dmsetup on a loaded host does not make them blink out of the rules.
             table_text = self._table[1]
-        status_text = ""  # only snapshot, snapshot-merge and thin-pool targets have a status published
-        if " snapshot" in table_text or " thin-pool" in table_text:  # (a superset of the lines that do)
+        status_text = (
+            ""  # only snapshot, snapshot-merge and thin-pool targets have a status published
+        )
+        if (
+            " snapshot" in table_text or " thin-pool" in table_text
+        ):  # (a superset of the lines that do)
             try:
                 status_text = self.run(STATUS_ARGS, scrape.remaining())
             except DmsetupError as e:
-                scrape.error(str(e), e.reason, subject="dmsetup status")  # tables are still published
+                scrape.error(
+                    str(e), e.reason, subject="dmsetup status"
+                )  # tables are still published
                 status_text = None
         # parsed again only when something it depends on changed
         key = (table_text, status_text, devices, tuple(scrape.devices))
-        families = self._reuse.families_for(scrape, key, lambda: self._families(scrape, dm, table_text, status_text))
-        scrape.facts["crypt_flags"] = self._crypt_flags  # for the findings: read here, never published
+        families = self._reuse.families_for(
+            scrape, key, lambda: self._families(scrape, dm, table_text, status_text)
+        )
+        scrape.facts["crypt_flags"] = (
+            self._crypt_flags
+        )  # for the findings: read here, never published
         return families
 
     def _families(self, scrape, dm, table_text, status_text):
@@ -430,52 +515,75 @@ class DmCollector:
             "target": GaugeMetricFamily(
                 "blockstack_dm_target_info",
                 "Each device-mapper target type in the device's table (value always 1).",
-                labels=labels + ["target"]),
+                labels=labels + ["target"],
+            ),
             "snap": GaugeMetricFamily(
                 "blockstack_dm_snapshot_info",
                 "A snapshot or snapshot-merge target: origin and cow are the devices beneath it "
                 "(origin is the -real device under LVM), persistent is the exception store type "
                 "(P, PO or N), merge is true for snapshot-merge (value always 1).",
-                labels=labels + ["origin", "cow", "persistent", "merge"]),
+                labels=labels + ["origin", "cow", "persistent", "merge"],
+            ),
             "used": GaugeMetricFamily(
                 "blockstack_dm_snapshot_cow_used_bytes",
                 "Bytes of the COW device in use, data and metadata together (sectors_allocated).",
-                labels=labels),
+                labels=labels,
+            ),
             "size": GaugeMetricFamily(
-                "blockstack_dm_snapshot_cow_size_bytes", "Size of the COW device in bytes.", labels=labels),
+                "blockstack_dm_snapshot_cow_size_bytes",
+                "Size of the COW device in bytes.",
+                labels=labels,
+            ),
             "meta": GaugeMetricFamily(
                 "blockstack_dm_snapshot_metadata_bytes",
                 "Bytes of the COW device holding the exception store's header and metadata; a merge "
-                "has finished when used equals metadata.", labels=labels),
+                "has finished when used equals metadata.",
+                labels=labels,
+            ),
             "chunk": GaugeMetricFamily(
                 "blockstack_dm_snapshot_chunk_size_bytes",
                 "Snapshot chunk size in bytes: the unit copied on first write, and the size of the "
-                "requests the snapshot sends to the devices beneath it.", labels=labels),
+                "requests the snapshot sends to the devices beneath it.",
+                labels=labels,
+            ),
             "state": GaugeMetricFamily(
                 "blockstack_dm_snapshot_state",
                 "Snapshot state, 1 for the current one: valid, invalid (dropped, e.g. COW full), "
                 "overflow (COW full, store kept), merge_failed, merging (snapshot-merge running).",
-                labels=labels + ["state"]),
+                labels=labels + ["state"],
+            ),
             "origin": GaugeMetricFamily(
                 "blockstack_dm_snapshot_origin_info",
                 "A snapshot-origin or snapshot-merge target and the device it maps (value always 1).",
-                labels=labels + ["origin"]),
+                labels=labels + ["origin"],
+            ),
             "pool_state": GaugeMetricFamily(
                 "blockstack_dm_thin_pool_state",
                 "Thin-pool state, 1 for the current one: rw, ro (read-only, e.g. metadata full), "
                 "out_of_data_space, fail (the pool failed: I/O errors), error (the kernel could not "
-                "read the pool's status).", labels=labels + ["state"]),
+                "read the pool's status).",
+                labels=labels + ["state"],
+            ),
             "data_used": GaugeMetricFamily(
-                "blockstack_dm_thin_pool_data_used_bytes", "Thin-pool data space in use, in bytes.",
-                labels=labels),
+                "blockstack_dm_thin_pool_data_used_bytes",
+                "Thin-pool data space in use, in bytes.",
+                labels=labels,
+            ),
             "data_size": GaugeMetricFamily(
-                "blockstack_dm_thin_pool_data_size_bytes", "Thin-pool data space, in bytes.", labels=labels),
+                "blockstack_dm_thin_pool_data_size_bytes",
+                "Thin-pool data space, in bytes.",
+                labels=labels,
+            ),
             "meta_used": GaugeMetricFamily(
-                "blockstack_dm_thin_pool_metadata_used_bytes", "Thin-pool metadata space in use, in bytes.",
-                labels=labels),
+                "blockstack_dm_thin_pool_metadata_used_bytes",
+                "Thin-pool metadata space in use, in bytes.",
+                labels=labels,
+            ),
             "meta_size": GaugeMetricFamily(
-                "blockstack_dm_thin_pool_metadata_size_bytes", "Thin-pool metadata space, in bytes.",
-                labels=labels),
+                "blockstack_dm_thin_pool_metadata_size_bytes",
+                "Thin-pool metadata space, in bytes.",
+                labels=labels,
+            ),
         }
         self._crypt_flags = {}
         self._collect(scrape, dm, m, table_text, status_text)
@@ -495,11 +603,17 @@ class DmCollector:
         for t in tables:
             by_name.setdefault(t.name, []).append(t)
         for name in sorted(set(by_name) - set(kernel_of)):
-            scrape.error(f"{name[:80]}: listed by dmsetup but not in sysfs (created during the scrape?)", "vanished")
+            scrape.error(
+                f"{name[:80]}: listed by dmsetup but not in sysfs (created during the scrape?)",
+                "vanished",
+            )
         for kname in sorted(dm):
             if dm[kname][0] not in by_name:
-                scrape.error(f"{kname} ({dm[kname][0][:80]}): in sysfs but not listed by dmsetup "
-                             "(removed during the scrape?)", "vanished")
+                scrape.error(
+                    f"{kname} ({dm[kname][0][:80]}): in sysfs but not listed by dmsetup "
+                    "(removed during the scrape?)",
+                    "vanished",
+                )
 
         for name, targets in sorted(by_name.items()):
             device = kernel_of.get(name)
@@ -517,11 +631,17 @@ class DmCollector:
                 if t.target not in ("snapshot", "snapshot-merge", "snapshot-origin", "thin-pool"):
                     continue
                 if t.target in handled:
-                    scrape.error(f"{device}: more than one {t.target} segment; only the first is published",
-                                 "series_limit")
+                    scrape.error(
+                        f"{device}: more than one {t.target} segment; only the first is published",
+                        "series_limit",
+                    )
                     continue
                 handled.add(t.target)
-                status = MISSING if status_of is None else status_of.get((t.name, t.start, t.length, t.target))
+                status = (
+                    MISSING
+                    if status_of is None
+                    else status_of.get((t.name, t.start, t.length, t.target))
+                )
                 try:
                     if t.target in ("snapshot", "snapshot-merge"):
                         self._snapshot(scrape, device, name, t, status, m)
@@ -537,8 +657,11 @@ class DmCollector:
         targets, errors = parse_listing(text)
         if errors:  # one count per line, one log line for them all
             number, e = errors[0]
-            scrape.error(f"dmsetup {what}: {len(errors)} unparseable lines, first: line {number}: {e}",
-                         subject=f"dmsetup {what} lines", count=len(errors))
+            scrape.error(
+                f"dmsetup {what}: {len(errors)} unparseable lines, first: line {number}: {e}",
+                subject=f"dmsetup {what} lines",
+                count=len(errors),
+            )
         return targets
 
     def _device_name(self, scrape, devno):
@@ -562,7 +685,9 @@ class DmCollector:
         origin = self._device_name(scrape, table["origin"])
         cow = self._device_name(scrape, table["cow"])
         lv = [device, name]
-        m["snap"].add_metric(lv + [origin, cow, table["persistent"], "true" if merge else "false"], 1)
+        m["snap"].add_metric(
+            lv + [origin, cow, table["persistent"], "true" if merge else "false"], 1
+        )
         m["chunk"].add_metric(lv, table["chunk_sectors"] * SECTOR)
         if merge:
             m["origin"].add_metric(lv + [origin], 1)

@@ -10,6 +10,7 @@ The collapse page rests on the block set alone: where it does not load, nothing 
 blockstack_ebpf_set_loaded{set="block"} 0 is what says so (BlockStackCollapseEvidenceMissing).
 Without the flag the collector publishes nothing (ebpf_exporter run by other means).
 """
+
 import re
 
 from prometheus_client.core import GaugeMetricFamily
@@ -17,8 +18,12 @@ from prometheus_client.core import GaugeMetricFamily
 from ..fs import ParseError, read_text
 from ..scrape import reason_of
 
-NAME = re.compile(r"[a-z0-9_]+", re.ASCII)  # a set's or a config's name (NAME.yaml in ebpf-configs/)
-MAX_ERROR = 240  # characters of a variant's error kept as a label (select-configs.sh cuts there too)
+NAME = re.compile(
+    r"[a-z0-9_]+", re.ASCII
+)  # a set's or a config's name (NAME.yaml in ebpf-configs/)
+MAX_ERROR = (
+    240  # characters of a variant's error kept as a label (select-configs.sh cuts there too)
+)
 
 
 def parse_status(text):
@@ -30,8 +35,14 @@ def parse_status(text):
         fields = line.split("\t")
         if len(fields) == 2:
             fields.append("")  # no failures: the file's last tab goes with its trailing white space
-        if len(fields) != 3 or not NAME.fullmatch(fields[0]) or not (fields[1] == "-" or NAME.fullmatch(fields[1])):
-            raise ParseError(f"line {number}: expected SET<TAB>CONFIG<TAB>FAILURES, got {line[:80]!r}")
+        if (
+            len(fields) != 3
+            or not NAME.fullmatch(fields[0])
+            or not (fields[1] == "-" or NAME.fullmatch(fields[1]))
+        ):
+            raise ParseError(
+                f"line {number}: expected SET<TAB>CONFIG<TAB>FAILURES, got {line[:80]!r}"
+            )
         name, chosen, failures = fields
         errors = {}
         for failure in filter(None, (f.strip() for f in failures.split("; "))):
@@ -60,12 +71,14 @@ class EbpfCollector:
             "Whether a set of BPF programs loads on this kernel (1) or none of its variants does (0): set "
             "block (block_io, block_io_immediate: the collapse page's evidence), jbd2 (credit waits); config "
             "is the variant ebpf_exporter runs. From ebpf-configs/select-configs.sh at the stack's start.",
-            labels=["set", "config"])
+            labels=["set", "config"],
+        )
         failed = GaugeMetricFamily(
             "blockstack_ebpf_variant_failed_info",
             "A variant of a set of BPF programs that does not load on this kernel, with the loader's error "
             "(value always 1); a later variant of the set may load instead (blockstack_ebpf_set_loaded).",
-            labels=["set", "config", "error"])
+            labels=["set", "config", "error"],
+        )
         for name, chosen, errors in rows:
             loaded.add_metric([name, chosen], 1 if chosen else 0)
             for variant, error in errors.items():

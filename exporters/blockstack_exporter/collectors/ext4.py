@@ -6,6 +6,7 @@ one per line (fs/ext4/super.c _ext4_show_options with the "show all" flag).
 The journal size comes from the superblock: s_jnl_blocks[15..16] keep a copy of the journal
 inode's i_size_high/i_size (fs/ext4/ext4.h, struct ext4_super_block; EXT3_JNL_BACKUP_BLOCKS).
 """
+
 import os
 import struct
 
@@ -36,10 +37,10 @@ def parse_superblock_journal_bytes(sb):
     """Journal size in bytes from the 1024-byte ext4 superblock, or None for an external journal."""
     if len(sb) < 1024:
         raise ParseError(f"superblock: short read ({len(sb)} bytes)")
-    magic, = struct.unpack_from("<H", sb, 0x38)
+    (magic,) = struct.unpack_from("<H", sb, 0x38)
     if magic != EXT4_SUPER_MAGIC:
         raise ParseError(f"superblock: bad magic {magic:#x}")
-    journal_inum, = struct.unpack_from("<I", sb, 0xE0)
+    (journal_inum,) = struct.unpack_from("<I", sb, 0xE0)
     backup_type = sb[0xFD]
     if journal_inum == 0 or backup_type != EXT3_JNL_BACKUP_BLOCKS:
         return None  # no internal journal, or no backup copy of its inode
@@ -53,6 +54,7 @@ class Ext4Collector:
     on every scrape. That read goes to a device that may hang, or to whatever sits at /dev/DEV:
     it runs with the collector's deadline (fs.BlockingReads) and a stuck device costs its
     journal size alone."""
+
     name = "ext4"
 
     def __init__(self):
@@ -85,12 +87,18 @@ class Ext4Collector:
             size = self._journal.get(key) if key[1] is not None else None
             if key not in self._journal or key[1] is None:
                 try:
-                    sb = self.reads.pread(os.path.join(scrape.paths.dev, device), 1024, 1024, scrape.remaining())
+                    sb = self.reads.pread(
+                        os.path.join(scrape.paths.dev, device), 1024, 1024, scrape.remaining()
+                    )
                     size = parse_superblock_journal_bytes(sb)
                     if key[1] is not None:
                         journals[key] = size
                 except (OSError, ParseError) as e:  # the options are still published
-                    scrape.error(f"{device}: journal size: {e}", reason_of(e), subject=f"{device} journal size")
+                    scrape.error(
+                        f"{device}: journal size: {e}",
+                        reason_of(e),
+                        subject=f"{device} journal size",
+                    )
                     size = None
             else:
                 journals[key] = size
@@ -105,25 +113,38 @@ class Ext4Collector:
             "blockstack_ext4_option_info",
             "Every mount option in effect for an ext4 filesystem, from /proc/fs/ext4/DEV/options "
             "(defaults included, unlike /proc/mounts); value always 1.",
-            labels=["device", "mountpoint", "option", "value"])
+            labels=["device", "mountpoint", "option", "value"],
+        )
         dioread_nolock = GaugeMetricFamily(
             "blockstack_ext4_dioread_nolock",
-            "Whether dioread_nolock is in effect (1) or dioread_lock (0).", labels=["device", "mountpoint"])
+            "Whether dioread_nolock is in effect (1) or dioread_lock (0).",
+            labels=["device", "mountpoint"],
+        )
         delalloc = GaugeMetricFamily(
             "blockstack_ext4_delalloc",
-            "Whether delayed allocation is in effect (1) or nodelalloc (0).", labels=["device", "mountpoint"])
+            "Whether delayed allocation is in effect (1) or nodelalloc (0).",
+            labels=["device", "mountpoint"],
+        )
         commit = GaugeMetricFamily(
             "blockstack_ext4_commit_interval_seconds",
-            "Journal commit interval (commit=), in seconds.", labels=["device", "mountpoint"])
+            "Journal commit interval (commit=), in seconds.",
+            labels=["device", "mountpoint"],
+        )
         journal = GaugeMetricFamily(
             "blockstack_ext4_journal_size_bytes",
-            "Size of the filesystem's internal journal, in bytes.", labels=["device", "mountpoint"])
+            "Size of the filesystem's internal journal, in bytes.",
+            labels=["device", "mountpoint"],
+        )
         for device, mountpoint, text, size in read:
             labels = [device, mountpoint]
             options = parse_options(text)
             if len(options) > MAX_OPTIONS:
-                scrape.error(f"{device}: {len(options)} options, only the first {MAX_OPTIONS} published",
-                             "series_limit", subject=f"{device} options count", count=len(options) - MAX_OPTIONS)
+                scrape.error(
+                    f"{device}: {len(options)} options, only the first {MAX_OPTIONS} published",
+                    "series_limit",
+                    subject=f"{device} options count",
+                    count=len(options) - MAX_OPTIONS,
+                )
                 options = options[:MAX_OPTIONS]
             present = {}
             for option, value in options:

@@ -5,6 +5,7 @@ scrape (Scrape.families) and what they read without publishing (Scrape.facts: dm
 so it costs no second walk of sysfs. The findings are built again only when those families
 changed (Reuse). `blockstack-doctor` evaluates the same table on the same families.
 """
+
 from prometheus_client.core import GaugeMetricFamily
 
 from .. import checks
@@ -42,7 +43,8 @@ class FindingsCollector:
             "A block-stack misconfiguration found on the device (value always 1 while it lasts): check "
             "names it (the table in blockstack_exporter/checks.py, thresholds from alerts/config.yml), "
             "severity is critical, warning or info. `blockstack-doctor` prints each with evidence and fix.",
-            labels=["device", "check", "severity"])
+            labels=["device", "check", "severity"],
+        )
         seen = set()
         for f in self.last:
             labels = (f.device, f.check, f.severity)

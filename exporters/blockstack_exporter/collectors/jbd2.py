@@ -17,6 +17,7 @@ The file reads, on a journal that has committed at least one transaction:
 
 and only its first line before that. Averages are over the transactions since mount.
 """
+
 import os
 import re
 
@@ -41,16 +42,22 @@ VALUE = re.compile(r"^(\d+)(ms|us)? (.+)$", re.ASCII)
 def parse_info(text):
     """-> dict with transactions, requested, max_blocks, phases {label: seconds}, commit_seconds,
     handles, blocks, logged_blocks (the averages absent until the first transaction)."""
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise ParseError("jbd2 info: empty")
     m = HEAD.match(lines[0])
     if not m:
         raise ParseError(f"jbd2 info: unexpected first line {lines[0][:80]!r}")
-    out = {"transactions": parse_uint(m[1], "transactions"), "requested": parse_uint(m[2], "requested"),
-           "max_blocks": parse_uint(m[3], "max blocks"), "phases": {}}
+    out = {
+        "transactions": parse_uint(m[1], "transactions"),
+        "requested": parse_uint(m[2], "requested"),
+        "max_blocks": parse_uint(m[3], "max blocks"),
+        "phases": {},
+    }
     phase_of = dict(PHASES)
-    out["bad_lines"] = []  # lines after the first that could not be read: each costs its value alone
+    out[
+        "bad_lines"
+    ] = []  # lines after the first that could not be read: each costs its value alone
     for line in lines[1:]:
         if line == "average:":
             continue
@@ -106,29 +113,45 @@ class Jbd2Collector:
     def _build(scrape, read):
         labels = ["device", "journal"]
         transactions = CounterMetricFamily(
-            "blockstack_jbd2_transactions", "Transactions committed since mount.", labels=labels)
+            "blockstack_jbd2_transactions", "Transactions committed since mount.", labels=labels
+        )
         requested = CounterMetricFamily(
             "blockstack_jbd2_transactions_requested",
-            "Transactions whose commit was requested (fsync and friends) since mount.", labels=labels)
+            "Transactions whose commit was requested (fsync and friends) since mount.",
+            labels=labels,
+        )
         max_blocks = GaugeMetricFamily(
             "blockstack_jbd2_transaction_max_blocks",
             "Most journal blocks one transaction may use; a small journal means a small limit and "
-            "handles waiting for credits.", labels=labels)
+            "handles waiting for credits.",
+            labels=labels,
+        )
         phases = GaugeMetricFamily(
             "blockstack_jbd2_transaction_phase_average_seconds",
             "Average time a transaction spent in each phase since mount: waiting (for the previous "
             "transaction), request_delay, running, locked, flushing (ordered data), logging.",
-            labels=labels + ["phase"])
+            labels=labels + ["phase"],
+        )
         commit = GaugeMetricFamily(
-            "blockstack_jbd2_commit_average_seconds", "Average transaction commit time since mount.",
-            labels=labels)
+            "blockstack_jbd2_commit_average_seconds",
+            "Average transaction commit time since mount.",
+            labels=labels,
+        )
         handles = GaugeMetricFamily(
-            "blockstack_jbd2_handles_per_transaction", "Average handles per transaction.", labels=labels)
+            "blockstack_jbd2_handles_per_transaction",
+            "Average handles per transaction.",
+            labels=labels,
+        )
         blocks = GaugeMetricFamily(
-            "blockstack_jbd2_blocks_per_transaction", "Average blocks per transaction.", labels=labels)
+            "blockstack_jbd2_blocks_per_transaction",
+            "Average blocks per transaction.",
+            labels=labels,
+        )
         logged = GaugeMetricFamily(
-            "blockstack_jbd2_logged_blocks_per_transaction", "Average logged blocks per transaction.",
-            labels=labels)
+            "blockstack_jbd2_logged_blocks_per_transaction",
+            "Average logged blocks per transaction.",
+            labels=labels,
+        )
         for journal, text in read:
             device = journal.rpartition("-")[0] or journal
             lv = [device, journal]
@@ -138,15 +161,22 @@ class Jbd2Collector:
                 scrape.error(f"{journal}: {e}", reason_of(e), subject=f"{journal} info")
                 continue
             for e in info["bad_lines"][:1]:
-                scrape.error(f"{journal}: {len(info['bad_lines'])} unreadable lines, first: {e}",
-                             subject=f"{journal} lines", count=len(info["bad_lines"]))
+                scrape.error(
+                    f"{journal}: {len(info['bad_lines'])} unreadable lines, first: {e}",
+                    subject=f"{journal} lines",
+                    count=len(info["bad_lines"]),
+                )
             transactions.add_metric(lv, info["transactions"])
             requested.add_metric(lv, info["requested"])
             max_blocks.add_metric(lv, info["max_blocks"])
             for phase, seconds in info["phases"].items():
                 phases.add_metric(lv + [phase], seconds)
-            for family, key in ((commit, "commit_seconds"), (handles, "handles"), (blocks, "blocks"),
-                                (logged, "logged_blocks")):
+            for family, key in (
+                (commit, "commit_seconds"),
+                (handles, "handles"),
+                (blocks, "blocks"),
+                (logged, "logged_blocks"),
+            ):
                 if key in info:
                     family.add_metric(lv, info[key])
         return transactions, requested, max_blocks, phases, commit, handles, blocks, logged

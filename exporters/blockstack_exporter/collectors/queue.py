@@ -7,6 +7,7 @@ max_segments) are the driver's and do not change while the device exists: they a
 device is first seen, and again whenever its identity (Scrape.identity: device number, dm uuid,
 loop backing file) changes.
 """
+
 import os
 
 from prometheus_client.core import GaugeMetricFamily
@@ -18,17 +19,50 @@ KIB = 1024
 
 # (file in queue/, metric suffix, HELP, multiplier to base units, fixed while the device exists)
 SETTINGS = (
-    ("nomerges", "nomerges",
-     "Request merging: 0 all merges enabled, 1 only simple one-hit merges, 2 no merges.", 1, False),
-    ("max_sectors_kb", "max_sectors_bytes",
-     "Largest request the block layer builds for the device (max_sectors_kb), in bytes.", KIB, False),
-    ("max_hw_sectors_kb", "max_hw_sectors_bytes",
-     "Largest request the device's driver accepts (max_hw_sectors_kb), in bytes.", KIB, True),
+    (
+        "nomerges",
+        "nomerges",
+        "Request merging: 0 all merges enabled, 1 only simple one-hit merges, 2 no merges.",
+        1,
+        False,
+    ),
+    (
+        "max_sectors_kb",
+        "max_sectors_bytes",
+        "Largest request the block layer builds for the device (max_sectors_kb), in bytes.",
+        KIB,
+        False,
+    ),
+    (
+        "max_hw_sectors_kb",
+        "max_hw_sectors_bytes",
+        "Largest request the device's driver accepts (max_hw_sectors_kb), in bytes.",
+        KIB,
+        True,
+    ),
     ("read_ahead_kb", "read_ahead_bytes", "Read-ahead window, in bytes.", KIB, False),
-    ("nr_requests", "nr_requests", "Requests that may be allocated per queue (per hardware queue for blk-mq).", 1, False),
+    (
+        "nr_requests",
+        "nr_requests",
+        "Requests that may be allocated per queue (per hardware queue for blk-mq).",
+        1,
+        False,
+    ),
     ("rotational", "rotational", "Whether the device is rotational (1) or not (0).", 1, False),
-    ("logical_block_size", "logical_block_size_bytes", "Smallest unit the device can address, in bytes.", 1, True),
-    ("physical_block_size", "physical_block_size_bytes", "Smallest unit the device writes without read-modify-write, in bytes.", 1, True),
+    (
+        "logical_block_size",
+        "logical_block_size_bytes",
+        "Smallest unit the device can address, in bytes.",
+        1,
+        True,
+    ),
+    (
+        "physical_block_size",
+        "physical_block_size_bytes",
+        "Smallest unit the device writes without read-modify-write, in bytes.",
+        1,
+        True,
+    ),
     ("max_segments", "max_segments", "Most scatter/gather segments in one request.", 1, True),
 )
 # Every file this collector reads in queue/. The fixtures' capture (tests/capture_fixture.py), the
@@ -38,7 +72,9 @@ FILES = tuple(filename for filename, *_ in SETTINGS) + ("scheduler",)
 
 
 # Read on every scrape (writable at run time), and read once per device identity.
-CHANGING = tuple(filename for filename, _, _, _, is_fixed in SETTINGS if not is_fixed) + ("scheduler",)
+CHANGING = tuple(filename for filename, _, _, _, is_fixed in SETTINGS if not is_fixed) + (
+    "scheduler",
+)
 FIXED = tuple(filename for filename, _, _, _, is_fixed in SETTINGS if is_fixed)
 
 
@@ -74,7 +110,7 @@ class QueueCollector:
         fixed, self._fixed = self._fixed, {}  # only devices present now are kept
         self._next = {}
         devices = list(scrape.devices.items())
-        for i, (name, dev) in enumerate(devices):
+        for i, (_name, dev) in enumerate(devices):
             if scrape.past_deadline("queues of the remaining devices", len(devices) - i):
                 devices = devices[:i]
                 break
@@ -86,11 +122,15 @@ class QueueCollector:
 
     @staticmethod
     def _build(per_device):
-        families = [GaugeMetricFamily("blockstack_queue_" + suffix, help_, labels=["device"])
-                    for _, suffix, help_, _, _ in SETTINGS]
+        families = [
+            GaugeMetricFamily("blockstack_queue_" + suffix, help_, labels=["device"])
+            for _, suffix, help_, _, _ in SETTINGS
+        ]
         scheduler = GaugeMetricFamily(
             "blockstack_queue_scheduler_info",
-            "The active I/O scheduler of the device's queue (value always 1).", labels=["device", "scheduler"])
+            "The active I/O scheduler of the device's queue (value always 1).",
+            labels=["device", "scheduler"],
+        )
         for name, values, sched in per_device:
             labels = [name]
             for family, value in zip(families, values):
@@ -147,7 +187,11 @@ class QueueCollector:
                 kept[filename] = known[filename]
                 continue
             try:
-                data = raw[filename] if filename in raw else scrape.attributes.read_bytes(f"{queue}/{filename}")
+                data = (
+                    raw[filename]
+                    if filename in raw
+                    else scrape.attributes.read_bytes(f"{queue}/{filename}")
+                )
                 if isinstance(data, Exception):
                     raise data
                 value = parse_setting(data.decode("utf-8", "replace"), multiplier)
@@ -160,7 +204,9 @@ class QueueCollector:
                     return (None,) * len(SETTINGS), None, {}
                 values.append(None)  # an older kernel without this file
             except (OSError, ParseError) as e:
-                scrape.error(f"{owner}: {filename}: {e}", reason_of(e), subject=f"{owner} {filename}")
+                scrape.error(
+                    f"{owner}: {filename}: {e}", reason_of(e), subject=f"{owner} {filename}"
+                )
                 values.append(None)
         try:
             data = raw["scheduler"]

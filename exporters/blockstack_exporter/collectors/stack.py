@@ -18,6 +18,7 @@ empty for a volume a user made (an origin, a snapshot, a thin volume) and names 
 layer otherwise: "real" for a snapshot origin's -real device, "cow" for a snapshot's -cow,
 "tpool" for a thin pool. A device that is not dm has name = its kernel name and the rest empty.
 """
+
 import functools
 import os
 import re
@@ -28,12 +29,16 @@ from .. import devices as devmod
 from ..fs import ParseError, listdir
 from ..scrape import Reuse, reason_of
 
-_NVME_PATH = re.compile(r"^nvme(\d+)c\d+n(\d+)$", re.ASCII)  # subsystem S, controller C, namespace N
+_NVME_PATH = re.compile(
+    r"^nvme(\d+)c\d+n(\d+)$", re.ASCII
+)  # subsystem S, controller C, namespace N
 
 INFO_LABELS = ["device", "kind", "name", "uuid", "vg_name", "lv_name", "lv_layer", "backing_file"]
 
 
-@functools.lru_cache(maxsize=16384)  # a pure function of the name, called for every dm device every scrape
+@functools.lru_cache(
+    maxsize=16384
+)  # a pure function of the name, called for every dm device every scrape
 def split_lvm_name(dm_name):
     """'vg--a-lv-real' -> ('vg-a', 'lv', 'real'), 'vg-lv' -> ('vg', 'lv', ''); None if the name
     is not VG-LV[-LAYER]."""
@@ -41,7 +46,7 @@ def split_lvm_name(dm_name):
     while i < len(dm_name):
         ch = dm_name[i]
         if ch == "-":
-            if dm_name[i + 1:i + 2] == "-":
+            if dm_name[i + 1 : i + 2] == "-":
                 current.append("-")
                 i += 2
                 continue
@@ -64,7 +69,7 @@ def kind_of(dev):
     if dev.parent:
         return "partition"
     for prefix, kind in (("dm-", "dm"), ("md", "md"), ("loop", "loop")):
-        if dev.name.startswith(prefix) and dev.name[len(prefix):].isdigit():
+        if dev.name.startswith(prefix) and dev.name[len(prefix) :].isdigit():
             return kind
     return "disk"
 
@@ -94,26 +99,32 @@ class StackCollector:
             "blockstack_device_info",
             "A block device: its kind (disk, partition, dm, md, loop); name (the dm name, else the "
             "kernel name), uuid, vg_name, lv_name and lv_layer as in node_disk_device_mapper_info; "
-            "a loop device's backing file (value always 1).", labels=INFO_LABELS)
+            "a loop device's backing file (value always 1).",
+            labels=INFO_LABELS,
+        )
         lower_info = GaugeMetricFamily(
             "blockstack_device_lower_info",
             "An edge of the device stack: `lower` sits directly beneath `device` (value always 1).",
-            labels=["device", "lower"])
+            labels=["device", "lower"],
+        )
         beneath = GaugeMetricFamily(
             "blockstack_device_beneath_info",
             "`lower` sits somewhere beneath `device`, `depth` layers down; query "
-            "blockstack_device_beneath_info{device=\"dm-3\"} for all of dm-3's stack (value always 1).",
-            labels=["device", "lower", "depth"])
+            'blockstack_device_beneath_info{device="dm-3"} for all of dm-3\'s stack (value always 1).',
+            labels=["device", "lower", "depth"],
+        )
         holders = GaugeMetricFamily(
             "blockstack_device_holders",
             "Number of devices directly above this one in the stack; 0 marks the top of a stack.",
-            labels=["device"])
+            labels=["device"],
+        )
         number = GaugeMetricFamily(
             "blockstack_device_number_info",
             "A block device's number now: major_minor as in DEV/dev and /proc/partitions, devno the "
             "same encoded as stat(2)'s st_rdev, the label ebpf_exporter's series carry; the rules "
             "name those series through it (value always 1).",
-            labels=["device", "major_minor", "devno"])
+            labels=["device", "major_minor", "devno"],
+        )
 
         edges = {}
         for labels, lower, numbers in described:
@@ -150,8 +161,12 @@ class StackCollector:
             return None
         major, _, minor = devt.partition(":")
         # the kernel's dev_t: 12 bits of major, 20 of minor (include/linux/kdev_t.h MINORBITS)
-        if not (major.isdigit() and minor.isdigit() and int(major) < 1 << 12 and int(minor) < 1 << 20):
-            scrape.error(f"{dev.name}: dev {devt[:40]!r} is not MAJOR:MINOR", subject=f"{dev.name} dev")
+        if not (
+            major.isdigit() and minor.isdigit() and int(major) < 1 << 12 and int(minor) < 1 << 20
+        ):
+            scrape.error(
+                f"{dev.name}: dev {devt[:40]!r} is not MAJOR:MINOR", subject=f"{dev.name} dev"
+            )
             return None
         return f"{int(major)}:{int(minor)}", str(encode_dev(int(major), int(minor)))
 
@@ -169,7 +184,9 @@ class StackCollector:
             except OSError as e:  # EACCES, ELOOP: no edges for this device
                 scrape.error(f"{dev.name}: slaves: {e}", reason_of(e), subject=f"{dev.name} slaves")
                 lower = []
-            if not lower and not os.path.isdir(dev.path):  # checked only then: one stat less per device
+            if not lower and not os.path.isdir(
+                dev.path
+            ):  # checked only then: one stat less per device
                 scrape.error(f"{dev.name}: device vanished while being read", "vanished")
                 return None, None
             if kind == "dm":
@@ -180,8 +197,10 @@ class StackCollector:
                     if decoded:
                         vg, lv, layer = decoded
                     else:
-                        scrape.error(f"{dev.name}: LVM dm name {name[:80]!r} is not VG-LV[-LAYER]",
-                                     subject=f"{dev.name} lvm name")
+                        scrape.error(
+                            f"{dev.name}: LVM dm name {name[:80]!r} is not VG-LV[-LAYER]",
+                            subject=f"{dev.name} lvm name",
+                        )
         elif kind == "loop":
             backing, low = self._loop_backing(scrape, dev)
             lower = [low] if low else []
@@ -192,11 +211,13 @@ class StackCollector:
         try:
             backing = scrape.backing_file(dev)
         except (OSError, ParseError) as e:
-            scrape.error(f"{dev.name}: backing_file: {e}", reason_of(e), subject=f"{dev.name} backing_file")
+            scrape.error(
+                f"{dev.name}: backing_file: {e}", reason_of(e), subject=f"{dev.name} backing_file"
+            )
             return "", None
         if not backing:
             return "", None  # an unattached loop device
-        path = backing[:-len(" (deleted)")] if backing.endswith(" (deleted)") else backing
+        path = backing[: -len(" (deleted)")] if backing.endswith(" (deleted)") else backing
         mount = devmod.mount_holding(scrape.mounts, path)
         if mount is None:
             return backing, None
@@ -209,7 +230,7 @@ def encode_dev(major, minor):
     """A device number as the kernel's new_encode_dev() and glibc's makedev() encode it (st_rdev;
     include/linux/kdev_t.h): minor's low 8 bits, then major, then the rest of minor. The BPF
     programs key their maps by it (ebpf-configs/block.bpf.h encode_dev)."""
-    return (minor & 0xff) | (major << 8) | ((minor & ~0xff) << 12)
+    return (minor & 0xFF) | (major << 8) | ((minor & ~0xFF) << 12)
 
 
 def nvme_paths(devices):
