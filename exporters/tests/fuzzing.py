@@ -26,13 +26,13 @@ import urllib.parse
 
 from exporter_testlib import DM_DEVICES, Scraped, exporter_argv, full_tree, http
 
-from blockstack_exporter.collectors.queue import SETTINGS
+from blockstack_exporter.settings import SETTINGS
 
 # (path relative to the tree, kind): numeric attributes re-read every scrape drop a value when
 # damaged; other files are read too, but a damage there need not drop anything (a device
 # number is only compared, the limits and a superblock are read once per device or mount).
-WRITABLE = tuple(filename for filename, *_, fixed in SETTINGS if not fixed)
-FIXED = tuple(filename for filename, *_, fixed in SETTINGS if fixed)
+WRITABLE = tuple(s.file for s in SETTINGS if not s.fixed)
+FIXED = tuple(s.file for s in SETTINGS if s.fixed)
 
 
 def targets():

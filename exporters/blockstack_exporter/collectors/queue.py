@@ -14,68 +14,17 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ..fs import ParseError, parse_uint
 from ..scrape import Reuse, reason_of
+from ..settings import SETTINGS
 
-KIB = 1024
-
-# (file in queue/, metric suffix, HELP, multiplier to base units, fixed while the device exists)
-SETTINGS = (
-    (
-        "nomerges",
-        "nomerges",
-        "Request merging: 0 all merges enabled, 1 only simple one-hit merges, 2 no merges.",
-        1,
-        False,
-    ),
-    (
-        "max_sectors_kb",
-        "max_sectors_bytes",
-        "Largest request the block layer builds for the device (max_sectors_kb), in bytes.",
-        KIB,
-        False,
-    ),
-    (
-        "max_hw_sectors_kb",
-        "max_hw_sectors_bytes",
-        "Largest request the device's driver accepts (max_hw_sectors_kb), in bytes.",
-        KIB,
-        True,
-    ),
-    ("read_ahead_kb", "read_ahead_bytes", "Read-ahead window, in bytes.", KIB, False),
-    (
-        "nr_requests",
-        "nr_requests",
-        "Requests that may be allocated per queue (per hardware queue for blk-mq).",
-        1,
-        False,
-    ),
-    ("rotational", "rotational", "Whether the device is rotational (1) or not (0).", 1, False),
-    (
-        "logical_block_size",
-        "logical_block_size_bytes",
-        "Smallest unit the device can address, in bytes.",
-        1,
-        True,
-    ),
-    (
-        "physical_block_size",
-        "physical_block_size_bytes",
-        "Smallest unit the device writes without read-modify-write, in bytes.",
-        1,
-        True,
-    ),
-    ("max_segments", "max_segments", "Most scatter/gather segments in one request.", 1, True),
-)
 # Every file this collector reads in queue/. The fixtures' capture (tests/capture_fixture.py), the
 # fuzzer's targets (tests/fuzzing.py) and the benchmark's tree (bench/bench_scrape.py) use this
 # list: a new setting is one row of SETTINGS.
-FILES = tuple(filename for filename, *_ in SETTINGS) + ("scheduler",)
+FILES = tuple(s.file for s in SETTINGS) + ("scheduler",)
 
 
 # Read on every scrape (writable at run time), and read once per device identity.
-CHANGING = tuple(filename for filename, _, _, _, is_fixed in SETTINGS if not is_fixed) + (
-    "scheduler",
-)
-FIXED = tuple(filename for filename, _, _, _, is_fixed in SETTINGS if is_fixed)
+CHANGING = tuple(s.file for s in SETTINGS if not s.fixed) + ("scheduler",)
+FIXED = tuple(s.file for s in SETTINGS if s.fixed)
 
 
 def parse_scheduler(text):
@@ -122,10 +71,7 @@ class QueueCollector:
 
     @staticmethod
     def _build(per_device):
-        families = [
-            GaugeMetricFamily("blockstack_queue_" + suffix, help_, labels=["device"])
-            for _, suffix, help_, _, _ in SETTINGS
-        ]
+        families = [GaugeMetricFamily(s.name, s.help, labels=["device"]) for s in SETTINGS]
         scheduler = GaugeMetricFamily(
             "blockstack_queue_scheduler_info",
             "The active I/O scheduler of the device's queue (value always 1).",
@@ -181,7 +127,8 @@ class QueueCollector:
     def _parse(scrape, owner, queue, raw, known):
         kept = {}
         values = []
-        for filename, _, _, multiplier, is_fixed in SETTINGS:
+        for setting in SETTINGS:
+            filename, multiplier, is_fixed = setting.file, setting.scale, setting.fixed
             if is_fixed and filename in known:
                 values.append(known[filename])
                 kept[filename] = known[filename]

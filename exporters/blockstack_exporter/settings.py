@@ -1,0 +1,97 @@
+"""Every queue setting the project reads, one row each: the collector, the checks, the doctor,
+the dashboard's stack table and the docs all read this table (a new setting is a new row here,
+plus its check if it has one).
+
+A setting has one name everywhere: its file in /sys/block/DEV/queue/ (Documentation/ABI/stable/
+sysfs-block). Values are held in base units (bytes) from the moment they are parsed.
+"""
+
+from dataclasses import dataclass
+
+KIB = 1024
+
+
+@dataclass(frozen=True)
+class Column:
+    """The setting's column in the dashboard's stack table, after the device's own columns."""
+
+    divisor: int = 1  # the cell shows the metric divided by this (KiB files: 1024)
+    # A knob of alerts/config.yml, in base units: cells below it are blue (info, the colour of
+    # the finding the setting then makes), from it green. None: no colour.
+    healthy_from: str | None = None
+    texts: tuple = ()  # ((value, text), ...): the cell's text for these values
+
+
+@dataclass(frozen=True)
+class Setting:
+    file: str  # in /sys/block/DEV/queue/; also the setting's name in checks, doctor and dashboard
+    metric: str  # blockstack_queue_<metric>, in base units
+    help: str
+    scale: int = 1  # the file's value times this is the metric's (KiB files: 1024)
+    fixed: bool = False  # the driver's limit: read again only when the device's identity changes
+    column: Column | None = None  # None: not in the dashboard's stack table
+
+    @property
+    def name(self):
+        return "blockstack_queue_" + self.metric
+
+
+SETTINGS = (
+    Setting(
+        "nomerges",
+        "nomerges",
+        "Request merging: 0 all merges enabled, 1 only simple one-hit merges, 2 no merges.",
+        column=Column(),
+    ),
+    Setting(
+        "max_sectors_kb",
+        "max_sectors_bytes",
+        "Largest request the block layer builds for the device (max_sectors_kb), in bytes.",
+        scale=KIB,
+        column=Column(divisor=KIB, healthy_from="max_sectors_floor_bytes"),
+    ),
+    Setting(
+        "max_hw_sectors_kb",
+        "max_hw_sectors_bytes",
+        "Largest request the device's driver accepts (max_hw_sectors_kb), in bytes.",
+        scale=KIB,
+        fixed=True,
+        column=Column(divisor=KIB),
+    ),
+    Setting(
+        "read_ahead_kb",
+        "read_ahead_bytes",
+        "Read-ahead window, in bytes.",
+        scale=KIB,
+    ),
+    Setting(
+        "nr_requests",
+        "nr_requests",
+        "Requests that may be allocated per queue (per hardware queue for blk-mq).",
+    ),
+    Setting(
+        "rotational",
+        "rotational",
+        "Whether the device is rotational (1) or not (0).",
+        column=Column(texts=((0, "0 · non-rotational"), (1, "1 · spinning"))),
+    ),
+    Setting(
+        "logical_block_size",
+        "logical_block_size_bytes",
+        "Smallest unit the device can address, in bytes.",
+        fixed=True,
+    ),
+    Setting(
+        "physical_block_size",
+        "physical_block_size_bytes",
+        "Smallest unit the device writes without read-modify-write, in bytes.",
+        fixed=True,
+    ),
+    Setting(
+        "max_segments",
+        "max_segments",
+        "Most scatter/gather segments in one request.",
+        fixed=True,
+    ),
+)
+BY_FILE = {s.file: s for s in SETTINGS}
