@@ -11,9 +11,8 @@ EBPF_EXPORTER_VERSION := v2.5.1
 LIBBPF_SYS_VERSION    := 1.5.1+v1.5.1
 EBPF_EXPORTER := $(BUILD)/bin/ebpf_exporter
 
-.PHONY: all help deps venv ebpf-exporter ebpf-build test test-unit test-exporter test-ebpf test-alerts \
-        metrics-doc bench-exporter bench-ebpf up down status logs clean distclean install-systemd run-exporter \
-        update-fixtures
+# Every target with a `## target:` line (what make help lists) is a command, not a file.
+.PHONY: all $(shell sed -n 's/^## \([a-z0-9-]*\):.*/\1/p' $(firstword $(MAKEFILE_LIST)))
 
 all: venv
 
@@ -28,9 +27,9 @@ deps:
 	@echo ">> installing Debian packages"
 	@scripts/install-deps.sh
 
-## venv: Python virtual environment with the exporter, the stack model (deploy/), the rules and dashboard generators, the lab kit and test tools
+## venv: Python virtual environment with the exporter, the stack model (deploy/), the rules and dashboard generators, the lab kit, the test support (testsupport/) and test tools
 venv: $(VENV)/.stamp
-PACKAGES := httpd exporters deploy lab alerts alerts/receiver dashboards
+PACKAGES := httpd exporters deploy testsupport lab alerts alerts/receiver dashboards
 # Third-party packages only from requirements.txt, each checked against its sha256 (--require-hashes,
 # wheels only: no build step fetches anything unchecked); then the project's own packages, editable,
 # with no dependency resolution and the locked setuptools (their dependencies are in the lock:
@@ -45,7 +44,6 @@ $(VENV)/.stamp: $(addsuffix /pyproject.toml,$(PACKAGES)) requirements.txt
 
 ## lock: recompile requirements.txt from requirements.in with pip-tools (every transitive dependency, sha256 hashes; LOCK_ARGS=--upgrade to move pins)
 PIP_TOOLS_VERSION := 7.6.2
-.PHONY: lock
 lock:
 	@test -x $(BUILD)/pip-tools/bin/pip-compile || \
 		{ $(PYTHON) -m venv $(BUILD)/pip-tools && $(BUILD)/pip-tools/bin/pip install -q pip-tools==$(PIP_TOOLS_VERSION); }
@@ -63,7 +61,6 @@ $(EBPF_EXPORTER): scripts/build-ebpf-exporter.sh
 ## ebpf-headers: libbpf's headers and upstream's config schema, no Go build (cached)
 LIBBPF_HEADERS := $(BUILD)/include/bpf/bpf_helpers.h
 EBPF_SCHEMA    := $(BUILD)/share/ebpf_exporter/config-schema.yaml
-.PHONY: ebpf-headers ebpf-objects
 ebpf-headers: $(LIBBPF_HEADERS) $(EBPF_SCHEMA)
 $(LIBBPF_HEADERS) $(EBPF_SCHEMA): scripts/build-ebpf-exporter.sh
 	@EBPF_EXPORTER_VERSION=$(EBPF_EXPORTER_VERSION) LIBBPF_SYS_VERSION=$(LIBBPF_SYS_VERSION) \
@@ -83,13 +80,11 @@ ebpf-build: $(EBPF_EXPORTER) ebpf-objects
 # (an upgrade test's previous build). packaging/build-deb.sh stages each tree and runs dpkg-deb.
 VERSION      := $(shell cat VERSION)
 DEB_REVISION := 1
-.PHONY: deb
 deb: ebpf-build
 	@echo ">> building the Debian packages $(VERSION)-$(DEB_REVISION)"
 	@packaging/build-deb.sh $(BUILD)/deb $(VERSION) $(DEB_REVISION)
 
 ## grafana: the Grafana server (GRAFANA_HOME, grafana on PATH, or ../shared/grafana's tarball unpacked once into .build/)
-.PHONY: grafana
 grafana: venv
 	@$(VPY) -m blockstack_deploy.grafana
 
@@ -121,7 +116,6 @@ JSONNET_VERSION          := v0.22.0
 JSONNET                  := $(BUILD)/bin/jsonnet
 JSONNETFMT               := $(BUILD)/bin/jsonnetfmt
 JSONNET_LINT             := $(BUILD)/bin/jsonnet-lint
-.PHONY: linters lint
 linters: $(PINT) $(DASHBOARD_LINTER) $(JSONNET)
 $(PINT): scripts/build-go.sh
 	@echo ">> building pint $(PINT_VERSION)"
@@ -136,7 +130,6 @@ $(DASHBOARD_LINTER): scripts/build-go.sh
 ## jsonnet: google/go-jsonnet's jsonnet, jsonnetfmt and jsonnet-lint into .build/bin (cached; the mixin's tools)
 # `jsonnet --version` prints "... (Go implementation) v0.22.0", not "version 0.22.0": --version -,
 # build-go.sh checks the module version with `go version -m`.
-.PHONY: jsonnet mixin
 jsonnet: $(JSONNET)
 $(JSONNET): scripts/build-go.sh
 	@echo ">> building go-jsonnet $(JSONNET_VERSION)"
@@ -178,16 +171,14 @@ update-fixtures: venv
 	@$(PYTEST) exporters/tests/test_e2e.py exporters/tests/test_doctor.py --update-golden -k golden
 
 ## bench-doctor: blockstack-doctor's time on bench-exporter's 1026-device tree, and the findings collector's share of a scrape
-.PHONY: bench-doctor
 bench-doctor: venv
 	@$(VPY) exporters/bench/bench_doctor.py
 
-## bench-exporter: scrape time of the exporter vs node_exporter diskstats on a 1024-device tree
+## bench-exporter: scrape time of the exporter vs node_exporter diskstats on a 1024-device tree (BENCH_ARGS="--against REV", "--without all")
 bench-exporter: venv
-	@$(VPY) exporters/bench/bench_scrape.py
+	@$(VPY) exporters/bench/bench_scrape.py $(BENCH_ARGS)
 
 ## fuzz-exporter: >= 10,000 damaged-input scrapes of the real exporter and HTTP abuse (~15 min; BENCHMARKS.md "Robustness")
-.PHONY: fuzz-exporter
 fuzz-exporter: venv
 	@PYTHONPATH=exporters/tests $(VPY) exporters/bench/fuzz_exporter.py $(FUZZ_ARGS)
 
@@ -237,7 +228,6 @@ install-systemd: deps venv ebpf-build
 		--state $(if $(filter $(CURDIR)/.state,$(STATE_DIR)),/var/lib/blockstack-merges,$(STATE_DIR)) $(UP_ARGS)
 
 ## generate: render alerts/*.rules.yml, dashboards/block-stack-merges.json and the mixin (mixin/) with the knobs of alerts/config.yml
-.PHONY: generate
 generate: venv
 	@echo ">> generating rules and dashboards"
 	@$(VPY) -m blockstack_rules.knobs
@@ -245,30 +235,25 @@ generate: venv
 	@$(VPY) mixin/generate.py
 
 ## dashboard-screenshot: the dashboard in Grafana + chromium during a lab collapse, to docs/dashboard.png (root, ~3 minutes)
-.PHONY: dashboard-screenshot
 dashboard-screenshot: deps venv ebpf-build grafana
 	@$(VPY) dashboards/tools/screenshot.py
 
 ## dashboard-screenshot-ranges: after the lab's collapses, the dashboard at 15 min and 24 h, to docs/dashboard-15m.png and docs/dashboard-24h.png (root, ~4 minutes)
-.PHONY: dashboard-screenshot-ranges
 dashboard-screenshot-ranges: deps venv ebpf-build grafana
 	@$(VPY) dashboards/tools/screenshot.py --ranges
 
 ## dashboard-screenshot-vm: the same during the NVMe incident in the VM lab (LVM snapshot over NVMe, Debian VM_SHOT_KERNEL), to docs/dashboard-vm.png (root, ~6-10 minutes)
 VM_SHOT_KERNEL ?= 6.1
-.PHONY: dashboard-screenshot-vm
 dashboard-screenshot-vm: deps vm-deps venv ebpf-build grafana
 	@$(VPY) dashboards/tools/screenshot.py --vm $(VM_SHOT_KERNEL)
 
 ## bench-dashboard: time to every panel loaded in Grafana + chromium, slowest panel query (root, ~5 minutes)
-.PHONY: bench-dashboard
 bench-dashboard: deps venv ebpf-build grafana
 	@$(VPY) dashboards/bench/bench_dashboard.py
 
 ## --- fleet (docs/fleet.md): Thanos + Alertmanager cluster across many hosts ----------------------
 THANOS_VERSION := v0.42.5
 THANOS         := $(BUILD)/bin/thanos
-.PHONY: thanos up-agent up-central test-fleet
 
 ## thanos: build Thanos from the Go module proxy (Go toolchain go1.26.10 via GOTOOLCHAIN; cached)
 # Upstream's release tags (.promu.yml); slicelabels is not optional: Thanos's labelpb casts
@@ -281,18 +266,19 @@ $(THANOS): scripts/build-go.sh
 	@touch $@  # the script may find it already built; make must see it fresh
 
 ## upstream-servers: Prometheus 3 (prometheus, promtool) and a current Alertmanager (alertmanager, amtool) from
-##   the Go module proxy into .build/bin/NAME-VERSION (cached; versions also in deploy/blockstack_deploy/stack.py).
+##   the Go module proxy into .build/bin/NAME-VERSION (cached; versions pinned in deploy/blockstack_deploy/versions.py).
 # Prometheus 3.X.Y is module version v0.3XX.Y. Tags: upstream's netgo, without builtinassets (the
 # web UI is built by npm and is not in the module zip: the API works, the UI pages do not), plus
 # remove_all_sd (cloud service discovery; one plugin's dependency is refused by the proxy; file
 # and static discovery stay). Alertmanager 0.32+ embeds an npm-built UI missing from the module
 # zip too (go:embed app/dist fails), so 0.31.1 is the newest that builds from the proxy.
-PROMETHEUS3_VERSION   := 3.16.0
-PROMETHEUS3_MODULE    := v0.316.0
-ALERTMANAGER_UPSTREAM_VERSION := 0.31.1
+# The versions are read from deploy/blockstack_deploy/versions.py, which the stack reads too.
+pinned = $(shell sed -n 's/^$(1) = "\(.*\)"$$/\1/p' deploy/blockstack_deploy/versions.py)
+PROMETHEUS3_VERSION   := $(call pinned,PROMETHEUS3_VERSION)
+PROMETHEUS3_MODULE    := $(shell echo $(PROMETHEUS3_VERSION) | awk -F. '{ printf "v0.%d%02d.%d", $$1, $$2, $$3 }')
+ALERTMANAGER_UPSTREAM_VERSION := $(call pinned,ALERTMANAGER_UPSTREAM_VERSION)
 PROMETHEUS3           := $(BUILD)/bin/prometheus-$(PROMETHEUS3_VERSION)
 ALERTMANAGER_UPSTREAM := $(BUILD)/bin/alertmanager-$(ALERTMANAGER_UPSTREAM_VERSION)
-.PHONY: upstream-servers
 upstream-servers: $(PROMETHEUS3) $(ALERTMANAGER_UPSTREAM)
 $(PROMETHEUS3): scripts/build-go.sh
 	@echo ">> building prometheus $(PROMETHEUS3_VERSION)"
@@ -322,7 +308,6 @@ test-fleet: deps venv ebpf-build thanos upstream-servers
 ## lab: the loop-device lab: every scenario against the stack (make up in LAB_STATE_DIR), narrated (needs root, ~15 min)
 LAB_STATE_DIR ?= $(CURDIR)/.state-lab
 LAB_ARGS      ?= all
-.PHONY: lab bench-detection bench-cost soak
 lab: deps venv ebpf-build
 	@LAB_STATE_DIR=$(LAB_STATE_DIR) $(VPY) -m blockstack_lab $(LAB_ARGS)
 
@@ -335,7 +320,6 @@ bench-cost: deps venv ebpf-build
 	@$(VPY) lab/bench/bench_cost.py
 
 ## bench-servers: collapse onset -> page on Debian's Prometheus 2 and on Prometheus 3, side by side in one run (~5 min)
-.PHONY: bench-servers
 bench-servers: deps venv ebpf-build upstream-servers
 	@$(VPY) lab/bench/bench_servers.py
 
@@ -345,7 +329,6 @@ soak: deps venv ebpf-build
 	@$(VPY) lab/bench/soak.py --minutes $(SOAK_MINUTES)
 
 ## --- the VM lab (lab/README.md "VM lab"): Debian's 5.10, 6.1, 6.12 and sid's newest under QEMU/TCG with emulated NVMe ----------
-.PHONY: vm-deps vm-lab test-vm
 
 ## vm-deps: QEMU, busybox, LVM2 and Debian's kernels: 6.1 and 6.12 from apt, bullseye's 5.10 and sid's newest through the lab's own apt configuration (virtme-ng comes with make venv); the Debian host's image (make debian-image)
 vm-deps: venv
@@ -353,7 +336,6 @@ vm-deps: venv
 	@$(VPY) -m blockstack_lab.debian_host image repo
 
 ## debian-image: the VM lab's Debian 12 host (lab/blockstack_lab/debian_host.py): its image by mmdebstrap and its local apt repo, cached in .build/debian (root; ~30 s to 2 min the first time, a second after)
-.PHONY: debian-image
 debian-image: venv
 	@scripts/install-vm.sh
 	@$(VPY) -m blockstack_lab.debian_host image repo
@@ -364,12 +346,10 @@ vm-lab: deps vm-deps venv ebpf-build
 	@$(VPY) -m blockstack_lab.vm_scenarios $(VM_KERNELS)
 
 ## vm-lab-stacks: md RAID1/RAID5, thin, dm-crypt, NVMe multipath, the LVM2 and the ext4 write-ups on 6.1 (root, 15-30 min)
-.PHONY: vm-lab-stacks test-vm-long
 vm-lab-stacks: deps vm-deps venv ebpf-build
 	@$(VPY) -m blockstack_lab.vm_stacks
 
 ## test-kernels: the NVMe incident on every kernel of the VM lab's matrix: 5.10, 6.1, 6.12, sid (root, 25-35 min; results in BENCHMARKS.md)
-.PHONY: test-kernels bench-kernels
 test-kernels: deps vm-deps venv ebpf-build
 	@BLOCKSTACK_VM_KERNELS=all $(PYTEST) -m vm lab/tests/test_vm_nvme.py --durations=0
 

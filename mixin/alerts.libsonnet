@@ -9,31 +9,16 @@
       {
         name: 'blockstack-merges',
         rules: [
-          // Merge collapse: requests reach the driver unmerged or split, and the evidence names what
-          // an operator can change. Either of two (recording rules in recording.rules.yml), both
-          // counted on the device's own requests by eBPF:
-          //   refused  the exact counter: requests created beside a waiting contiguous request that
-          //            merging would have joined (nomerges=2; the NVMe incident on nvme1n1)
-          //   split    the split counter: most requests are tiny pieces split off larger bios
-          //            (max_sectors_kb far below what the layer above sends)
-          // Small requests with merging enabled and nothing refused or split are the workload's shape
-          // (random I/O, direct I/O submitted one request at a time, a sync log writer, another user
-          // of a shared disk): no page. Comparing a device's average request with the average of a
-          // device above it (the layered lineup) is no evidence: on a shared disk the small requests
-          // may be someone else's.
-          // Identity is host, device, operation: what an operator acts on. The stack, the settings and
-          // the upper device are queried into the annotations at evaluation time, so a setting changed
-          // or the upper device removed during the page keeps the alert (and removing it as the fix
-          // resolves it) instead of ending it and starting another. Value: how many kinds of evidence
-          // hold. keep_firing_for holds the alert through the healthy gaps of an intermittent
-          // collapse, so it pages once (alerts/README.md "Intermittent collapse").
+          // Merge collapse: the device's own requests (eBPF) are refused merges or pieces split off
+          // larger bios (recording rules blockstack_collapse_refused and _split). Identity is host,
+          // device, operation: a setting changed or the stack taken apart during a page keeps it one
+          // alert; the facts come from host_device_operation:blockstack_collapse_evidence:info.
+          // keep_firing_for pages an intermittent collapse once (alerts/README.md).
           {
             alert: 'BlockStackMergeCollapse',
             expr: |||
               count by (host, device, operation) (
-                  host_device_operation:blockstack_collapse_refused:rate
-                or
-                  host_device_operation:blockstack_collapse_split:rate
+                host_device_operation:blockstack_collapse_refused:rate or host_device_operation:blockstack_collapse_split:rate
               )
             |||,
             'for': $._config.collapse_for,
@@ -42,76 +27,10 @@
               severity: 'critical',
             },
             annotations: {
-              summary: |||-
-                {{- $on := printf "{host=%q,device=%q,operation=%q}" $labels.host $labels.device $labels.operation -}}
-                {{ $labels.host }} {{ $labels.device }}: {{ $labels.operation }} requests reach the driver
-                {{- if printf "host_device_operation:blockstack_collapse_refused:rate%s" $on | query }} unmerged (merging refused)
-                {{- else if printf "host_device_operation:blockstack_collapse_split:rate%s" $on | query }} split into tiny pieces
-                {{- else }} unmerged or split{{ end }}
-                {{- with printf "host_device:blockstack_stack:info{host=%q,device=%q}" $labels.host $labels.device | query }} (stack {{ . | first | label "stack" }}){{ end }}.
-              |||,
-              description: |||-
-                {{- $on := printf "{host=%%q,device=%%q,operation=%%q}" $labels.host $labels.device $labels.operation -}}
-                {{ $labels.host }}: {{ $labels.device }} serves {{ $labels.operation }} requests of
-                {{- with printf "host_device_operation:node_disk_request_size_sectors:avg%%s" $on | query }} {{ . | first | value | printf "%%.0f" }}{{ else }} ?{{ end }} sectors at
-                {{- with printf "host_device_operation:node_disk_completed:rate%%s" $on | query }} {{ . | first | value | printf "%%.0f" }}{{ else }} ?{{ end }}/s.
-                {{- /* ebpf_exporter up on the host: a counter with no series yet has counted nothing */}}
-                {{- $ebpf := printf `max(up{%(ebpf_selector)s,host=%%q}) == 1 or count({__name__=~"ebpf_exporter_.+",%(ebpf_selector)s,host=%%q})` $labels.host $labels.host | query }}
-                {{- " " }}Refused merges
-                {{- with printf "host_device_operation:ebpf_block_rq_missed_merges:rate%%s" $on | query }} {{ . | first | value | printf "%%.0f" }}/s
-                {{- else }}{{ if $ebpf }} 0/s{{ else }} not measured (no eBPF){{ end }}{{ end }},
-                {{- " " }}split-off pieces
-                {{- with printf "host_device_operation:ebpf_block_bio_splits:rate%%s" $on | query }} {{ . | first | value | printf "%%.0f" }}/s
-                {{- else }}{{ if $ebpf }} 0/s{{ else }} not measured (no eBPF){{ end }}{{ end }}.
-                {{- with printf "topk(1, host_device_lower_operation:node_disk_request_size:split_ratio{host=%%q,lower=%%q,operation=%%q})" $labels.host $labels.device $labels.operation | query }}
-                  {{- with . | first }} Above it {{ label "device" . }} averages
-                    {{- $upper := printf "{host=%%q,device=%%q,operation=%%q}" $labels.host (label "device" .) $labels.operation }}
-                    {{- with printf "host_device_operation:node_disk_request_size_sectors:avg%%s" $upper | query }} {{ . | first | value | printf "%%.0f" }}{{ end }}
-                    {{- " " }}sectors per request.
-                  {{- end }}
-                {{- end }}
-                {{- /* the exporter's info series as of its last scrape that had them (1m): one scrape cut short by its deadline
-                       (dmsetup on a busy host) must not drop the snapshot from the page */ -}}
-                {{- $snapshots := printf "last_over_time(blockstack_device_info{host=%%q}[1m])" $labels.host }}
-                {{- $snapshots = printf "%%s and on (host, device) last_over_time(blockstack_dm_snapshot_info{host=%%q}[1m])" $snapshots $labels.host }}
-                {{- $above := printf "last_over_time(blockstack_device_beneath_info{host=%%q,lower=%%q}[1m])" $labels.host $labels.device }}
-                {{- range printf "%%s and on (host, device) %%s" $snapshots $above | query }}
-                  {{- " " }}Snapshot {{ if label "lv_name" . }}{{ label "vg_name" . }}/{{ label "lv_name" . }}{{ else }}{{ label "name" . }}{{ end }}
-                  {{- " " }}({{ label "device" . }}) sits above it.
-                {{- end }}
-                {{- " " }}Now:
-                {{- with printf "host_device:blockstack_queue_settings:info{host=%%q,device=%%q}" $labels.host $labels.device | query }}
-                  {{- with . | first }} nomerges={{ label "nomerges" . }}, max_sectors_kb={{ label "max_sectors_kb" . }} (hardware {{ label "max_hw_sectors_kb" . }}){{ end }}
-                {{- else }} queue settings unknown{{ end }}
-                {{- with printf "blockstack_queue_scheduler_info{host=%%q,device=%%q}" $labels.host $labels.device | query }}, scheduler {{ . | first | label "scheduler" }}{{ end }}.
-              ||| % $._config,
-              proves: |||-
-                {{- $on := printf "{host=%q,device=%q,operation=%q}" $labels.host $labels.device $labels.operation -}}
-                {{- $found := false -}}
-                {{- with printf "host_device_operation:blockstack_collapse_refused:rate%s" $on | query -}}
-                  {{- $found = true -}}
-                  Merging refused: {{ . | first | value | printf "%.0f" }} requests/s were created for a bio contiguous with a request
-                  {{- " " }}still waiting beside it, which merging would have joined within max_sectors_kb: merging is off (nomerges)
-                  {{- " " }}or blocked on {{ $labels.device }}.
-                {{- end -}}
-                {{- with printf "host_device_operation:blockstack_collapse_split:rate%s" $on | query -}}
-                  {{- if $found }} {{ end -}}
-                  Requests split: {{ . | first | value | printf "%.0f" }} pieces/s are split off larger bios to fit {{ $labels.device }}'s limits (max_sectors_kb).
-                {{- end -}}
-              |||,
-              confirm: |||-
-                {{- $on := printf "{host=%q,device=%q,operation=%q}" $labels.host $labels.device $labels.operation -}}
-                {{- if printf "host_device_operation:blockstack_collapse_refused:rate%s" $on | query -}}
-                  cat /sys/block/{{ $labels.device }}/queue/nomerges (2 = merging off; fix: echo 0 > /sys/block/{{ $labels.device }}/queue/nomerges)
-                {{- else if printf "host_device_operation:blockstack_collapse_split:rate%s" $on | query -}}
-                  cat /sys/block/{{ $labels.device }}/queue/max_sectors_kb /sys/block/{{ $labels.device }}/queue/max_hw_sectors_kb
-                  {{- " " }}(fix: raise max_sectors_kb); the split counter:
-                  {{- " " }}host_device_operation:ebpf_block_bio_splits:rate{device="{{ $labels.device }}"}
-                {{- else -}}
-                  cat /sys/block/{{ $labels.device }}/queue/nomerges /sys/block/{{ $labels.device }}/queue/max_sectors_kb, and the same
-                  {{- " " }}for every device between it and the top of the stack (lsblk -s /dev/{{ $labels.device }})
-                {{- end -}}
-              |||,
+              summary: '{{ $labels.host }} {{ $labels.device }}: {{ $labels.operation }} requests reach the driver {{ range printf "host_device_operation:blockstack_collapse_evidence:info{host=%q,device=%q,operation=%q}" $labels.host $labels.device $labels.operation | query -}} {{ if eq .Labels.cause "refused" }}unmerged (merging refused){{ else }}split into tiny pieces{{ end }} {{- with .Labels.stack }} (stack {{ . }}){{ end }}{{ else }}unmerged or split{{ end }}.',
+              description: '{{ range printf "host_device_operation:blockstack_collapse_evidence:info{host=%q,device=%q,operation=%q}" $labels.host $labels.device $labels.operation | query -}} {{ .Labels.host }}: {{ .Labels.device }} serves {{ .Labels.operation }} requests of {{ .Labels.sectors }} sectors at {{ .Labels.requests }}/s. Refused merges {{ with .Labels.refused }}{{ . }}/s{{ else }}not measured (no eBPF){{ end }}, split-off pieces {{ with .Labels.pieces }}{{ . }}/s{{ else }}not measured (no eBPF){{ end }}. {{- if .Labels.upper }} Above it {{ .Labels.upper }} averages {{ .Labels.upper_sectors }} sectors per request.{{ end }} {{- if .Labels.snapshot }} Snapshot {{ .Labels.snapshot }} ({{ .Labels.snapshot_device }}) sits above it.{{ end }} Now: {{ if .Labels.nomerges }}nomerges={{ .Labels.nomerges }}, max_sectors_kb={{ .Labels.max_sectors_kb }} (hardware {{ .Labels.max_hw_sectors_kb }}) {{- else }}queue settings unknown{{ end }}{{ with .Labels.scheduler }}, scheduler {{ . }}{{ end }}. Fix: {{ .Labels.fix }}. {{- else }}{{ $labels.host }}: {{ $labels.device }}\'s {{ $labels.operation }} requests reach the driver unmerged or split (evidence: the dashboard).{{ end }}',
+              doctor: 'blockstack-doctor --device {{ $labels.device }}',
+              dashboard: '%(grafana_url)s/d/blockstack-merges?var-host={{ $labels.host }}&var-device={{ $labels.device }}' % $._config,
               runbook_url: '%(docs_url)s/runbook.md#blockstackmergecollapse' % $._config,
             },
           },
@@ -161,7 +80,7 @@
             },
             annotations: {
               summary: 'max_sectors_kb low on {{ $labels.host }} {{ $labels.device }}.',
-              description: '{{- $d := printf "{host=%q,device=%q}" $labels.host $labels.device -}} {{ $labels.host }}: {{ $labels.device }} has max_sectors_kb={{ with printf "max(blockstack_queue_max_sectors_bytes%s) / 1024" $d | query }}{{ . | first | value }}{{ end }} while max_hw_sectors_kb={{ with printf "max(blockstack_queue_max_hw_sectors_bytes%s) / 1024" $d | query }}{{ . | first | value }}{{ end }}: every request larger than max_sectors_kb is split before it reaches the driver.',
+              description: '{{ $labels.host }}: {{ $labels.device }} has {{ range printf "host_device:blockstack_queue_settings:info{host=%q,device=%q}" $labels.host $labels.device | query -}} max_sectors_kb={{ .Labels.max_sectors_kb }} while max_hw_sectors_kb={{ .Labels.max_hw_sectors_kb }} {{- else }}max_sectors_kb far below max_hw_sectors_kb{{ end }}: every request larger than max_sectors_kb is split before it reaches the driver.',
               runbook_url: '%(docs_url)s/runbook.md#blockstackmaxsectorslow' % $._config,
             },
           },
@@ -281,7 +200,7 @@
             },
             annotations: {
               summary: 'ext4 on {{ $labels.host }} {{ $labels.device }} waits {{ $value | humanizeDuration }} for journal credits.',
-              description: '{{ $labels.host }}: tasks starting a jbd2 handle on {{ $labels.device }} wait {{ $value | humanizeDuration }} on average for journal credits (healthy: well under 1ms; the ext4 incident: 154ms with dioread_nolock, 0.27ms with dioread_lock). {{- $d := printf "{host=%q,device=%q}" $labels.host $labels.device }} dioread_nolock={{ with printf "max(blockstack_ext4_dioread_nolock%s)" $d | query }}{{ . | first | value }}{{ else }}unknown{{ end }}, delalloc={{ with printf "max(blockstack_ext4_delalloc%s)" $d | query }}{{ . | first | value }}{{ else }}unknown{{ end }}, journal size {{ with printf "max(blockstack_ext4_journal_size_bytes%s)" $d | query }}{{ . | first | value | humanize1024 }}B{{ else }}unknown{{ end }}.',
+              description: '{{ $labels.host }}: tasks starting a jbd2 handle on {{ $labels.device }} wait {{ $value | humanizeDuration }} on average for journal credits (healthy: well under 1ms; the ext4 incident: 154ms with dioread_nolock, 0.27ms with dioread_lock). {{ range printf "host_device:blockstack_ext4_options:info{host=%q,device=%q}" $labels.host $labels.device | query -}} dioread_nolock={{ or .Labels.dioread_nolock "unknown" }}, delalloc={{ or .Labels.delalloc "unknown" }}, journal size {{ with .Labels.journal_size_bytes }}{{ humanize1024 . }}B{{ else }}unknown{{ end }}. {{- else }}dioread_nolock=unknown, delalloc=unknown, journal size unknown.{{ end }}',
               runbook_url: '%(docs_url)s/runbook.md#blockstackjbd2creditwaithigh' % $._config,
             },
           },

@@ -27,6 +27,10 @@
     // of the dashboard's "time until COW full").
     snapshot_fill_window: '30m',
     snapshot_fill_horizon_seconds: 14400,  // 4h
+    // How far back the collapse page's facts read the exporter's info series (stack names,
+    // snapshots): as of its last scrape that had them, so one scrape cut short by its deadline
+    // (dmsetup on a busy host) does not drop the snapshot from the page. A few scrape intervals.
+    info_window: '1m',
 
     // --- Merge collapse page, layered signature (node_exporter diskstats + stack edges). ----------
     // A device at most this many 512-byte sectors per request is "collapsed" (8 = one 4 KiB page;
@@ -120,7 +124,7 @@
     // random buffered writes with fdatasync, data=journal, a stacked pair on the root disk of the 2-core
     // development VM) measured: 4 MiB journal 0.14-0.17 ms with 64 writers (1.9 ms, tail 128-256 ms,
     // on a busy machine), 0.67 ms with 128 writers (p99 <= 16 ms); 1 GiB journal 0.03-0.05 ms with
-    // 64 or 128 writers (p99 <= 2 ms). The old 10 ms caught only the incident, never a starving
+    // 64 or 128 writers (p99 <= 2 ms). 10 ms would catch only the incident, never a starving
     // small journal. 0.5 ms: 1.85x above the incident's healthy figure, 300x below its sick one, 10x
     // above the healthy 1 GiB journal, and under every starving small journal measured with 128
     // writers. Raise it towards 1 ms if a healthy busy filesystem (many fsyncing tasks on a fast
@@ -200,5 +204,8 @@
     // is ${docs_url}/runbook.md (fleet.md for the fleet's alerts) #its-name-in-lowercase, an anchor
     // there; the dashboard links ${docs_url}/dashboard.md.
     docs_url: 'https://github.com/blockstack-merges/blockstack-merges/blob/main/docs',
+    // Where Grafana serves the dashboard (uid blockstack-merges): the collapse page links to it with
+    // the host and device selected. The stack's Grafana listens on 127.0.0.1:3000 (`make up`).
+    grafana_url: 'http://127.0.0.1:3000',
   },
 }

@@ -243,6 +243,36 @@
               )
             ||| % $._config,
           },
+          // Every dm-snapshot named as LVM names it (`snapshot` VG/LV), or by its dm name outside LVM,
+          // as of the exporter's last scrape that had them (1m): one scrape cut short by its deadline
+          // (dmsetup on a busy host) must not drop the snapshot from the collapse page. Value always 1.
+          {
+            record: 'host_device:blockstack_dm_snapshot_name:info',
+            expr: |||
+              max by (host, device, snapshot) (
+                label_replace(label_replace(
+                  label_join(last_over_time(blockstack_device_info{%(blockstack_selector)s}[%(info_window)s]), "names", "/", "vg_name", "lv_name", "name"),
+                "snapshot", "$1/$2", "names", "([^/]+)/([^/]+)/.*"), "snapshot", "$1", "names", "//(.+)")
+                  and on (host, device) last_over_time(blockstack_dm_snapshot_info{%(blockstack_selector)s}[%(info_window)s])
+              )
+            ||| % $._config,
+          },
+          // A snapshot stacked above each device (one, where several are), named as above, and its
+          // device (`snapshot_device`): the collapse page says which snapshot a collapse slows down.
+          // Value always 1.
+          {
+            record: 'host_device:blockstack_snapshot_above:info',
+            expr: |||
+              max by (host, device, snapshot, snapshot_device) (
+                label_replace(label_replace(
+                  topk by (host, lower) (1,
+                    max by (host, device, lower) (last_over_time(blockstack_device_beneath_info{%(blockstack_selector)s}[%(info_window)s]))
+                      * on (host, device) group_left (snapshot) host_device:blockstack_dm_snapshot_name:info
+                  ),
+                "snapshot_device", "$1", "device", "(.+)"), "device", "$1", "lower", "(.+)")
+              )
+            ||| % $._config,
+          },
         ],
       },
       {
@@ -413,6 +443,95 @@
                 and host_device_operation:ebpf_block_bio_splits:irate >= %(split_min_rate)d
             ||| % $._config,
           },
+          // 1 on a host where ebpf_exporter is up or its series arrive: a counter of it with no series
+          // there has counted nothing (the collapse page says 0/s, not "not measured").
+          {
+            record: 'host:ebpf_exporter_up:max',
+            expr: |||
+              max by (host) (up{%(ebpf_selector)s}) == 1
+                or count by (host) ({__name__=~"ebpf_exporter_.+", %(ebpf_selector)s}) * 0 + 1
+            ||| % $._config,
+          },
+          // The collapse page's cause, where its evidence holds: `cause` refused or split (refused
+          // when both hold), and `fix`, the setting to change on the device. Value always 1.
+          {
+            record: 'host_device_operation:blockstack_collapse_cause:info',
+            expr: |||
+              label_replace(label_replace(host_device_operation:blockstack_collapse_refused:rate * 0 + 1,
+                "cause", "refused", "", ""), "fix", "echo 0 > /sys/block/$1/queue/nomerges", "device", "(.+)")
+              or on (host, device, operation)
+              label_replace(label_replace(host_device_operation:blockstack_collapse_split:rate * 0 + 1,
+                "cause", "split", "", ""), "fix", "raise /sys/block/$1/queue/max_sectors_kb", "device", "(.+)")
+            |||,
+          },
+          // The collapse page's evidence, where its evidence holds: the cause and every fact the page
+          // prints, as labels, so that its annotations read them in one lookup (never alert labels: a
+          // setting changed during a page must not end it and start another). Counts are rounded:
+          // `refused` merges/s and split-off `pieces`/s (eBPF; "0" for a counter ebpf_exporter has not
+          // counted, absent without ebpf_exporter), `sectors` per request and `requests`/s (diskstats);
+          // the device's `stack`, its settings now (host_device:blockstack_queue_settings:info) and
+          // `scheduler`; the `upper` device with the largest upper / lower size ratio and its
+          // `upper_sectors`; a `snapshot` above (host_device:blockstack_snapshot_above:info). A fact
+          // not known is absent. A collapse makes a new series per evaluation (the counts change): on
+          // collapsed devices only. Value always 1.
+          {
+            record: 'host_device_operation:blockstack_collapse_evidence:info',
+            expr: |||
+              host_device_operation:blockstack_collapse_cause:info
+                * on (host, device, operation) group_left (refused) (
+                    count_values by (host, device, operation) ("refused",
+                      round(host_device_operation:ebpf_block_rq_missed_merges:rate))
+                  or on (host, device, operation) label_replace(
+                    host_device_operation:blockstack_collapse_cause:info and on (host) host:ebpf_exporter_up:max,
+                    "refused", "0", "", "")
+                  or on (host, device, operation) label_replace(
+                    host_device_operation:blockstack_collapse_cause:info, "refused", "", "", ""))
+                * on (host, device, operation) group_left (pieces) (
+                    count_values by (host, device, operation) ("pieces",
+                      round(host_device_operation:ebpf_block_bio_splits:rate))
+                  or on (host, device, operation) label_replace(
+                    host_device_operation:blockstack_collapse_cause:info and on (host) host:ebpf_exporter_up:max,
+                    "pieces", "0", "", "")
+                  or on (host, device, operation) label_replace(
+                    host_device_operation:blockstack_collapse_cause:info, "pieces", "", "", ""))
+                * on (host, device, operation) group_left (sectors) (
+                    count_values by (host, device, operation) ("sectors",
+                      round(host_device_operation:node_disk_request_size_sectors:avg))
+                  or on (host, device, operation) label_replace(
+                    host_device_operation:blockstack_collapse_cause:info, "sectors", "?", "", ""))
+                * on (host, device, operation) group_left (requests) (
+                    count_values by (host, device, operation) ("requests",
+                      round(host_device_operation:node_disk_completed:rate))
+                  or on (host, device, operation) label_replace(
+                    host_device_operation:blockstack_collapse_cause:info, "requests", "?", "", ""))
+                * on (host, device, operation) group_left (upper, upper_sectors) (
+                    count_values by (host, device, operation, upper) ("upper_sectors", round(
+                      label_replace(label_replace(
+                          host_device_lower_operation:node_disk_request_size_sectors:upper
+                            and topk by (host, lower, operation) (1, host_device_lower_operation:node_disk_request_size:split_ratio),
+                        "upper", "$1", "device", "(.+)"), "device", "$1", "lower", "(.+)")))
+                  or on (host, device, operation) label_replace(label_replace(
+                    host_device_operation:blockstack_collapse_cause:info, "upper", "", "", ""), "upper_sectors", "", "", ""))
+                * on (host, device) group_left (stack) (
+                    host_device:blockstack_stack:info
+                  or on (host, device) label_replace(
+                    max by (host, device) (host_device_operation:blockstack_collapse_cause:info), "stack", "", "", ""))
+                * on (host, device) group_left (nomerges, max_sectors_kb, max_hw_sectors_kb) (
+                    host_device:blockstack_queue_settings:info
+                  or on (host, device) label_replace(label_replace(label_replace(
+                    max by (host, device) (host_device_operation:blockstack_collapse_cause:info),
+                    "nomerges", "", "", ""), "max_sectors_kb", "", "", ""), "max_hw_sectors_kb", "", "", ""))
+                * on (host, device) group_left (scheduler) (
+                    max by (host, device, scheduler) (blockstack_queue_scheduler_info{%(blockstack_selector)s})
+                  or on (host, device) label_replace(
+                    max by (host, device) (host_device_operation:blockstack_collapse_cause:info), "scheduler", "", "", ""))
+                * on (host, device) group_left (snapshot, snapshot_device) (
+                    host_device:blockstack_snapshot_above:info
+                  or on (host, device) label_replace(label_replace(
+                    max by (host, device) (host_device_operation:blockstack_collapse_cause:info),
+                    "snapshot", "", "", ""), "snapshot_device", "", "", ""))
+            ||| % $._config,
+          },
           // Bios per second on device numbers no device has now (the device went, or came and
           // blockstack-exporter has not listed it yet): traffic the rules above cannot name, so no
           // evidence about it either. Absent while every number with traffic is named.
@@ -455,6 +574,30 @@
                   * on (host, devno) group_left (device) host_devno:blockstack_device:info
               )
                 / (host_device:ebpf_jbd2_credit_wait:rate > 0)
+            ||| % $._config,
+          },
+          // Each ext4 filesystem's options that decide how long tasks wait for journal credits, as
+          // labels for the jbd2 warning: dioread_nolock and delalloc (1 on, 0 off) and
+          // journal_size_bytes; an option not reported is absent. Value always 1.
+          {
+            record: 'host_device:blockstack_ext4_options:info',
+            expr: |||
+              group by (host, device) ({__name__=~"blockstack_ext4_(dioread_nolock|delalloc|journal_size_bytes)", %(blockstack_selector)s})
+                * on (host, device) group_left (dioread_nolock) (
+                    count_values by (host, device) ("dioread_nolock", blockstack_ext4_dioread_nolock{%(blockstack_selector)s})
+                  or on (host, device) label_replace(
+                    group by (host, device) ({__name__=~"blockstack_ext4_(dioread_nolock|delalloc|journal_size_bytes)", %(blockstack_selector)s}),
+                    "dioread_nolock", "", "", ""))
+                * on (host, device) group_left (delalloc) (
+                    count_values by (host, device) ("delalloc", blockstack_ext4_delalloc{%(blockstack_selector)s})
+                  or on (host, device) label_replace(
+                    group by (host, device) ({__name__=~"blockstack_ext4_(dioread_nolock|delalloc|journal_size_bytes)", %(blockstack_selector)s}),
+                    "delalloc", "", "", ""))
+                * on (host, device) group_left (journal_size_bytes) (
+                    count_values by (host, device) ("journal_size_bytes", blockstack_ext4_journal_size_bytes{%(blockstack_selector)s})
+                  or on (host, device) label_replace(
+                    group by (host, device) ({__name__=~"blockstack_ext4_(dioread_nolock|delalloc|journal_size_bytes)", %(blockstack_selector)s}),
+                    "journal_size_bytes", "", "", ""))
             ||| % $._config,
           },
         ],

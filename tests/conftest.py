@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 COMPONENTS = (

@@ -13,10 +13,11 @@ import urllib.request
 
 import pytest
 
-from blockstack_deploy import files, pki, procs
+from blockstack_deploy import files, pki
 from blockstack_lab import fio, loop
 from blockstack_lab.api import Prometheus, request
 from blockstack_lab.view import StackView
+from blockstack_testsupport import procs
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
@@ -33,6 +34,42 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     state_dir, ports, make = state
     out, _ = make("up", "--auth")
     secrets = os.path.join(state_dir, "secrets")
+    ca, password = check_secrets(secrets)
+    assert f"https://127.0.0.1:{ports['prometheus']}" in out
+    prom, am, graf = (
+        f"https://127.0.0.1:{ports[c]}" for c in ("prometheus", "alertmanager", "grafana")
+    )
+    grafana_password = files.secret(os.path.join(secrets, "grafana-admin-password"))
+    checks = {  # each listener's URL, user and password
+        "prometheus": (prom + "/api/v1/query?query=up", "admin", password),
+        "alertmanager": (
+            am + "/api/v2/silences",
+            "alertmanager",
+            files.secret(os.path.join(secrets, "alertmanager-password")),
+        ),
+        "grafana": (graf + "/api/datasources", "admin", grafana_password),
+    }
+    check_listeners(checks, ca)
+    check_grafana_over_https(state_dir, graf, grafana_password, ca)
+    check_no_mute_or_quit_without_password(prom, am, password, ca)
+
+    prometheus = Prometheus(prom, auth=("admin", password), ca=ca)
+    # self-scrapes over TLS with the password: every target up
+    prometheus.wait_targets_up(count=8)
+    # Grafana's provisioned datasource reaches Prometheus (basic auth + our CA)
+    status, health = answer(
+        graf + "/api/datasources/uid/blockstack-prometheus/health", "admin", grafana_password, ca=ca
+    )
+    assert status == 200 and json.loads(health)["status"] == "OK", health
+    check_reload(make, prometheus)
+    page_through_tls(state_dir, prometheus)
+    check_operator_certificate(state_dir, make, checks, prom, password, ca)
+    make("down")
+
+
+def check_secrets(secrets):
+    """The generated secrets' modes, the CA (its key gone, constrained to the server's names, a
+    name of its own) and the password's bcrypt cost; (CA certificate, admin password)."""
     ca, password_file = os.path.join(secrets, "ca.crt"), os.path.join(secrets, "admin-password")
     with open(password_file) as f:
         password = f.read().strip()
@@ -55,23 +92,12 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     )  # a name of its own on every install
     with open(os.path.join(secrets, "admin-password.bcrypt")) as f:
         assert f.read().startswith("$2b$06$")  # pki.BCRYPT_COST
-    assert f"https://127.0.0.1:{ports['prometheus']}" in out
-    prom, am, graf = (
-        f"https://127.0.0.1:{ports[c]}" for c in ("prometheus", "alertmanager", "grafana")
-    )
-    grafana_password = files.secret(os.path.join(secrets, "grafana-admin-password"))
+    return ca, password
 
-    # every listener: plain HTTP refused, TLS not trusted without our CA, 401 without or with a
-    # wrong password, 200 with the generated one
-    checks = {
-        "prometheus": (prom + "/api/v1/query?query=up", "admin", password),
-        "alertmanager": (
-            am + "/api/v2/silences",
-            "alertmanager",
-            files.secret(os.path.join(secrets, "alertmanager-password")),
-        ),
-        "grafana": (graf + "/api/datasources", "admin", grafana_password),
-    }
+
+def check_listeners(checks, ca):
+    """Every listener: plain HTTP refused, TLS not trusted without our CA, 401 without or with a
+    wrong password, 200 with the generated one."""
     report = {}
     for name, (url, user, secret) in checks.items():
         seen = {
@@ -90,7 +116,10 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
         assert seen["no credentials"] == 401 and seen["wrong password"] == 401, (name, seen)
         assert seen["credentials"] == 200, (name, seen)
     print("\nlisteners:", json.dumps(report))
-    # Grafana over https: HSTS, a CSP, its session cookie Secure and SameSite=Strict
+
+
+def check_grafana_over_https(state_dir, graf, grafana_password, ca):
+    """Grafana over https: HSTS, a CSP, its session cookie Secure and SameSite=Strict."""
     with open(os.path.join(state_dir, "config", "grafana.ini")) as f:
         ini = f.read()
     for line in (
@@ -115,7 +144,10 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     ), dict(headers)
     cookie = next(c for c in headers.get_all("Set-Cookie") if c.startswith("grafana_session="))
     assert "Secure" in cookie and "SameSite=Strict" in cookie, cookie
-    # a local user can neither mute pages nor stop Prometheus without the password
+
+
+def check_no_mute_or_quit_without_password(prom, am, password, ca):
+    """A local user can neither mute pages nor stop Prometheus without the password."""
     silence = {
         "matchers": [{"name": "alertname", "value": ".+", "isRegex": True}],
         "startsAt": "2020-01-01T00:00:00Z",
@@ -129,16 +161,10 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
         answer(prom + "/-/quit", "admin", password, ca=ca, method="POST")[0] == 403
     )  # no lifecycle API at all
 
-    prometheus = Prometheus(prom, auth=("admin", password), ca=ca)
-    # self-scrapes over TLS with the password: every target up
-    prometheus.wait_targets_up(count=8)
-    # Grafana's provisioned datasource reaches Prometheus (basic auth + our CA)
-    status, health = answer(
-        graf + "/api/datasources/uid/blockstack-prometheus/health", "admin", grafana_password, ca=ca
-    )
-    assert status == 200 and json.loads(health)["status"] == "OK", health
 
-    # `make up` again: its reload (SIGHUP through supervisord) applies
+def check_reload(make, prometheus):
+    """`make up` again: its reload (SIGHUP through supervisord) applies."""
+
     def last_reload():
         return prometheus.value("prometheus_config_last_reload_success_timestamp_seconds", 0)
 
@@ -147,13 +173,17 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     make("up", "--auth")
     procs.wait_until("the reload", lambda: last_reload() > before, 30)
 
+
+def page_through_tls(state_dir, prometheus):
+    """No page for healthy reads, a page for nomerges=2, every notification delivered."""
     view = StackView.from_state(state_dir)
     with fio.reads_on_ext4(runtime=300) as dev:
         name = loop.name(dev)
         procs.wait_until(
             "request sizes recorded",
             lambda: prometheus.query(
-                f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'
+                "host_device_operation:node_disk_request_size_sectors:avg"
+                f'{{device="{name}",operation="read"}} > 64'
             ),
             60,
         )
@@ -165,13 +195,15 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
                 f"page {time.monotonic() - flipped:.0f} s after the flip, through TLS + basic auth"
             )
         assert page[0].labels["severity"] == "critical"
-    # Prometheus -> Alertmanager: nothing dropped (before the fix: every notification 401)
+    # Prometheus -> Alertmanager: nothing dropped (a notification refused with 401 counts here)
     assert prometheus.value("sum(prometheus_notifications_errors_total)") == 0
 
-    # the operator's certificate (from another CA) instead of the generated one
+
+def check_operator_certificate(state_dir, make, checks, prom, password, ca):
+    """The operator's certificate (from another CA) instead of the generated one, on one address
+    (a loopback alias here: --listen ADDR's code path), where the stack's own clients go too."""
     theirs = os.path.join(state_dir, "operator-pki")
     their_ca = pki.make_ca(theirs, name="operator-ca")
-    # on one address (a loopback alias here: --listen ADDR's code path), where the stack's own clients go too
     crt, key = pki.make_cert(theirs, "web", ["127.0.0.2"])
     make("up", f"--listen 127.0.0.2 --tls-cert {crt} --tls-key {key} --tls-ca {their_ca}")
     for name, (url, user, secret) in checks.items():
@@ -182,4 +214,3 @@ def test_exposed_mode_pages_and_refuses_anonymous_requests(state):
     Prometheus(
         prom.replace("127.0.0.1", "127.0.0.2"), auth=("admin", password), ca=their_ca
     ).wait_targets_up()
-    make("down")

@@ -16,11 +16,12 @@ import time
 
 import pytest
 
-from blockstack_deploy import files, procs
+from blockstack_deploy import files
 from blockstack_deploy.supervisor import Supervisor
 from blockstack_lab import fio, loop
 from blockstack_lab.api import Alertmanager, Prometheus, request
 from blockstack_lab.view import StackView
+from blockstack_testsupport import procs
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
@@ -90,7 +91,32 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
     assert all(before.values()), before
     conf_mtime = os.stat(os.path.join(state_dir, "supervisord.conf")).st_mtime
 
-    # Grafana: provisioned, admin with the generated password only, its database in the state directory
+    password_file = check_grafana_password(state_dir, ports, out)
+    check_least_privilege(state_dir)
+    admin = check_foreign_origins(state_dir, ports)
+    check_no_pprof_without_credentials(state_dir, ports)
+    check_grafana_locked(state_dir, ports, password_file)
+
+    out, warm = make("up")
+    assert pids(state_dir) == before, "a second make up restarted something"
+    assert os.stat(os.path.join(state_dir, "supervisord.conf")).st_mtime == conf_mtime
+    print(f"\nmake up: cold {cold:.1f} s, warm {warm:.1f} s")
+
+    prometheus = Prometheus(f"http://127.0.0.1:{ports['prometheus']}", auth=admin)
+    view = StackView.from_state(state_dir)
+    with fio.reads_on_ext4(runtime=400) as dev:
+        name = loop.name(dev)
+        wait_healthy_reads(ports, prometheus, name)
+        kill_each_component(state_dir, make, prometheus, name)
+        page_and_resolve(state_dir, prometheus, view, dev, name)
+
+    make("down")
+    check_nothing_left(state_dir)
+
+
+def check_grafana_password(state_dir, ports, out):
+    """Grafana: provisioned, admin with the generated password only, its database in the state
+    directory; the password file is returned."""
     password_file = os.path.join(state_dir, "secrets", "grafana-admin-password")
     assert f"127.0.0.1:{ports['grafana']}/d/blockstack-merges" in out and password_file in out
     # readable by the servers' group only (privileges.py)
@@ -98,9 +124,12 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
         oct(os.stat(password_file).st_mode & 0o777) == "0o640"
         and os.stat(password_file).st_uid == 0
     )
+    return password_file
 
-    # least privilege: no program runs as root; the BPF loader holds no capability once attached
-    # (no device-mapper here: no dm helper, the only holder of one; tests/test_privilege.py)
+
+def check_least_privilege(state_dir):
+    """No program runs as root; the BPF loader holds no capability once attached (no
+    device-mapper here: no dm helper, the only holder of one; tests/test_privilege.py)."""
     seen = identities(state_dir)
     assert seen == {
         "node": ("blockstack-node", "0" * 16, "1"),
@@ -114,8 +143,11 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
         "front": ("blockstack-front", "0" * 16, "1"),
     }, seen
 
-    # a web page of another origin: Alertmanager and Prometheus want the password (a silence
-    # through v2's JSON API or 0.25's v1 text/plain one, a query), the receiver wants its token and JSON
+
+def check_foreign_origins(state_dir, ports):
+    """A web page of another origin: Alertmanager and Prometheus want the password (a silence
+    through v2's JSON API or 0.25's v1 text/plain one, a query), the receiver wants its token and
+    JSON; one password per server. Returns Prometheus's (user, password)."""
     am, prom, rcv = (
         f"http://127.0.0.1:{ports[c]}" for c in ("alertmanager", "prometheus", "receiver")
     )
@@ -163,10 +195,13 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
         request(am + "/api/v2/status", admin)[0] == 401
         and request(prom + "/api/v1/query?query=up", silencer)[0] == 401
     )
+    return admin
 
-    # Go's /debug/pprof/ without credentials: Prometheus and Alertmanager want the password, the
-    # exporters' ports answer /metrics only (metrics_front.py); behind them, the exporters' sockets
-    # (which still serve it) are closed to any user but root and the front
+
+def check_no_pprof_without_credentials(state_dir, ports):
+    """Go's /debug/pprof/ without credentials: Prometheus and Alertmanager want the password, the
+    exporters' ports answer /metrics only (metrics_front.py); behind them, the exporters' sockets
+    (which still serve it) are closed to any user but root and the front."""
     pprof = {
         c: request(f"http://127.0.0.1:{ports[c]}/debug/pprof/")[0]
         for c in ("prometheus", "alertmanager", "node", "ebpf")
@@ -193,6 +228,11 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
             for argv in (curl, as_nobody)
         ]
         assert seen_socket == ["200", "000"], (c, seen_socket)
+
+
+def check_grafana_locked(state_dir, ports, password_file):
+    """Grafana's API: the provisioned dashboard for admin with its password only; nothing phones
+    home; its database in the state directory."""
     dashboard = f"http://127.0.0.1:{ports['grafana']}/api/dashboards/uid/blockstack-merges"
     status, found = request(dashboard, ("admin", files.secret(password_file)))
     assert status == 200 and json.loads(found)["meta"]["provisioned"], found
@@ -212,101 +252,106 @@ def test_make_up_pages_on_collapse_survives_kills_and_leaves_nothing(state):
         assert off in ini
     assert os.path.exists(os.path.join(state_dir, "grafana", "data", "grafana.db"))
 
-    out, warm = make("up")
-    assert pids(state_dir) == before, "a second make up restarted something"
-    assert os.stat(os.path.join(state_dir, "supervisord.conf")).st_mtime == conf_mtime
-    print(f"\nmake up: cold {cold:.1f} s, warm {warm:.1f} s")
 
-    prometheus = Prometheus(f"http://127.0.0.1:{ports['prometheus']}", auth=admin)
-    view = StackView.from_state(state_dir)
-    with fio.reads_on_ext4(runtime=400) as dev:
-        name = loop.name(dev)
-        prometheus.wait_targets_up(
-            count=8
-        )  # the exporters, the two receivers, Alertmanager, Prometheus, Grafana
-        # the watchdog reaches the dead man's switch (here the receiver's /watchdog) without a page
+def wait_healthy_reads(ports, prometheus, name):
+    """Every target up, the watchdog at the receiver, the loop device's large sequential reads."""
+    prometheus.wait_targets_up(
+        count=8
+    )  # the exporters, the two receivers, Alertmanager, Prometheus, Grafana
+    # the watchdog reaches the dead man's switch (here the receiver's /watchdog) without a page
+    procs.wait_until(
+        "the watchdog at the receiver",
+        lambda: (
+            'path="/watchdog",code="200"'
+            in request(f"http://127.0.0.1:{ports['receiver']}/metrics")[1]
+        ),
+        90,
+    )
+    # healthy sequential reads: large requests at the loop device, and no page
+    procs.wait_until(
+        "request sizes recorded",
+        lambda: prometheus.query(
+            "host_device_operation:node_disk_request_size_sectors:avg"
+            f'{{device="{name}",operation="read"}} > 64'
+        ),
+        60,
+    )
+
+
+def kill_each_component(state_dir, make, prometheus, name):
+    """Faults: each component killed once, the supervisor restarts it, and Prometheus keeps the
+    samples from before its restart."""
+    # up to 10 s ago: a scrape in flight (stamped when it started, stored when it ends; a
+    # scrape times out after its 5 s interval) would add a sample to the range after this query
+    # the device's first samples at least 10 s old (three at the 5 s interval): on a quiet machine
+    # the lines above take less than that since the device was made
+    procs.wait_until(
+        "10 s of the device's samples",
+        lambda: prometheus.query(
+            f'count_over_time(node_disk_reads_completed_total{{device="{name}"}}[1m]) >= 3'
+        ),
+        60,
+    )
+    first_sample_time = time.time() - 10
+    samples_query = (
+        f'node_disk_reads_completed_total{{device="{name}"}}',
+        first_sample_time - 60,
+        first_sample_time,
+        1,
+    )
+    before_kills = prometheus.query_range(*samples_query)
+    assert before_kills and before_kills[0]["values"]
+    for component in PROGRAMS:
+        old = pids(state_dir)[component]
+        os.kill(old, signal.SIGKILL)
         procs.wait_until(
-            "the watchdog at the receiver",
-            lambda: (
-                'path="/watchdog",code="200"'
-                in request(f"http://127.0.0.1:{ports['receiver']}/metrics")[1]
-            ),
-            90,
+            f"{component} restarted",
+            lambda: (pids(state_dir)[component] or old) != old,
+            30,
+            0.2,
         )
-        # healthy sequential reads: large requests at the loop device, and no page
-        procs.wait_until(
-            "request sizes recorded",
-            lambda: prometheus.query(
-                f'host_device_operation:node_disk_request_size_sectors:avg{{device="{name}",operation="read"}} > 64'
-            ),
-            60,
-        )
+    make("up")  # waits for every health endpoint again
+    prometheus.wait_targets_up()
+    # Prometheus kept the samples from before its restart
+    assert prometheus.query_range(*samples_query) == before_kills
 
-        # faults: kill each component once; the supervisor restarts it
-        # up to 10 s ago: a scrape in flight (stamped when it started, stored when it ends; a
-        # scrape times out after its 5 s interval) would add a sample to the range after this query
-        # the device's first samples at least 10 s old (three at the 5 s interval): on a quiet machine
-        # the lines above take less than that since the device was made
-        procs.wait_until(
-            "10 s of the device's samples",
-            lambda: prometheus.query(
-                f'count_over_time(node_disk_reads_completed_total{{device="{name}"}}[1m]) >= 3'
-            ),
-            60,
-        )
-        first_sample_time = time.time() - 10
-        samples_query = (
-            f'node_disk_reads_completed_total{{device="{name}"}}',
-            first_sample_time - 60,
-            first_sample_time,
-            1,
-        )
-        before_kills = prometheus.query_range(*samples_query)
-        assert before_kills and before_kills[0]["values"]
-        for component in PROGRAMS:
-            old = pids(state_dir)[component]
-            os.kill(old, signal.SIGKILL)
-            procs.wait_until(
-                f"{component} restarted",
-                lambda: (pids(state_dir)[component] or old) != old,
-                30,
-                0.2,
-            )
-        make("up")  # waits for every health endpoint again
-        prometheus.wait_targets_up()
-        # Prometheus kept the samples from before its restart
-        assert prometheus.query_range(*samples_query) == before_kills
 
-        assert not view.pages(name), "paged for healthy sequential I/O"
-        with loop.sysfs_setting(dev, "queue/nomerges", "2"):
-            flipped = time.monotonic()
-            try:
-                page = procs.wait_until("the page", lambda: view.pages(name), 60)
-            except TimeoutError:
-                for query in (
-                    "ALERTS",
-                    "host_device_operation:ebpf_block_rq_missed_merges:rate",
-                    "host_device:node_disk_queue_depth:avg",
-                ):
-                    print(f"{query}:", prometheus.query(query))
-                raise
-            to_page = time.monotonic() - flipped
-            labels = page[0].labels
-            assert labels["severity"] == "critical" and labels["host"] and labels["device"] == name
-            assert "nomerges" in json.dumps(page[0].annotations)
-        resolved_from = time.monotonic()
-        # the receiver dies right as the collapse ends: Alertmanager retries, the resolve arrives.
-        # (Alertmanager itself was killed before the flip; a SIGKILLed single Alertmanager
-        # forgets which pages it sent, so it could not send their resolves: that is what the
-        # fleet's Alertmanager cluster is for.)
-        os.kill(pids(state_dir)["receiver"], signal.SIGKILL)
-        # the collapse page is held 90 s after its evidence clears (keep_firing_for): ~140 s
-        procs.wait_until("the resolve", lambda: view.pages(name, "resolved"), 200)
-        print(
-            f"page {to_page:.0f} s after the flip, resolved {time.monotonic() - resolved_from:.0f} s after the flip back"
-        )
+def page_and_resolve(state_dir, prometheus, view, dev, name):
+    """No page for healthy reads; nomerges=2 pages; the receiver killed as the collapse ends, the
+    resolve still arrives."""
+    assert not view.pages(name), "paged for healthy sequential I/O"
+    with loop.sysfs_setting(dev, "queue/nomerges", "2"):
+        flipped = time.monotonic()
+        try:
+            page = procs.wait_until("the page", lambda: view.pages(name), 60)
+        except TimeoutError:
+            for query in (
+                "ALERTS",
+                "host_device_operation:ebpf_block_rq_missed_merges:rate",
+                "host_device:node_disk_queue_depth:avg",
+            ):
+                print(f"{query}:", prometheus.query(query))
+            raise
+        to_page = time.monotonic() - flipped
+        labels = page[0].labels
+        assert labels["severity"] == "critical" and labels["host"] and labels["device"] == name
+        assert "nomerges" in json.dumps(page[0].annotations)
+    resolved_from = time.monotonic()
+    # the receiver dies right as the collapse ends: Alertmanager retries, the resolve arrives.
+    # (Alertmanager itself was killed before the flip; a SIGKILLed single Alertmanager
+    # forgets which pages it sent, so it could not send their resolves: that is what the
+    # fleet's Alertmanager cluster is for.)
+    os.kill(pids(state_dir)["receiver"], signal.SIGKILL)
+    # the collapse page is held 90 s after its evidence clears (keep_firing_for): ~140 s
+    procs.wait_until("the resolve", lambda: view.pages(name, "resolved"), 200)
+    print(
+        f"page {to_page:.0f} s after the flip, "
+        f"resolved {time.monotonic() - resolved_from:.0f} s after the flip back"
+    )
 
-    make("down")
+
+def check_nothing_left(state_dir):
+    """After make down: no process of the stack, the data and Grafana's database kept."""
     assert not subprocess.run(
         ["pgrep", "-f", state_dir], capture_output=True, text=True
     ).stdout.strip()

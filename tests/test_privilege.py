@@ -20,10 +20,11 @@ import tempfile
 
 import pytest
 
-from blockstack_deploy import files, privileges, procs
+from blockstack_deploy import files, privileges
 from blockstack_deploy.supervisor import Supervisor
 from blockstack_lab import loop
 from blockstack_lab.api import request
+from blockstack_testsupport import procs
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 EXPORTER_TESTS = os.path.join(

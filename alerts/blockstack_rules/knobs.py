@@ -122,3 +122,7 @@ def write_or_check(files, check, show=lambda path: path.relative_to(REPO)):
         print(f"stale: {', '.join(stale)}; run `make generate`", file=sys.stderr)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

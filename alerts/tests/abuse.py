@@ -27,7 +27,7 @@ import threading
 import time
 
 import page_receiver
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = page_receiver.__file__

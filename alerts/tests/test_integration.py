@@ -25,16 +25,17 @@ minutes).
 import contextlib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import time
 
 import pytest
 
-from blockstack_deploy import procs
 from blockstack_deploy.stack import SERVERS, Stack
 from blockstack_lab import fio, loop
 from blockstack_lab.api import Alertmanager, Prometheus
+from blockstack_testsupport import procs
 from page_receiver import received
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
@@ -87,6 +88,8 @@ def wait_page(stack, what, device, upper, flipped):
         "operation": "read",
     }
     assert alert["annotations"]["summary"].endswith(f"(stack {upper}).")
+    assert alert["annotations"]["doctor"] == f"blockstack-doctor --device {device}"
+    assert f"var-host={stack.host}&var-device={device}" in alert["annotations"]["dashboard"]
     return alert["annotations"]
 
 
@@ -158,14 +161,14 @@ def test_collapse_pages_and_resolves(tmp_path, servers):
             assert f"{name0} serves read requests of" in annotations["description"]
             assert "max_sectors_kb=4 " in annotations["description"]
             assert f"Above it {name1} averages" in annotations["description"]
-            assert f"/sys/block/{name0}/queue/max_sectors_kb" in annotations["confirm"]
-            assert annotations["proves"]
+            assert f"/sys/block/{name0}/queue/max_sectors_kb" in annotations["description"]
+            assert re.search(r"\(merging refused\)|split into tiny pieces", annotations["summary"])
             assert annotations["runbook_url"].endswith("#blockstackmergecollapse")
 
             annotations = wait_page(stack, "single-device", name2, name2, flipped)
             assert "nomerges=2" in annotations["description"]
-            assert annotations["proves"].startswith("Merging refused")
-            assert f"echo 0 > /sys/block/{name2}/queue/nomerges" in annotations["confirm"]
+            assert "unmerged (merging refused)" in annotations["summary"]
+            assert f"echo 0 > /sys/block/{name2}/queue/nomerges" in annotations["description"]
 
             # A setting changed during the page: the same alert goes on (no resolve, one alert).
             changed = time.time()
@@ -265,7 +268,7 @@ def test_reattached_device_is_named_and_pages(tmp_path, servers):
                     with loop.sysfs_setting(dev, "queue/nomerges", 2):
                         flipped = time.time()
                         annotations = wait_page(stack, "re-attached", name, name, flipped)
-                        assert annotations["proves"].startswith("Merging refused")
+                        assert "unmerged (merging refused)" in annotations["summary"]
             # gone: one scrape of every exporter without it before it comes back
             time.sleep(12)
         print(f"device numbers: {[f'{os.major(n)}:{os.minor(n)}' for n in numbers]}")

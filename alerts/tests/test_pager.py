@@ -37,11 +37,11 @@ import abuse  # alerts/tests/abuse.py: the stand-in switch
 import pytest
 import yaml
 
-from blockstack_deploy import procs
 from blockstack_deploy.stack import Stack
 from blockstack_lab import loop
 from blockstack_lab.api import Prometheus
 from blockstack_rules import knobs
+from blockstack_testsupport import procs
 from page_receiver import received
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]

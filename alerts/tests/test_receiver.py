@@ -18,8 +18,8 @@ import abuse  # alerts/tests/abuse.py: the clients of the abuse benchmark
 import pytest
 
 import page_receiver  # for its limits only: every test talks to the process
-from blockstack_deploy import procs
 from blockstack_lab import loop
+from blockstack_testsupport import procs
 
 pytestmark = [pytest.mark.root]
 
@@ -409,8 +409,8 @@ MALFORMED = {
 def test_malformed_and_cut_off_requests_write_nothing_and_the_receiver_keeps_serving(
     tmp_path, http_abuse
 ):
-    """Old: HTTP/0.9 got "ok", and a bad request line its 400, as a bare body without status line
-    or headers."""
+    """An HTTP/0.9 request and a bad request line get a 400 with a status line and headers (not a
+    bare body); a request cut off anywhere writes nothing; a whole one after them is written."""
     body = abuse.notification()
     with receiver_with_a_page(tmp_path) as (port, proc, out, earlier):
         for what, request_bytes in MALFORMED.items():
@@ -432,9 +432,8 @@ def test_malformed_and_cut_off_requests_write_nothing_and_the_receiver_keeps_ser
 
 @pytest.mark.servers
 def test_1000_held_connections_do_not_delay_a_page(tmp_path, http_abuse):
-    """Old: --connections held connections blocked the accept loop: a page waited in the backlog
-    until they were dropped (here 19.9 s: two rounds of the 10 s request timeout), and any local
-    user can hold them."""
+    """Connections held open by any local user, as many as --connections, never block the accept
+    loop: a page arrives at once, not after they time out (two rounds of the request timeout)."""
     with receiver_with_a_page(tmp_path, "--connections=500", "--request-timeout=30") as (
         port,
         proc,

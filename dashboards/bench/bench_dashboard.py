@@ -1,16 +1,17 @@
 """How long "Block Stack Merges" takes to load in Grafana + chromium, over the dashboard's default
 time range (now-1h) with the lab's devices ($stack = the lab's upper loop device, $device = All),
-during a lab collapse (blockstack_lab/dashboard_lab.py). A benchmark, not a test: it prints and asserts nothing.
+during a lab collapse (blockstack_lab/dashboard_lab.py). A benchmark, not a test: it prints and
+asserts nothing.
 
     sudo .venv/bin/python dashboards/bench/bench_dashboard.py [--rounds 3]     # make bench-dashboard
 
 A 1600x1000 window, in a fresh browser each round after logging in, scrolled panel by panel as a
 reader does (Grafana queries a panel only once it is in view), waiting for 0.5 s of quiet per panel
 (no loading bar, no query in flight) before scrolling on: "every panel loaded" is when the last
-panel went quiet, counted from the start of the navigation, so it includes the scrolling.
-The slowest panel query is the longest /api/ds/query round trip the page made (the browser's
-request timing, what Grafana's query inspector shows as "Total request time"), named by the panel
-title Grafana sends with it (X-Panel-Title).
+panel went quiet, counted from the start of the navigation, so it includes the scrolling. The
+slowest panel query is the longest /api/ds/query round trip the page made (the browser's request
+timing, what Grafana's query inspector shows as "Total request time"), named by the panel title
+Grafana sends with it (X-Panel-Title).
 """
 
 import argparse
@@ -63,13 +64,13 @@ def main(argv=None):
             seconds, (ms, panel), panels, queries = visit(lab)
             runs.append((seconds, ms, panel))
             print(
-                f"round {r + 1}: {panels} panels, {queries} queries: every panel loaded {seconds:.1f} s after "
-                f"opening; slowest query {ms:.0f} ms ({panel})"
+                f"round {r + 1}: {panels} panels, {queries} queries: every panel loaded "
+                f"{seconds:.1f} s after opening; slowest query {ms:.0f} ms ({panel})"
             )
     slowest = max(runs, key=lambda run: run[1])
     print(
-        f"\nmedians of {args.rounds} rounds (load average {os.getloadavg()[0]:.1f} at the end): every panel loaded "
-        f"{statistics.median(r[0] for r in runs):.1f} s; slowest query median "
+        f"\nmedians of {args.rounds} rounds (load average {os.getloadavg()[0]:.1f} at the end): "
+        f"every panel loaded {statistics.median(r[0] for r in runs):.1f} s; slowest query median "
         f"{statistics.median(r[1] for r in runs):.0f} ms, max {slowest[1]:.0f} ms ({slowest[2]})"
     )
 

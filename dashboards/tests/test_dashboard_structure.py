@@ -6,8 +6,11 @@ import os
 import re
 
 import yaml
+from dashboard_parts import common, stack_table
 
 import blockstack_dashboard
+from blockstack_exporter.settings import SETTINGS
+from blockstack_rules import knobs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROVISIONING = os.path.join(REPO, "deploy", "grafana", "provisioning")
@@ -78,7 +81,8 @@ def test_every_variable_is_used(dashboard):
         )
 
 
-# Panels about the host as a whole, whose queries follow $host only: which BPF programs its kernel runs.
+# Panels about the host as a whole, whose queries follow $host only: which BPF programs its kernel
+# runs.
 HOST_WIDE = {"eBPF evidence"}
 
 
@@ -171,7 +175,8 @@ def test_datasource_provisioning(dashboard):
     assert ds["uid"] == blockstack_dashboard.CONFIG["datasource_uid"]
     assert re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", ds["uid"])  # Grafana's uid rule
     default = next(v for v in dashboard["templating"]["list"] if v["name"] == "datasource")
-    # provisioned, the variable starts on the datasource of this name (the uid is the import's input)
+    # provisioned, the variable starts on the datasource of this name (the uid is the import's
+    # input)
     assert (
         default["current"]["text"] == ds["name"] == blockstack_dashboard.CONFIG["datasource_name"]
     )
@@ -199,8 +204,9 @@ def test_dashboard_provider_provisioning():
 
 
 def test_variable_queries_are_one_line(dashboard):
-    """Grafana's Prometheus datasource matches query_result(...) / label_values(...) with regexes whose
-    `.` stops at a newline: a multi-line one is sent to /api/v1/series and refused (HTTP 400)."""
+    """Grafana's Prometheus datasource matches query_result(...) / label_values(...) with regexes
+    whose `.` stops at a newline: a multi-line one is sent to /api/v1/series and refused (HTTP 400).
+    """
     for v in dashboard["templating"]["list"]:
         if v["type"] == "query":
             query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
@@ -210,8 +216,9 @@ def test_variable_queries_are_one_line(dashboard):
 
 
 def test_the_datasource_is_an_import_input(dashboard):
-    """As dashboards shared on grafana.com: one datasource input, DS_PROMETHEUS, which is the default
-    of the $datasource variable and the only ${...} that is not a variable of the dashboard."""
+    """As dashboards shared on grafana.com: one datasource input, DS_PROMETHEUS, which is the
+    default of the $datasource variable and the only ${...} that is not a variable of the dashboard.
+    """
     (ds_input,) = dashboard["__inputs"]
     assert ds_input["name"] == "DS_PROMETHEUS" and ds_input["type"] == "datasource"
     assert ds_input["pluginId"] == "prometheus"
@@ -240,7 +247,7 @@ def test_histogram_quantiles_stay_inside_the_histogram(dashboard):
                 )
 
 
-# --- colours: each setting as its finding's severity ------------------------------------------------
+# --- colours: each setting as its finding's severity ----------------------------------------------
 
 
 def _panel(dashboard, title):
@@ -271,13 +278,13 @@ def test_settings_take_their_findings_colours(dashboard):
     """Every panel colouring a setting colours it as the doctor's check (checks.py, the exporter's
     blockstack_finding) judges that value at the knobs' thresholds: the severity's colour where
     the check finds something, green (or none on a time series) where it finds nothing. Red,
-    the page's colour, only for a critical finding. Old: 4 KiB snapshot chunks red while the
-    finding is info, nomerges 2 red while it is a warning."""
+    the page's colour, only for a critical finding (not for 4 KiB snapshot chunks, an info
+    finding, nor for nomerges 2, a warning)."""
     from blockstack_exporter import checks
     from blockstack_exporter import knobs as finding_knobs
 
     k = finding_knobs.load(required=checks.KNOBS)
-    colours = blockstack_dashboard.SEVERITY_COLOURS
+    colours = common.SEVERITY_COLOURS
 
     def judged(check, **parts):
         h = checks.Host()
@@ -327,12 +334,12 @@ def test_settings_take_their_findings_colours(dashboard):
     assert (
         _mapped_colour(options, "dioread_nolock") == colours["info"]
     )  # the finding's least severity
-    stack = _panel(dashboard, "The stack at a glance: layers from top to physical disk")
+    stack = _panel(dashboard, stack_table.TITLE)
     max_sectors = _field(stack, "max_sectors_kb")["thresholds"]
     for kb in (4, 32, 64, 127, 128, 512, 1280):
         severity = judged(
             "max_sectors_low",
-            queue={"sda": {"max_sectors": kb * 1024, "max_hw_sectors": 32767 * 1024}},
+            queue={"sda": {"max_sectors_kb": kb * 1024, "max_hw_sectors_kb": 32767 * 1024}},
         )
         seen.append(severity)
         assert _threshold_colour(max_sectors, kb) == expect(severity), kb
@@ -363,7 +370,8 @@ def test_settings_take_their_findings_colours(dashboard):
 
 
 def promtool_eval(tmp_path, name, expr, series, expected):
-    """Evaluate expr at 1m with promtool on input series {series: values}, expecting samples {labels: value}."""
+    """Evaluate expr at 1m with promtool on input series {series: values}, expecting samples
+    {labels: value}."""
     import subprocess
 
     case = {
@@ -393,9 +401,8 @@ def test_the_nomerges_column_adds_10_beneath_a_stack(dashboard, tmp_path):
     (nvme1n1 beneath dm-0 and dm-1, both beneath dm-3): nomerges, plus 10 where the device sits
     beneath another one (the mapping's colours above rely on it; an error would leave the column
     empty)."""
-    stack = _panel(dashboard, "The stack at a glance: layers from top to physical disk")
-    expr = next(t["expr"] for t in stack["targets"] if t["refId"] == "B")
-    expr = expr.replace("$host", "h").replace("$device", ".+")
+    stack = _panel(dashboard, stack_table.TITLE)
+    expr = _column_expr(stack, "nomerges").replace("$host", "h").replace("$device", ".+")
     nomerges = {"dm-3": 0, "dm-0": 0, "dm-1": 0, "nvme1n1": 2, "sdb": 1}
     beneath = [
         ("dm-3", "dm-0", 1),
@@ -425,10 +432,73 @@ def test_the_nomerges_column_adds_10_beneath_a_stack(dashboard, tmp_path):
     )
 
 
-# --- truthful at every range (issue 31) -------------------------------------------------------------
+def _organize(panel):
+    (options,) = [t["options"] for t in panel["transformations"] if t["id"] == "organize"]
+    return options
 
-# A recording rule's series computed from counters over the rules' 20 s window (level:metric:operation
-# with a node_disk_ or ebpf_ metric): one window in every step of a long range, unless summarised.
+
+def _column_expr(panel, header):
+    """The query whose value a table shows as the column `header` (renamed from "Value #REF")."""
+    renamed = _organize(panel)["renameByName"]
+    (ref,) = [key.removeprefix("Value #") for key, name in renamed.items() if name == header]
+    return next(t["expr"] for t in panel["targets"] if t["refId"] == ref)
+
+
+def test_the_stack_table_has_a_column_per_setting_with_one(dashboard, tmp_path):
+    """Each SETTINGS row with a dashboard column (exporters/blockstack_exporter/settings.py) is a
+    column of the stack table, in the rows' order and headed by its file. Its query shows the
+    metric divided by the column's divisor (promtool); below healthy_from (a knob or a number of
+    bytes) its cells are blue (info), from it green; its texts are the cells' value mappings.
+    Every query's value is a named column or hidden, and the scheduler has its column."""
+    stack = _panel(dashboard, stack_table.TITLE)
+    organize = _organize(stack)
+    order = sorted(organize["indexByName"], key=organize["indexByName"].get)
+    rows = [r for r in SETTINGS if r.column is not None]
+    assert rows
+    assert [name for name in order if name in {r.file for r in SETTINGS}] == [r.file for r in rows]
+    assert "scheduler" in order
+    for t in stack["targets"]:
+        value = f"Value #{t['refId']}"
+        assert value in organize["renameByName"] or organize["excludeByName"].get(value), value
+    fields = {
+        o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}
+        for o in stack["fieldConfig"]["overrides"]
+    }
+    k = knobs.load()
+    for shown, row in enumerate(rows, start=3):
+        column = row.column
+        expr = _column_expr(stack, row.file).replace("$host", "h").replace("$device", ".+")
+        series = f'{row.name}{{job="blockstack",host="h",device="sda"}}'
+        promtool_eval(
+            tmp_path,
+            row.file,
+            expr,
+            {series: f"{shown * column.divisor}x20"},
+            {'{host="h",device="sda"}': shown},
+        )
+        field = fields.get(row.file, {})
+        floor = column.healthy_from
+        if floor is None:
+            assert "thresholds" not in field, row.file
+        else:
+            floor = k[floor] if isinstance(floor, str) else floor
+            assert field["thresholds"]["steps"] == [
+                {"value": None, "color": common.INFO},
+                {"value": floor / column.divisor, "color": common.HEALTHY},
+            ], row.file
+            assert field["custom.cellOptions"]["type"] == "color-background", row.file
+        for value, text in column.texts:
+            mapped = [
+                m["options"][str(value)] for m in field["mappings"] if str(value) in m["options"]
+            ]
+            assert [m["text"] for m in mapped] == [text], (row.file, value)
+
+
+# --- truthful at every range ----------------------------------------------------------------------
+
+# A recording rule's series computed from counters over the rules' 20 s window
+# (level:metric:operation with a node_disk_ or ebpf_ metric): one window in every step of a long
+# range, unless summarised.
 WINDOWED = re.compile(
     r"(?:(\w+)\()?\b(\w+:(?:node_disk|ebpf)_\w+:\w+)\{[^}]*\}(\[[^\]]*\](?: offset -?\$?\w+)?)?"
 )
@@ -436,14 +506,15 @@ SUMMARIES = {"max_over_time", "avg_over_time", "sum_over_time"}
 
 
 def test_windowed_rules_are_summarised_over_each_interval(dashboard):
-    """Old: "Refused merges per layer" showed 7.80 req/s over 24 h for a device that refused ~303,000/s
-    the same day: the 20 s-window rules sampled at Grafana's 2-minute step. Every such series in a time
-    series panel is summarised over each interval of the graph, the one starting at each point (Grafana
-    ends a range at the last whole step: a window ending at each point never reaches the latest one); a
-    panel that keeps the peak says so in its title; a rate over another window than $__rate_interval is
-    a peak's subquery, stepped by that window (a subquery's default step is the server's evaluation
-    interval: Thanos Query's 1m left a 15 min view of the fleet nearly empty) in a panel whose minimum
-    interval is that window (so that every interval of the graph holds a step)."""
+    """The 20 s-window rules sampled at Grafana's 2-minute step show one window in six ("Refused
+    merges per layer" at 7.80 req/s over 24 h for a device that refused ~303,000/s). Every such
+    series in a time series panel is summarised over each interval of the graph, the one starting at
+    each point (Grafana ends a range at the last whole step: a window ending at each point never
+    reaches the latest one); a panel that keeps the peak says so in its title; a rate over another
+    window than $__rate_interval is a peak's subquery, stepped by that window (a subquery's default
+    step is the server's evaluation interval: Thanos Query's 1m left a 15 min view of the fleet
+    nearly empty) in a panel whose minimum interval is that window (so that every interval of the
+    graph holds a step)."""
     for p in data_panels(dashboard):
         if p["type"] != "timeseries":
             continue
@@ -466,8 +537,9 @@ def test_windowed_rules_are_summarised_over_each_interval(dashboard):
 
 
 def test_every_empty_panel_says_so_in_words(dashboard):
-    """Old: an empty heatmap's legend read "∞undefined req/s ... -∞undefined req/s". A heatmap's query
-    answers only where there were observations (its own "No data" then); every other panel has a noValue."""
+    """An empty heatmap's legend would read "∞undefined req/s ... -∞undefined req/s": a heatmap's
+    query answers only where there were observations (its own "No data" then); every other panel has
+    a noValue."""
     for p in data_panels(dashboard):
         if p["type"] == "heatmap":
             for t in p["targets"]:
@@ -484,8 +556,9 @@ REDS = re.compile(r"(red|#(?:f2495c|e02f44|c4162a|ff7383|e24d42|bf1b00))$", re.I
 
 
 def test_red_is_for_alarms_only(dashboard):
-    """Old: the classic palette drew the fifth series red beside the red collapse bands. No series of a
-    time series panel takes a palette with red or a red colour; a firing critical alert's row is red."""
+    """The classic palette draws the fifth series red, beside the red collapse bands. No series of a
+    time series panel takes a palette with red or a red colour; a firing critical alert's row is
+    red."""
     for p in data_panels(dashboard):
         if p["type"] != "timeseries":
             continue
@@ -524,8 +597,8 @@ def test_red_is_for_alarms_only(dashboard):
 
 
 def test_every_axis_has_a_unit(dashboard):
-    """Old: "Average request size" had no unit. Every time series and stat has one, every heatmap a unit
-    on its y axis and on its cells (the tables of settings carry their unit in the column's name)."""
+    """Every time series and stat has a unit (request size: sectors), every heatmap a unit on its y
+    axis and on its cells (the tables of settings carry their unit in the column's name)."""
     for p in data_panels(dashboard):
         if p["type"] in ("timeseries", "stat"):
             assert p["fieldConfig"]["defaults"].get("unit") not in (None, "", "none", "short"), p[
@@ -538,10 +611,9 @@ def test_every_axis_has_a_unit(dashboard):
 
 
 def test_every_series_has_a_legend_row(dashboard):
-    """Old: the IOPS, Throughput and Merge ratio legends, beneath 8-wide panels, showed about 2.5 of
-    their 6 series (a legend beneath a graph gets at most a third of its height). Every time series
-    legend is a table at the right of a panel half the width at least and 9 rows high (the browser test
-    checks that no row is out of sight)."""
+    """A legend beneath an 8-wide graph shows about 2.5 of 6 series (it gets at most a third of the
+    panel's height). Every time series legend is a table at the right of a panel half the width at
+    least and 9 rows high (the browser test checks that no row is out of sight)."""
     for p in data_panels(dashboard):
         if p["type"] == "timeseries":
             legend = p["options"]["legend"]
@@ -555,8 +627,9 @@ def test_every_series_has_a_legend_row(dashboard):
 
 
 def test_the_ext4_incident_options_come_first(dashboard, tmp_path):
-    """Old: the options table needed scrolling to find dioread_nolock. Its query ranks the incident's
-    options, dioread_* highest, and the rest 1 (promtool), and the table sorts by that rank, highest first."""
+    """dioread_nolock without scrolling the options table: its query ranks the incident's options,
+    dioread_* highest, and the rest 1 (promtool), and the table sorts by that rank, highest first.
+    """
     options = _panel(dashboard, "ext4 effective mount options")
     (target,) = options["targets"]
     expr = target["expr"].replace("$host", "h").replace("$device", ".+")
@@ -592,9 +665,9 @@ def test_the_ext4_incident_options_come_first(dashboard, tmp_path):
 
 
 def test_the_provisioned_copy_queries_the_provisioned_datasource(dashboard, tmp_path):
-    """Old: the provisioned dashboard's $datasource held the literal ${DS_PROMETHEUS}, so its panels
-    queried whichever datasource was the default. Provisioning writes a copy with the import input
-    resolved to the provisioned datasource's uid, as an import does."""
+    """Left as the literal ${DS_PROMETHEUS}, a provisioned dashboard's $datasource would query
+    whichever datasource is the default. Provisioning writes a copy with the import input resolved
+    to the provisioned datasource's uid, as an import does."""
     from blockstack_deploy import grafana
 
     (ds,) = load("datasources/blockstack.yml")["datasources"]

@@ -1,17 +1,17 @@
 """The dashboard in a real Grafana (12.4.0, from ../shared/grafana; `make grafana`) during a lab
 collapse, through Grafana's HTTP API and in a real browser (Debian's chromium).
 
-One lab collapse (blockstack_lab/dashboard_lab.py) and one browser visit are shared by the module's tests,
-once per set of Prometheus-family servers (blockstack_deploy.stack.SERVERS: Debian's Prometheus 2.42
-and Alertmanager 0.25, and the pinned Prometheus 3 and current Alertmanager); every panel query's
-answer must have the same shape on both (label names, lab devices, histogram bounds as numbers):
-ext4 on loopU (direct-io) on a file on ext4 on loopL; healthy reads, fsync writes, then
-nomerges=2 and max_sectors_kb=4 on loopL until BlockStackMergeCollapse pages, held while the
-tests run. The browser logs in, opens the dashboard (from the start of the lab run to now), picks
-$stack = loopU in its drop-down and scrolls through every row until every panel has loaded; every /api/ds/query
-request the frontend sends is recorded. Template variables ($host, $stack, $device) are expanded
-by Grafana's frontend, not its backend, so the API test takes the expanded queries from those
-requests, sends them to /api/ds/query itself and asserts on Grafana's answers; $__interval and
+One lab collapse (blockstack_lab/dashboard_lab.py) and one browser visit are shared by the module's
+tests, once per set of Prometheus-family servers (blockstack_deploy.stack.SERVERS: Debian's
+Prometheus 2.42 and Alertmanager 0.25, and the pinned Prometheus 3 and current Alertmanager); every
+panel query's answer must have the same shape on both (label names, lab devices, histogram bounds as
+numbers): ext4 on loopU (direct-io) on a file on ext4 on loopL; healthy reads, fsync writes, then
+nomerges=2 and max_sectors_kb=4 on loopL until BlockStackMergeCollapse pages, held while the tests
+run. The browser logs in, opens the dashboard (from the start of the lab run to now), picks $stack =
+loopU in its drop-down and scrolls through every row until every panel has loaded; every
+/api/ds/query request the frontend sends is recorded. Template variables ($host, $stack, $device)
+are expanded by Grafana's frontend, not its backend, so the API test takes the expanded queries from
+those requests, sends them to /api/ds/query itself and asserts on Grafana's answers; $__interval and
 $__rate_interval are left to the backend as the frontend leaves them.
 
 Screenshots of the browser visit go to $ARTIFACTS_DIR (default .artifacts/ in the repository,
@@ -26,6 +26,7 @@ import time
 import types
 
 import pytest
+from dashboard_parts import queries
 
 import blockstack_dashboard
 from blockstack_deploy.stack import SERVERS
@@ -105,9 +106,10 @@ def visit(lab):
                 "refresh": "1d",
             }
             b.open_dashboard(UID, params)
-            # the stack picked in its variable's drop-down, from the options Grafana queried (tops only)
-            # (the queries recorded before the choice stay: if the stack was already the first option
-            # nothing is queried again, else the API test takes each query's last, sent after it)
+            # the stack picked in its variable's drop-down, from the options Grafana queried (tops
+            # only) (the queries recorded before the choice stay: if the stack was already the first
+            # option nothing is queried again, else the API test takes each query's last, sent after
+            # it)
             b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + 60)
             opened = time.monotonic()
             b.choose_variable("Stack (top device)", lab.upper)
@@ -118,7 +120,8 @@ def visit(lab):
             raise
         loaded = max(s["loaded_at"] for s in states.values())
         print(
-            f"\nbrowser: {len(states)} panels loaded {loaded - opened:.1f} s after choosing the stack"
+            f"\nbrowser: {len(states)} panels loaded {loaded - opened:.1f} s after choosing the "
+            "stack"
         )
         yield types.SimpleNamespace(browser=b, states=states, seconds=loaded - opened)
 
@@ -153,7 +156,8 @@ def values(result):
     return out
 
 
-# {(panel title, repeated device's role, refId): {servers: shape}}: filled by the API test on each set of servers.
+# {(panel title, repeated device's role, refId): {servers: shape}}: filled by the API test on each
+# set of servers.
 SHAPES = {}
 
 
@@ -174,7 +178,8 @@ def shape(result, lab):
 
 
 def expected_titles(dashboard, devices):
-    """{panel title as the browser shows it: (panel, device or None)}; repeated panels once per device."""
+    """{panel title as the browser shows it: (panel, device or None)}; repeated panels once per
+    device."""
     titles = {}
     for p in dashboard["panels"]:
         if p["type"] == "row":
@@ -236,7 +241,8 @@ def test_every_panel_query_and_the_annotation_through_grafanas_api(lab, visit):
                 if device is None or f'device=~"{device}"' in q["expr"]
             ]
             assert mine, (
-                f"the frontend never queried {title} {target['refId']}; it queried {sorted(map(str, sent))}"
+                f"the frontend never queried {title} {target['refId']}; it queried "
+                f"{sorted(map(str, sent))}"
             )
             body, query = mine[-1]
             expr = query["expr"]
@@ -275,7 +281,8 @@ def test_every_panel_query_and_the_annotation_through_grafanas_api(lab, visit):
                     )
             checked += 1
     print(
-        f"\napi: {checked} panel queries answered with data or expected empty ({len(EXPECTED_EMPTY)} panels)"
+        f"\napi: {checked} panel queries answered with data or expected empty "
+        f"({len(EXPECTED_EMPTY)} panels)"
     )
 
     # the collapse annotation: the frontend's query (refId Anno), answered with the page's event
@@ -317,7 +324,8 @@ def test_every_panel_in_the_browser(lab, visit):
         for title in EXPECTED_EMPTY:
             assert title in states, f"{title} never rendered"
 
-        # the lineup: upper still large, the device beneath at 8 sectors (Last * = last non-null value)
+        # the lineup: upper still large, the device beneath at 8 sectors (Last * = last non-null
+        # value)
         legend = b.legend(LINEUP_SIZE)
         upper = [v for k, v in legend.items() if k == f"L0 {lab.upper} read"]
         lower = [v for k, v in legend.items() if k == f"L1 {lab.lower} read"]
@@ -352,10 +360,10 @@ def test_every_panel_in_the_browser(lab, visit):
 
 
 def test_what_a_reader_sees(lab, visit):
-    """What the panels show a reader during the collapse, beyond "no error, not empty": a table whose
-    query answered rows shows rows; an empty panel shows its own neutral text; a quantile is drawn
-    only inside its histogram's range, for layers with traffic; red marks the alarm and nothing else;
-    the refused-merge and split lineup panels carry the collapsed device."""
+    """What the panels show a reader during the collapse, beyond "no error, not empty": a table
+    whose query answered rows shows rows; an empty panel shows its own neutral text; a quantile is
+    drawn only inside its histogram's range, for layers with traffic; red marks the alarm and
+    nothing else; the refused-merge and split lineup panels carry the collapsed device."""
     b = visit.browser
     status, found = api(lab, f"/api/dashboards/uid/{UID}")
     assert status == 200, found
@@ -384,7 +392,8 @@ def test_what_a_reader_sees(lab, visit):
                 text = b.panel(title).inner_text()
                 if not neutral or neutral not in text:
                     problems.append(
-                        f"{title}: empty, shows {text!r} instead of its own empty state ({neutral!r})"
+                        f"{title}: empty, shows {text!r} instead of its own empty state "
+                        f"({neutral!r})"
                     )
             why = RED_ALARMS.get(title)
             for text, row in b.red(title):
@@ -392,20 +401,20 @@ def test_what_a_reader_sees(lab, visit):
                     problems.append(f"{title}: {text!r} (row {row!r}) is red and is no alarm")
 
         # quantiles: only layers with traffic, never at the histogram's top
-        top = blockstack_dashboard.histogram_top(
-            blockstack_dashboard.BLOCK_IO, "block_rq_latency_seconds"
-        )
+        top = queries.histogram_top(queries.BLOCK_IO, "block_rq_latency_seconds")
         legend = b.legend(LATENCY)
         if f"p99 service L1 {lab.lower}" not in legend:
             problems.append(f"{LATENCY}: no p99 service line for {lab.lower}: {sorted(legend)}")
         if len(legend) > 3 * len({name.split(" L", 1)[-1] for name in legend}) or len(legend) > 9:
             problems.append(
-                f"{LATENCY}: {len(legend)} lines, more than 3 per layer of the 3-layer lab: {sorted(legend)}"
+                f"{LATENCY}: {len(legend)} lines, more than 3 per layer of the 3-layer lab: "
+                f"{sorted(legend)}"
             )
         for name, cells in legend.items():
             if _seconds(cells[1]) > top:  # Max
                 problems.append(
-                    f"{LATENCY}: {name} reaches {cells[1]}, beyond the histogram's top bucket ({top:g} s)"
+                    f"{LATENCY}: {name} reaches {cells[1]}, beyond the histogram's top bucket "
+                    f"({top:g} s)"
                 )
 
         # the lineup's refused merges and splits: the collapsed device is there, splitting
@@ -424,7 +433,8 @@ def test_what_a_reader_sees(lab, visit):
             for _, row in b.red("Firing alerts")
         ):
             problems.append(
-                f"Firing alerts: the collapse page's row is not red: {b.table_rows('Firing alerts')}"
+                "Firing alerts: the collapse page's row is not red: "
+                f"{b.table_rows('Firing alerts')}"
             )
         problems += [f"Firing alerts: {name!r} truncated" for name in b.truncated("Firing alerts")]
         problems += defects(b, visit.states, panels)
@@ -448,9 +458,10 @@ def series_answered(b, since=0):
 
 
 def defects(b, states, panels, since=0):
-    """What no panel may show a reader, whatever the range: "undefined", "∞" or "NaN" (an empty heatmap's
-    colour scale was "∞undefined req/s"); an empty panel without words; a time series legend without
-    a row for every series, a row hidden below the legend's edge, or a value without its unit."""
+    """What no panel may show a reader, whatever the range: "undefined", "∞" or "NaN" (an empty
+    heatmap's colour scale was "∞undefined req/s"); an empty panel without words; a time series
+    legend without a row for every series, a row hidden below the legend's edge, or a value without
+    its unit."""
     problems = []
     answered = series_answered(b, since)
     for title, state in states.items():
@@ -513,12 +524,12 @@ def peaks(b, lab, titles):
 
 
 def test_imported_into_a_grafana_whose_prometheus_has_another_name_and_uid(lab, visit):
-    """Where users already are: their Grafana has its own Prometheus datasource. The JSON imports with
-    its DS_PROMETHEUS input, as dashboards from grafana.com do (POST /api/dashboards/import, what
-    Dashboards > New > Import sends), and its panels query the datasource chosen; the provisioned
-    copy still queries the provisioned datasource, now that it is neither the only Prometheus (the new
-    one sorts first) nor the default one. Runs after the other tests of the module: they see one datasource, and the
-    module's browser leaves the dashboard they read."""
+    """Where users already are: their Grafana has its own Prometheus datasource. The JSON imports
+    with its DS_PROMETHEUS input, as dashboards from grafana.com do (POST /api/dashboards/import,
+    what Dashboards > New > Import sends), and its panels query the datasource chosen; the
+    provisioned copy still queries the provisioned datasource, now that it is neither the only
+    Prometheus (the new one sorts first) nor the default one. Runs after the other tests of the
+    module: they see one datasource, and the module's browser leaves the dashboard they read."""
     # the default datasource now: the provisioned copy must still query its own (its $datasource
     # resolved at provisioning), not whichever is the default
     other = {
@@ -571,17 +582,19 @@ def test_imported_into_a_grafana_whose_prometheus_has_another_name_and_uid(lab, 
         api(lab, f"/api/datasources/uid/{other['uid']}", method="DELETE")
 
 
-# Debian's Prometheus 2.42 only (make test's time): the queries' step arithmetic is PromQL's, the same in 3.x,
-# whose answers to every panel query test_every_panel_query_and_the_annotation_through_grafanas_api checks
+# Debian's Prometheus 2.42 only (make test's time): the queries' step arithmetic is PromQL's, the
+# same in 3.x, whose answers to every panel query
+# test_every_panel_query_and_the_annotation_through_grafanas_api checks
 @pytest.mark.parametrize("lab", ["debian"], indirect=True)
 def test_the_collapses_keep_their_peaks_at_24h(lab, visit):
     """A collapse minutes long keeps its height when the dashboard shows a day: the peaks of refused
-    merges and splits in the 24 h view within 10 % of the 15 min view's, during a collapse and once it
-    is over (the 20 s-window rules sampled at the 24 h step of 2 minutes showed 7.80 req/s for a device
-    that refused ~303,000/s, splits 0 against 1.66K). The lab's collapse splits and refuses no merge
-    (at max_sectors_kb=4 none would fit): a second collapse, merging refused (lab.refusing()), ends it.
-    Then every panel over the collapses alone (no journal credit wait: the empty heatmap) shows no
-    defect (defects()). Runs last: it ends the module's collapse (~80 s)."""
+    merges and splits in the 24 h view within 10 % of the 15 min view's, during a collapse and once
+    it is over (the 20 s-window rules sampled at the 24 h step of 2 minutes showed 7.80 req/s for a
+    device that refused ~303,000/s, splits 0 against 1.66K). The lab's collapse splits and refuses
+    no merge (at max_sectors_kb=4 none would fit): a second collapse, merging refused
+    (lab.refusing()), ends it. Then every panel over the collapses alone (no journal credit wait:
+    the empty heatmap) shows no defect (defects()). Runs last: it ends the module's collapse
+    (~80 s)."""
     b = visit.browser
     k = knobs.load()
     started = time.monotonic()
@@ -591,7 +604,8 @@ def test_the_collapses_keep_their_peaks_at_24h(lab, visit):
     time.sleep(dashboard_lab.SETTLE)  # and empty again: the collapses are only in the past
     after = peaks(b, lab, [REFUSED, SPLITS])
     print(
-        f"\npeaks of L1 {lab.lower} read during the refused-merges collapse: {during}; after both: {after}"
+        f"\npeaks of L1 {lab.lower} read during the refused-merges collapse: {during}; after both: "
+        f"{after}"
     )
     problems = []
     for when, found in (("during", during), ("after", after)):
@@ -601,7 +615,8 @@ def test_the_collapses_keep_their_peaks_at_24h(lab, visit):
             short, day = found["15 min", title], found["24 h", title]
             if short < floor:
                 problems.append(
-                    f"{title} {when}: 15 min peak {short}/s, below the page's floor {floor}/s: no collapse"
+                    f"{title} {when}: 15 min peak {short}/s, below the page's floor {floor}/s: no "
+                    "collapse"
                 )
             if title == SPLITS:
                 # Splits at 24 h read 91.9K/s against 133K/s at 15 min in one of four runs (a loaded
@@ -609,7 +624,8 @@ def test_the_collapses_keep_their_peaks_at_24h(lab, visit):
                 # asserted as the defect the audit found (splits 0 at 24 h), not to within 10 %.
                 if day < floor:
                     problems.append(
-                        f"{title} {when}: 24 h peak {day}/s, below the page's floor {floor}/s (15 min: {short}/s)"
+                        f"{title} {when}: 24 h peak {day}/s, below the page's floor {floor}/s "
+                        f"(15 min: {short}/s)"
                     )
             elif abs(day - short) > 0.1 * short:
                 problems.append(f"{title} {when}: 24 h peak {day}/s, 15 min peak {short}/s")
@@ -639,8 +655,9 @@ def test_the_collapses_keep_their_peaks_at_24h(lab, visit):
 
 
 def queried_datasources(b, lab, uid):
-    """The datasource uids of the queries the dashboard `uid` sends once opened in the browser `b` (the
-    module's, logged in; one playwright per thread) until its first row has loaded (the alert tables)."""
+    """The datasource uids of the queries the dashboard `uid` sends once opened in the browser `b`
+    (the module's, logged in; one playwright per thread) until its first row has loaded (the alert
+    tables)."""
     start = len(b.queries)
     b.open_dashboard(
         uid,

@@ -1,6 +1,6 @@
-"""The README pictures from real Grafana: the dashboard opened in Grafana + chromium during a collapse,
-every panel loaded, and the top of the dashboard (firing alerts, the stack table, the lineup) written
-to a PNG. Two labs:
+"""The README pictures from real Grafana: the dashboard opened in Grafana + chromium during a
+collapse, every panel loaded, and the top of the dashboard (firing alerts, the stack table, the
+lineup) written to a PNG. Two labs:
 
 - the loop lab (blockstack_lab/dashboard_lab.py, default): $stack on the lab's upper loop device;
   only the two loop devices are selected ($device): the root disk beneath them carries the rest of
@@ -45,7 +45,8 @@ VM_LAST_ROW = "Snapshot state"  # the VM lab's: below the snapshot panels
 
 @contextlib.contextmanager
 def loop_lab(work):
-    """(Grafana URL, admin password, dashboard URL parameters, last panel) during a loop-lab collapse."""
+    """(Grafana URL, admin password, dashboard URL parameters, last panel) during a loop-lab
+    collapse."""
     with dashboard_lab.collapse(work) as lab:
         # from the lab's start: the healthy, fsync and collapsed phases fill the width
         yield (

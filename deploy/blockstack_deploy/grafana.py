@@ -1,5 +1,5 @@
 """Grafana for the stack: found or unpacked, configured so that no request leaves the host, the
-datasource and the "Block Stack Merges" dashboard provisioned. `make up` (roles.py) and the
+datasource and the "Block Stack Merges" dashboard provisioned. `make up` (roles/) and the
 tests (stack.Stack with the "grafana" component) both use it.
 
     python -m blockstack_deploy.grafana        # find Grafana, unpacking the shared tarball if needed (make grafana)

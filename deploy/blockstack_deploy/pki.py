@@ -23,7 +23,7 @@ DAYS = 825  # the longest validity TLS clients still accept for leaf certificate
 CA_DAYS = 1095  # a CA outlives its leaves by a little: 3 years, not 9
 # bcrypt cost of every generated web password (fleet and `make up --listen/--auth`). Slow hashing
 # protects guessable passwords from offline cracking; ours are generated 144-bit secrets, so it buys
-# nothing, while every wrong password costs the server one hash: cost 12 was ~0.24 s of CPU per
+# nothing, while every wrong password costs the server one hash: cost 12 is ~0.24 s of CPU per
 # unauthenticated request (a CPU burn anyone who reaches the port can start), cost 6 is ~4 ms.
 BCRYPT_COST = 6
 

@@ -175,7 +175,7 @@ def private(path):
 
 
 def apply(role):
-    """For a role (roles.py) about to start as root: the users made; every program's written
+    """For a role (roles/) about to start as root: the users made; every program's written
     directory owned by its user (its --storage path, role.owned: the receiver's pages directory,
     Grafana's data) and closed to others, as the logs; the socket directories entered by their
     clients' group alone; the control node of device-mapper opened by the dm helper's group; the

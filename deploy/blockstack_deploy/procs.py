@@ -1,5 +1,5 @@
 """Servers started without a supervisor (Stack.running, the tests, the lab): free loopback ports,
-health waits, sure stops."""
+health waits, sure stops. The tests' own helpers are in blockstack_testsupport.procs."""
 
 import contextlib
 import os
@@ -33,24 +33,6 @@ def cmdlines():
 def http_get(url, timeout=5):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read().decode()
-
-
-def wait_until(what, predicate, timeout, interval=1.0):
-    """Poll predicate until it returns something truthy and return that; at most `timeout` seconds.
-    An OSError (a server not listening yet, a connection refused) counts as not yet."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except OSError as e:
-            value, last = None, e
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(
-        f"timed out after {timeout}s waiting for {what}" + (f": {last}" if last else "")
-    )
 
 
 def wait_http(url, timeout=30, proc=None):

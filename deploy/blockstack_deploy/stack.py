@@ -1,7 +1,7 @@
 """The stack on one host — exporters, Prometheus, Alertmanager, the page receiver — as
 configuration rendered into one directory and the command line of each program, every port on
 127.0.0.1: the scrape config, the exporters' flags, Prometheus's retention. The roles
-(roles.py) hand these commands to supervisord (`make up`) or systemd (systemd.py); the tests and
+(roles/) hand these commands to supervisord (`make up`) or systemd (systemd.py); the tests and
 the lab start them directly (Stack.running).
 """
 
@@ -22,6 +22,7 @@ from blockstack_rules import knobs
 from . import grafana, metrics_front, privileges, procs
 from .files import secret, write_yaml
 from .paths import BUILD, PYTHON, REPO, VENV_BIN
+from .versions import ALERTMANAGER_UPSTREAM_VERSION, PROMETHEUS3_VERSION
 
 EBPF_EXPORTER = os.path.join(BUILD, "bin", "ebpf_exporter")
 EBPF_CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
@@ -74,11 +75,9 @@ PROGRAMS = {
 
 # The Prometheus-family servers and their tools, in two tested sets (docs/deploy.md):
 #   debian    Debian 12's packages: Prometheus 2.42, Alertmanager 0.25
-#   upstream  Prometheus 3.16.0 and Alertmanager 0.31.1, built from the Go module proxy into
-#             .build/bin by `make upstream-servers` (the versions are pinned in the Makefile too)
+#   upstream  Prometheus 3 and a current Alertmanager, built from the Go module proxy into
+#             .build/bin by `make upstream-servers` (their versions: versions.py)
 # `servers=` of Stack and program() picks one; else $BLOCKSTACK_SERVERS, else DEFAULT_SERVERS.
-PROMETHEUS3_VERSION = "3.16.0"
-ALERTMANAGER_UPSTREAM_VERSION = "0.31.1"
 DEFAULT_SERVERS = "debian"
 SERVERS = {
     "debian": {
@@ -455,177 +454,210 @@ class Stack:
 
     def commands(self):
         """{component: (argv, env, health_url)} in start order."""
-        w, p = self.workdir, self.ports
-        web = [f"--web.config.file={self.web_config_file}"] if self.web_config_file else []
-        web = web or (
-            [f"--web.config.file={self.loopback_web_config}"] if self.loopback_web_config else []
-        )
         cmds = {}
         if "node" in self.components:
-            listen = (
-                ["--web.systemd-socket"]
-                if self.metrics_socket_dir
-                else [f"--web.listen-address=127.0.0.1:{p['node']}"]
-            )
-            cmds["node"] = (
-                self._socketed(
-                    "node",
-                    [
-                        program("node"),
-                        *listen,
-                        "--collector.disable-defaults",
-                        "--collector.diskstats",
-                        "--collector.cpu",
-                        "--collector.meminfo",
-                        "--collector.pressure",
-                        f"--collector.diskstats.device-exclude={DISKSTATS_EXCLUDE}",
-                    ],
-                ),
-                {},
-                self.url("node", "/metrics"),
-            )
+            cmds["node"] = self._node_command()
         if "blockstack" in self.components:
-            if "ebpf" in self.components:
-                _ = self.ebpf_configs  # the probe writes the status file
-            status = (
-                [f"--collector.ebpf.status-file={self.ebpf_status_file}"]
-                if self.ebpf_status_file and os.path.exists(self.ebpf_status_file)
-                else []
+            cmds.update(self._blockstack_commands())
+        if self.runs_ebpf:
+            cmds["ebpf"] = self._ebpf_command()
+        socketed = [c for c in ("node", "ebpf") if c in cmds]
+        if self.metrics_socket_dir and socketed:
+            cmds["front"] = self._front_command(socketed)
+        if "receiver" in self.components:
+            cmds["receiver"] = self._receiver_command()
+        if "receiver-self" in self.components:
+            cmds["receiver-self"] = self._receiver_self_command()
+        if "alertmanager" in self.components:
+            cmds["alertmanager"] = self._alertmanager_command()
+        if "prometheus" in self.components:
+            cmds["prometheus"] = self._prometheus_command()
+        if "grafana" in self.components:  # optional: started only when listed (it needs Prometheus)
+            binary, home = grafana.find() or (None, None)
+            if binary is None:
+                raise FileNotFoundError(grafana.HINT)
+            cmds["grafana"] = grafana.command(
+                binary, home, os.path.join(self.workdir, "grafana.ini"), self.ports["grafana"]
             )
-            helper = (
-                [f"--collector.dm.helper={self.dm_helper_socket}"] if self.dm_helper_socket else []
-            )
-            cmds["blockstack"] = (
+        return cmds
+
+    def _web_flags(self):
+        """Prometheus's (and Alertmanager's, without a file of its own) --web.config.file."""
+        if self.web_config_file:
+            return [f"--web.config.file={self.web_config_file}"]
+        if self.loopback_web_config:
+            return [f"--web.config.file={self.loopback_web_config}"]
+        return []
+
+    def _node_command(self):
+        listen = (
+            ["--web.systemd-socket"]
+            if self.metrics_socket_dir
+            else [f"--web.listen-address=127.0.0.1:{self.ports['node']}"]
+        )
+        return (
+            self._socketed(
+                "node",
+                [
+                    program("node"),
+                    *listen,
+                    "--collector.disable-defaults",
+                    "--collector.diskstats",
+                    "--collector.cpu",
+                    "--collector.meminfo",
+                    "--collector.pressure",
+                    f"--collector.diskstats.device-exclude={DISKSTATS_EXCLUDE}",
+                ],
+            ),
+            {},
+            self.url("node", "/metrics"),
+        )
+
+    def _blockstack_commands(self):
+        """blockstack-exporter and, where it has a socket, its dm helper."""
+        if "ebpf" in self.components:
+            _ = self.ebpf_configs  # the probe writes the status file
+        status = (
+            [f"--collector.ebpf.status-file={self.ebpf_status_file}"]
+            if self.ebpf_status_file and os.path.exists(self.ebpf_status_file)
+            else []
+        )
+        helper = [f"--collector.dm.helper={self.dm_helper_socket}"] if self.dm_helper_socket else []
+        cmds = {
+            "blockstack": (
                 [
                     program("blockstack"),
-                    f"--web.listen-address=127.0.0.1:{p['blockstack']}",
+                    f"--web.listen-address=127.0.0.1:{self.ports['blockstack']}",
                     *status,
                     *helper,
                 ],
                 {},
                 self.url("blockstack", "/metrics"),
             )
-            if helper:  # its health shows in the exporter's dm collector (blockstack_scrape_collector_success)
-                cmds["dm"] = (
-                    [
-                        program("gate"),
-                        "-I",
-                        "-m",
-                        "blockstack_exporter.dm_helper",
-                        f"--socket={self.dm_helper_socket}",
-                    ],
-                    {},
-                    self.url("blockstack", "/metrics"),
-                )
-        if self.runs_ebpf:
-            # --capabilities.keep: every capability dropped once the programs are attached (but
-            # CAP_BPF before 5.19, ebpf_keep_capabilities)
-            listen = "fd://0" if self.metrics_socket_dir else f"127.0.0.1:{p['ebpf']}"
-            cmds["ebpf"] = (
-                self._socketed(
-                    "ebpf",
-                    [
-                        program("ebpf"),
-                        f"--config.dir={EBPF_CONFIG_DIR}",
-                        f"--config.names={self.ebpf_configs}",
-                        *_btf_path(),
-                        f"--capabilities.keep={ebpf_keep_capabilities(self.kernel_release)}",
-                        f"--web.listen-address={listen}",
-                    ],
-                ),
-                {"OTEL_TRACES_EXPORTER": "none"},
-                self.url("ebpf", "/metrics"),
-            )
-        socketed = [c for c in ("node", "ebpf") if c in cmds]
-        if self.metrics_socket_dir and socketed:
-            cmds["front"] = (
+        }
+        if (
+            helper
+        ):  # its health shows in the exporter's dm collector (blockstack_scrape_collector_success)
+            cmds["dm"] = (
                 [
                     program("gate"),
-                    metrics_front.__file__,
-                    "serve",
-                    *(f"--route=127.0.0.1:{p[c]}={self.metrics_socket(c)}" for c in socketed),
+                    "-I",
+                    "-m",
+                    "blockstack_exporter.dm_helper",
+                    f"--socket={self.dm_helper_socket}",
                 ],
                 {},
-                self.url(socketed[-1], "/metrics"),
-            )
-        if "receiver" in self.components:
-            cmds["receiver"] = (
-                [
-                    program("receiver"),
-                    os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
-                    f"--listen=127.0.0.1:{p['receiver']}",
-                    f"--file={self.pages_file}",
-                    f"--token-file={self.receiver_token_file}",
-                    f"--statfs={self.data_dir}",
-                    *(
-                        [f"--heartbeat-url-file={self.heartbeat_url_file}"]
-                        if self.heartbeat_url_file and os.path.exists(self.heartbeat_url_file)
-                        else []
-                    ),
-                ],
-                {},
-                self.url("receiver", "/healthz"),
-            )
-        if "receiver-self" in self.components:  # small: a few notifications a day, on /run
-            cmds["receiver-self"] = (
-                [
-                    program("receiver-self"),
-                    os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
-                    f"--listen=127.0.0.1:{p['receiver-self']}",
-                    f"--file={self.self_pages_file}",
-                    f"--token-file={self.receiver_token_file}",
-                    "--path=/page",
-                    f"--max-bytes={4 << 20}",
-                    "--backups=1",
-                ],
-                {},
-                self.url("receiver-self", "/healthz"),
-            )
-        if "alertmanager" in self.components:
-            cmds["alertmanager"] = (
-                [
-                    program("alertmanager", self.servers),
-                    f"--config.file={w}/alertmanager.yml",
-                    f"--storage.path={self.data_dir}/alertmanager",
-                    f"--web.listen-address={self.web_listen}:{p['alertmanager']}",
-                    "--cluster.listen-address=",
-                    *(
-                        [f"--web.config.file={self.alertmanager_auth[0]}"]
-                        if self.alertmanager_auth
-                        else web
-                    ),
-                ],
-                {},
-                self.url("alertmanager", "/-/ready"),
-            )
-        if "prometheus" in self.components:
-            cmds["prometheus"] = (
-                [
-                    program("prometheus", self.servers),
-                    f"--config.file={w}/prometheus.yml",
-                    f"--storage.tsdb.path={self.data_dir}/prometheus",
-                    f"--storage.tsdb.retention.time={RETENTION}",
-                    f"--storage.tsdb.retention.size={RETENTION_SIZE}",
-                    f"--web.listen-address={self.web_listen}:{p['prometheus']}",
-                    f"--web.cors.origin={CORS_ORIGIN}",
-                    # Alertmanager keeps an alert 4 resend delays after its last send (the
-                    # default 1m: a dead Prometheus's watchdog lived on 4 min before the
-                    # dead man's switch could miss it); 15 s: 1 min, for one POST per 15 s
-                    f"--rules.alert.resend-delay={RESEND_DELAY}",
-                    *web,
-                ],
-                # no --web.enable-lifecycle: any local user could POST /-/quit; reload is SIGHUP
-                {},
-                self.url("prometheus", "/-/ready"),
-            )
-        if "grafana" in self.components:  # optional: started only when listed (it needs Prometheus)
-            binary, home = grafana.find() or (None, None)
-            if binary is None:
-                raise FileNotFoundError(grafana.HINT)
-            cmds["grafana"] = grafana.command(
-                binary, home, os.path.join(w, "grafana.ini"), p["grafana"]
+                self.url("blockstack", "/metrics"),
             )
         return cmds
+
+    def _ebpf_command(self):
+        # --capabilities.keep: every capability dropped once the programs are attached (but
+        # CAP_BPF before 5.19, ebpf_keep_capabilities)
+        listen = "fd://0" if self.metrics_socket_dir else f"127.0.0.1:{self.ports['ebpf']}"
+        return (
+            self._socketed(
+                "ebpf",
+                [
+                    program("ebpf"),
+                    f"--config.dir={EBPF_CONFIG_DIR}",
+                    f"--config.names={self.ebpf_configs}",
+                    *_btf_path(),
+                    f"--capabilities.keep={ebpf_keep_capabilities(self.kernel_release)}",
+                    f"--web.listen-address={listen}",
+                ],
+            ),
+            {"OTEL_TRACES_EXPORTER": "none"},
+            self.url("ebpf", "/metrics"),
+        )
+
+    def _front_command(self, socketed):
+        """metrics_front.py answering /metrics on the ports of the `socketed` exporters."""
+        return (
+            [
+                program("gate"),
+                metrics_front.__file__,
+                "serve",
+                *(f"--route=127.0.0.1:{self.ports[c]}={self.metrics_socket(c)}" for c in socketed),
+            ],
+            {},
+            self.url(socketed[-1], "/metrics"),
+        )
+
+    def _receiver_command(self):
+        return (
+            [
+                program("receiver"),
+                os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
+                f"--listen=127.0.0.1:{self.ports['receiver']}",
+                f"--file={self.pages_file}",
+                f"--token-file={self.receiver_token_file}",
+                f"--statfs={self.data_dir}",
+                *(
+                    [f"--heartbeat-url-file={self.heartbeat_url_file}"]
+                    if self.heartbeat_url_file and os.path.exists(self.heartbeat_url_file)
+                    else []
+                ),
+            ],
+            {},
+            self.url("receiver", "/healthz"),
+        )
+
+    def _receiver_self_command(self):
+        """The second notifier's receiver: small, a few notifications a day, on /run."""
+        return (
+            [
+                program("receiver-self"),
+                os.path.join(REPO, "alerts", "receiver", "page_receiver.py"),
+                f"--listen=127.0.0.1:{self.ports['receiver-self']}",
+                f"--file={self.self_pages_file}",
+                f"--token-file={self.receiver_token_file}",
+                "--path=/page",
+                f"--max-bytes={4 << 20}",
+                "--backups=1",
+            ],
+            {},
+            self.url("receiver-self", "/healthz"),
+        )
+
+    def _alertmanager_command(self):
+        return (
+            [
+                program("alertmanager", self.servers),
+                f"--config.file={self.workdir}/alertmanager.yml",
+                f"--storage.path={self.data_dir}/alertmanager",
+                f"--web.listen-address={self.web_listen}:{self.ports['alertmanager']}",
+                "--cluster.listen-address=",
+                *(
+                    [f"--web.config.file={self.alertmanager_auth[0]}"]
+                    if self.alertmanager_auth
+                    else self._web_flags()
+                ),
+            ],
+            {},
+            self.url("alertmanager", "/-/ready"),
+        )
+
+    def _prometheus_command(self):
+        return (
+            [
+                program("prometheus", self.servers),
+                f"--config.file={self.workdir}/prometheus.yml",
+                f"--storage.tsdb.path={self.data_dir}/prometheus",
+                f"--storage.tsdb.retention.time={RETENTION}",
+                f"--storage.tsdb.retention.size={RETENTION_SIZE}",
+                f"--web.listen-address={self.web_listen}:{self.ports['prometheus']}",
+                f"--web.cors.origin={CORS_ORIGIN}",
+                # Alertmanager keeps an alert 4 resend delays after its last send (the
+                # default 1m: a dead Prometheus's watchdog lived on 4 min before the
+                # dead man's switch could miss it); 15 s: 1 min, for one POST per 15 s
+                f"--rules.alert.resend-delay={RESEND_DELAY}",
+                *self._web_flags(),
+            ],
+            # no --web.enable-lifecycle: any local user could POST /-/quit; reload is SIGHUP
+            {},
+            self.url("prometheus", "/-/ready"),
+        )
 
     @contextlib.contextmanager
     def running(self, timeout=90):

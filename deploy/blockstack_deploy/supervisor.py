@@ -1,4 +1,4 @@
-"""A role (roles.py) run under supervisord in its state directory: `make up`, `make down`,
+"""A role (roles/) run under supervisord in its state directory: `make up`, `make down`,
 `make status`, `make logs`. Each program restarts on crash and logs to STATE/logs/NAME.log."""
 
 import json

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from blockstack_deploy import alert_gate, fleet_auth, procs, stack
+from blockstack_deploy import alert_gate, fleet_auth, stack
 from blockstack_lab.api import request
+from blockstack_testsupport import procs
 
 pytestmark = pytest.mark.servers
 

@@ -146,6 +146,7 @@ def test_contents_conffiles_and_maintainer_scripts(out, tmp_path):
         "/usr/lib/blockstack-merges/python/blockstack_exporter/main.py",
         "/usr/lib/blockstack-merges/python/blockstack_exporter/config.yml",
         "/usr/lib/blockstack-merges/python/blockstack_deploy/systemd.py",
+        "/usr/lib/blockstack-merges/python/blockstack_deploy/roles/agent.py",
         "/usr/lib/blockstack-merges/python/blockstack_http.py",
         "/usr/lib/python3/dist-packages/blockstack-merges.pth",
         "/etc/blockstack-merges/blockstack-merges.conf",
@@ -170,6 +171,7 @@ def test_contents_conffiles_and_maintainer_scripts(out, tmp_path):
             f"/usr/share/lintian/overrides/{pkg}",
         } <= files
         assert not [f for f in files if "__pycache__" in f or "/tests/" in f]
+        assert not [f for f in files if "testsupport" in f]  # test support stays in the checkout
         # no Grafana: only the stack model's grafana.py, which BLOCKSTACK_GRAFANA=none turns off
         assert [f for f in files if "grafana" in f.lower()] == [
             "/usr/lib/blockstack-merges/python/blockstack_deploy/grafana.py"

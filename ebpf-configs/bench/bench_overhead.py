@@ -45,8 +45,8 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from blockstack_deploy import procs
 from blockstack_lab import fio, loop
+from blockstack_testsupport import procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("BUILD", os.path.join(ROOT, ".build"))

@@ -12,7 +12,7 @@ import sys
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS_SRC = os.path.dirname(HERE)

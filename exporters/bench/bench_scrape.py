@@ -2,6 +2,7 @@
 """Scrape time of blockstack-exporter vs node_exporter's diskstats on one synthetic tree.
 
     bench_scrape.py [--devices 1024] [--rounds 40] [--scale 100,1000,4000,10000] [--scale-rounds 6]
+                    [--against REV] [--without CACHE[+CACHE],...|all]
 
 Generates a sysfs/procfs tree of N block devices (NVMe disks with a partition each, LVM
 linear volumes on the partitions, snapshot stacks with -real/-cow layers, ext4 mounted on the
@@ -11,28 +12,39 @@ than wall time on a shared machine), and their ratios; then the same at 100, 1,0
 10,000 devices (scrape time, CPU, RSS, bytes, series): the cost per device should stay flat.
 A benchmark, not a test: the figure depends on the machine, so both sides are measured in the
 same run.
+
+Other exporters can join the same rounds, each scraped once per round, and are compared with the
+current tree's: --against REV runs the exporter of a git revision (a temporary worktree, on this
+venv's Python and libraries) and prints current / REV; --without CACHE runs the current exporter
+with that cache taken out (without_cache.py, a wrapper only the benchmark uses) and prints what
+the cache is worth: how much more CPU a scrape costs without it.
 """
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 
-from blockstack_deploy import procs
-from blockstack_exporter.collectors.queue import FILES as QUEUE_FILES
+from without_cache import CACHES
 
+from blockstack_exporter.collectors.queue import FILES as QUEUE_FILES
+from blockstack_testsupport import procs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 EXPORTER = os.path.join(os.path.dirname(sys.executable), "blockstack-exporter")
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
 # Every disk's queue/ is a copy of a real one: the recorded fixture's virtio disk, each file the
 # queue collector reads.
 FIXTURE_QUEUE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    os.path.dirname(HERE),
     "tests",
     "fixtures",
     "host-loop",
@@ -238,10 +250,9 @@ def series(body):
     return sum(1 for line in body.split(b"\n") if line and not line.startswith(b"#"))
 
 
-def argvs(root, ours, theirs):
-    ours_argv = [
-        EXPORTER,
-        f"--web.listen-address=127.0.0.1:{ours}",
+def exporter_flags(root, port):
+    return [
+        f"--web.listen-address=127.0.0.1:{port}",
         f"--path.sysfs={root}/sys",
         f"--path.procfs={root}/proc",
         f"--path.dev={root}/dev",
@@ -249,9 +260,12 @@ def argvs(root, ours, theirs):
         "--log.level=error",
         "--web.default-scrape-timeout=60",
     ]
-    theirs_argv = [
+
+
+def node_exporter_argv(root, port):
+    return [
         NODE_EXPORTER,
-        f"--web.listen-address=127.0.0.1:{theirs}",
+        f"--web.listen-address=127.0.0.1:{port}",
         "--collector.disable-defaults",
         "--collector.diskstats",
         r"--collector.diskstats.device-exclude=^(ram|fd|sr)\d+$",
@@ -259,66 +273,147 @@ def argvs(root, ours, theirs):
         f"--path.sysfs={root}/sys",
         f"--path.udev.data={root}/udev",
     ]
-    return ours_argv, theirs_argv
 
 
-def measure(root, rounds, warmup=3):
-    """Both exporters on one tree, scraped alternately: per side the scrape times, the CPU seconds
-    each scrape cost the exporter's process, and after the run its RSS, the body's bytes and series."""
-    ours, theirs = procs.free_port(), procs.free_port()
-    urls = [f"http://127.0.0.1:{ours}/metrics", f"http://127.0.0.1:{theirs}/metrics"]
-    out = [{"wall": [], "cpu": []}, {"wall": [], "cpu": []}]
-    # started when the landing page answers: a first collection of 10,000 devices takes longer than
-    # the health check's 2 s per attempt
-    with (
-        procs.running(
-            argvs(root, ours, theirs)[0], health_url=urls[0][: -len("metrics")], timeout=120
-        ) as a,
-        procs.running(
-            argvs(root, ours, theirs)[1], health_url=urls[1][: -len("metrics")], timeout=120
-        ) as b,
-    ):
-        pids = [a.pid, b.pid]
+class Side:
+    """One blockstack-exporter to measure: how it is started (before its flags) and its env."""
+
+    def __init__(self, label, command=(EXPORTER,), env=None, cache=None):
+        self.label, self.command, self.env, self.cache = label, list(command), env, cache
+
+
+CURRENT = Side("blockstack-exporter (all collectors)")
+
+
+def measure(root, rounds, warmup=3, exporters=(CURRENT,)):
+    """The exporters and node_exporter (last) on one tree, each round scraping each once, who goes
+    first rotating: per side the scrape times, the CPU seconds each scrape cost the exporter's
+    process, and after the run its RSS, the body's bytes and series."""
+    ports = [procs.free_port() for _ in range(len(exporters) + 1)]
+    argvs = [side.command + exporter_flags(root, port) for side, port in zip(exporters, ports)]
+    argvs.append(node_exporter_argv(root, ports[-1]))
+    envs = [side.env for side in exporters] + [None]
+    urls = [f"http://127.0.0.1:{port}/metrics" for port in ports]
+    out = [{"wall": [], "cpu": []} for _ in ports]
+    with contextlib.ExitStack() as stack:
+        # started when the landing page answers: a first collection of 10,000 devices takes
+        # longer than the health check's 2 s per attempt
+        pids = [
+            stack.enter_context(
+                procs.running(argv, env=env, health_url=url[: -len("metrics")], timeout=120)
+            ).pid
+            for argv, env, url in zip(argvs, envs, urls)
+        ]
         for _ in range(warmup):
             for url in urls:
                 time_scrape(url)
+        sides = list(range(len(ports)))
         for i in range(rounds):
-            for side in (0, 1) if i % 2 == 0 else (1, 0):  # who goes first alternates
+            for side in sides[i % len(sides) :] + sides[: i % len(sides)]:
                 cpu = cpu_seconds(pids[side])
                 t, body = time_scrape(urls[side])
                 out[side]["cpu"].append(cpu_seconds(pids[side]) - cpu)
                 out[side]["wall"].append(t)
                 out[side]["body"] = body
-        for side in (0, 1):
-            out[side]["rss"] = rss_bytes(pids[side])
+        for side, pid in zip(out, pids):
+            side["rss"] = rss_bytes(pid)
     return out
 
 
 def report(n, rounds, out):
-    (a, b) = out
+    (a, b) = out[0], out[-1]
     ma, mb = statistics.median(a["wall"]), statistics.median(b["wall"])
-    ca, cb = (
-        statistics.mean(a["cpu"]),
-        statistics.mean(b["cpu"]),
-    )  # clock ticks: a mean, not a median
+    # clock ticks: a mean, not a median
+    ca, cb = statistics.mean(a["cpu"]), statistics.mean(b["cpu"])
     paired = statistics.median(x / y for x, y in zip(a["wall"], b["wall"]))
     print(
         f"synthetic tree: {n} block devices, {rounds} alternating scrapes each "
         f"({time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.1f})"
     )
     print(
-        f"blockstack-exporter (all collectors): median {ma * 1e3:7.1f} ms, CPU {ca * 1e3:6.1f} ms/scrape "
-        f"({len(a['body']) / 1024:.0f} KiB, {series(a['body'])} series, RSS {a['rss'] >> 20} MiB)"
+        f"blockstack-exporter (all collectors): median {ma * 1e3:7.1f} ms, "
+        f"CPU {ca * 1e3:6.1f} ms/scrape ({len(a['body']) / 1024:.0f} KiB, "
+        f"{series(a['body'])} series, RSS {a['rss'] >> 20} MiB)"
     )
     print(
-        f"node_exporter diskstats only:         median {mb * 1e3:7.1f} ms, CPU {cb * 1e3:6.1f} ms/scrape "
-        f"({len(b['body']) / 1024:.0f} KiB, {series(b['body'])} series, RSS {b['rss'] >> 20} MiB)"
+        f"node_exporter diskstats only:         median {mb * 1e3:7.1f} ms, "
+        f"CPU {cb * 1e3:6.1f} ms/scrape ({len(b['body']) / 1024:.0f} KiB, "
+        f"{series(b['body'])} series, RSS {b['rss'] >> 20} MiB)"
     )
     print(
-        f"ratio blockstack/node_exporter: {ma / mb:.2f}x of the medians, {paired:.2f}x median of the "
-        f"{rounds} back-to-back pairs, {f'{ca / cb:.2f}x' if cb else 'n/a'} of CPU per scrape (goal <= 1.0x)",
+        f"ratio blockstack/node_exporter: {ma / mb:.2f}x of the medians, {paired:.2f}x median of "
+        f"the {rounds} back-to-back pairs, {f'{ca / cb:.2f}x' if cb else 'n/a'} of CPU per scrape "
+        "(goal <= 1.0x)",
         flush=True,
     )
+
+
+def report_others(exporters, out, rounds):
+    """Each other exporter of the run against the current tree's, in CPU and wall time per
+    scrape. A cache's worth is how much more a scrape costs without it (without / with - 1)."""
+    if len(exporters) < 2:
+        return
+    a = out[0]
+    ca, ma = statistics.mean(a["cpu"]), statistics.median(a["wall"])
+    print(f"against the current tree's exporter ({rounds} rounds, load {os.getloadavg()[0]:.1f}):")
+    print(
+        "| exporter | median ms | CPU ms/scrape | series | current / this, CPU | medians "
+        "| median pair |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for side, b in zip(exporters, out):
+        cb, mb = statistics.mean(b["cpu"]), statistics.median(b["wall"])
+        paired = statistics.median(x / y for x, y in zip(a["wall"], b["wall"]))
+        print(
+            f"| {side.label} | {mb * 1e3:.1f} | {cb * 1e3:.1f} | {series(b['body']):,} | "
+            f"{f'{ca / cb:.3f}x' if cb else 'n/a'} | {ma / mb:.3f}x | {paired:.3f}x |"
+        )
+    for side, b in zip(exporters[1:], out[1:]):
+        if side.cache:
+            cb = statistics.mean(b["cpu"])
+            print(
+                f"{side.cache} ({'; '.join(CACHES[c][0] for c in side.cache.split('+'))}): worth {(cb / ca - 1) * 100:.0f} % of "
+                f"CPU per scrape ({cb * 1e3:.1f} ms without, {ca * 1e3:.1f} ms with)"
+            )
+    print(flush=True)
+
+
+@contextlib.contextmanager
+def worktree(rev):
+    """A checkout of rev in a temporary git worktree (removed afterwards) and the PYTHONPATH that
+    makes this venv's python run its exporter."""
+    top = subprocess.run(
+        ["git", "-C", HERE, "rev-parse", "--show-toplevel"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    path = tempfile.mkdtemp(prefix="blockstack-bench-base-")
+    try:
+        added = subprocess.run(
+            ["git", "-C", top, "worktree", "add", "--detach", path, rev],
+            stdout=subprocess.DEVNULL,
+        )
+        if added.returncode:
+            sys.exit(f"--against {rev}: git worktree add failed")
+        pythonpath = os.pathsep.join(os.path.join(path, d) for d in ("exporters", "httpd"))
+        found = subprocess.run(
+            [sys.executable, "-c", "import blockstack_exporter as e; print(e.__file__)"],
+            env=dict(os.environ, PYTHONPATH=pythonpath),
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if not found.startswith(path + os.sep):
+            sys.exit(f"--against {rev}: python imports {found}, not the worktree's exporter")
+        yield pythonpath
+    finally:
+        subprocess.run(
+            ["git", "-C", top, "worktree", "remove", "--force", path],
+            check=False,
+            stderr=subprocess.DEVNULL,
+        )
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def scale(sizes, rounds):
@@ -377,15 +472,48 @@ def main():
     p.add_argument(
         "--scale-rounds", type=int, default=6, help="alternating scrapes per size of the curve"
     )
+    p.add_argument(
+        "--against",
+        metavar="REV",
+        help="also run the exporter of git revision REV (a temporary worktree) in the same rounds",
+    )
+    p.add_argument(
+        "--without",
+        metavar="CACHE,...",
+        default="",
+        help="also run the exporter without each cache named, or without several at once "
+        f"(A+B); 'all' runs one without each of {', '.join(CACHES)}",
+    )
     args = p.parse_args()
     if not NODE_EXPORTER:
         sys.exit("node_exporter not found (apt-get install prometheus-node-exporter)")
-    root = tempfile.mkdtemp(prefix="blockstack-bench-")
-    try:
+    caches = [
+        c for name in args.without.split(",") if name for c in (CACHES if name == "all" else [name])
+    ]
+    for cache in caches:
+        if not set(cache.split("+")) <= set(CACHES):
+            sys.exit(f"--without {cache}: no such cache (one of {', '.join(CACHES)})")
+    exporters = [CURRENT]
+    exporters += [
+        Side(f"without {c}", [sys.executable, os.path.join(HERE, "without_cache.py"), c], cache=c)
+        for c in caches
+    ]
+    with contextlib.ExitStack() as stack:
+        if args.against:
+            pythonpath = stack.enter_context(worktree(args.against))
+            exporters.append(
+                Side(
+                    f"at {args.against}",
+                    [sys.executable, "-m", "blockstack_exporter"],
+                    env={"PYTHONPATH": pythonpath},
+                )
+            )
+        root = tempfile.mkdtemp(prefix="blockstack-bench-")
+        stack.callback(shutil.rmtree, root, ignore_errors=True)
         n = generate(root, args.devices)
-        report(n, args.rounds, measure(root, args.rounds))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        out = measure(root, args.rounds, exporters=exporters)
+        report(n, args.rounds, out)
+        report_others(exporters, out, args.rounds)
     if args.scale:
         scale([int(x) for x in args.scale.split(",")], args.scale_rounds)
 

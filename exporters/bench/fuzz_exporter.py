@@ -31,7 +31,7 @@ import time
 from exporter_testlib import exporter_argv, full_tree, http
 from fuzzing import ABORTED, HALF_SENT, SLOW, TARGETS, Fuzzer, closed_by_exporter, damaged_request
 
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 
 def fuzz(base, iterations, promtool_every, seed):

@@ -2,7 +2,7 @@
 
 The exporter publishes the findings as blockstack_finding{device, check, severity} (the findings
 collector) and `blockstack-doctor` prints them with their evidence and fixes; both evaluate
-this table on the same Host, built from the metric families one scrape produced, with the
+this table on the same Host, the values one scrape's collectors read, with the
 thresholds of alerts/config.yml (knobs.py). A check that mirrors an alert names it and reads the
 alert's knobs, so the doctor, the metric and the alert judge a setting alike
 (tests/test_checks.py holds them to it).
@@ -16,6 +16,9 @@ Some checks need more than a scrape reads: lvm.conf (the doctor's --path.lvmconf
 (the doctor's --interval: COW fill rate, the live lineup) or ebpf_exporter's metrics (--ebpf).
 The exporter evaluates the checks whose `needs` is "scrape".
 """
+
+from .devices import layers
+from .settings import BY_FILE
 
 SEVERITIES = ("critical", "warning", "info")
 KIB = 1024
@@ -66,38 +69,51 @@ class Finding:
 
 
 class Host:
-    """What one scrape read, by device: built from the exporter's own metric families, so the
-    findings cost no second read of sysfs, procfs or dmsetup."""
+    """What one scrape read, by device, as the collectors parsed it: each collector hands its part
+    to the scrape (Scrape.host) with the families it built from the same values, so the findings
+    cost no second read of sysfs, procfs or dmsetup, and nothing reads the exposition back. Sizes
+    are in bytes, times in seconds. A part is shared with the scrapes that reuse it: never
+    changed in place."""
+
+    # what the collectors fill (the findings' reuse key); the rest is the doctor's
+    PARTS = (
+        "devices",
+        "lower",
+        "numbers",
+        "queue",
+        "targets",
+        "snapshots",
+        "pools",
+        "crypt_flags",
+        "ext4",
+        "jbd2",
+    )
 
     def __init__(self):
-        self.devices = {}  # name -> {kind, name, uuid, vg_name, lv_name, lv_layer, backing_file}
-        self.lower = {}  # name -> [devices directly beneath]
-        self.queue = {}  # name -> {nomerges, max_sectors_bytes, ..., scheduler}
-        self.targets = {}  # dm-N -> {target types}
-        self.snapshots = {}  # dm-N -> {origin, cow, chunk, used, size, state}
-        self.pools = {}  # dm-N -> {data_used, data_size, meta_used, meta_size, state}
-        self.ext4 = {}  # device -> {mountpoint, options {option: value}, journal}
-        self.jbd2 = {}  # device -> {journal, phases {phase: seconds}, transactions}
-        self.crypt_flags = {}  # dm-N -> {flags of its crypt target}
-        self.lvm_conf = None  # {setting: value} of lvm.conf, when the doctor read it
-        self.previous, self.elapsed = (
-            None,
-            None,
-        )  # the doctor's first sample and the seconds between
-        self.ebpf = (
-            None  # {(metric, device): per-second rate} from ebpf_exporter, when the doctor has it
-        )
-
-    @classmethod
-    def from_families(cls, families, facts=None):
-        host = cls()
-        for family in families:
-            handler = _FAMILIES.get(family.name)
-            if handler:
-                for sample in family.samples:
-                    handler(host, sample.labels, sample.value)
-        host.crypt_flags = dict((facts or {}).get("crypt_flags", {}))
-        return host
+        # the stack collector: name -> {kind, name, uuid, vg_name, lv_name, lv_layer,
+        # backing_file}, the labels of blockstack_device_info; name -> [devices directly beneath]
+        self.devices = {}
+        self.lower = {}
+        self.numbers = {}  # name -> (major_minor, devno): its number now, as ebpf_exporter's devno
+        # the queue collector: name -> {a setting's file (settings.py): its value, in base units;
+        # "scheduler": the active one}; a file that could not be read is absent
+        self.queue = {}
+        # the dm collector, by dm-N: {target types}; {name, origin, cow, merge, chunk, used,
+        # size, state}; {name, state, data_used, data_size, meta_used, meta_size}; {flags of its
+        # crypt targets}
+        self.targets = {}
+        self.snapshots = {}
+        self.pools = {}
+        self.crypt_flags = {}
+        # the ext4 collector: device -> {mountpoint, options {option: value}, journal}; the jbd2
+        # collector: device -> {journal, phases {phase: seconds}, transactions}
+        self.ext4 = {}
+        self.jbd2 = {}
+        # the doctor's: {setting: value} of lvm.conf; the first sample's Host and the seconds
+        # between; {(metric, device): per-second rate} from ebpf_exporter
+        self.lvm_conf = None
+        self.previous, self.elapsed = None, None
+        self.ebpf = None
 
     # --- the stack ---------------------------------------------------------------------------
     def above(self, name):
@@ -112,7 +128,7 @@ class Host:
     def layers(self, top):
         """top's stack as its layers, top down: [[top], [devices directly beneath], ...], each
         device once, in the first layer that reaches it (breadth first, cycle-safe)."""
-        return _breadth_first(top, lambda d: self.lower.get(d, ()))
+        return layers(top, lambda d: self.lower.get(d, ()))
 
     def stack(self, top):
         """top and everything beneath it, top first, each once: layers() flattened."""
@@ -120,7 +136,7 @@ class Host:
 
     def uppers(self, name):
         """Every device above name, nearest first."""
-        return [d for layer in _breadth_first(name, self.above)[1:] for d in layer]
+        return [d for layer in layers(name, self.above)[1:] for d in layer]
 
     def bottoms(self, name):
         """The devices at the bottom of name's stack (those with nothing beneath)."""
@@ -157,123 +173,6 @@ class Host:
         return None
 
 
-def _breadth_first(start, step):
-    """[[start], [its step()s], [theirs], ...], each device once."""
-    out, seen, frontier = [], {start}, [start]
-    while frontier:
-        out.append(frontier)
-        nxt = []
-        for d in frontier:
-            for n in step(d):
-                if n not in seen:
-                    seen.add(n)
-                    nxt.append(n)
-        frontier = nxt
-    return out
-
-
-def _device(host, labels, value):
-    name = labels["device"]
-    host.devices[name] = {
-        k: labels.get(k, "")
-        for k in ("kind", "name", "uuid", "vg_name", "lv_name", "lv_layer", "backing_file")
-    }
-    host.lower.setdefault(name, [])
-
-
-def _lower(host, labels, value):
-    host.lower.setdefault(labels["device"], []).append(labels["lower"])
-
-
-def _queue(setting):
-    def handle(host, labels, value):
-        host.queue.setdefault(labels["device"], {})[setting] = value
-
-    return handle
-
-
-def _scheduler(host, labels, value):
-    host.queue.setdefault(labels["device"], {})["scheduler"] = labels["scheduler"]
-
-
-def _target(host, labels, value):
-    host.targets.setdefault(labels["device"], set()).add(labels["target"])
-
-
-def _snap(key):
-    def handle(host, labels, value):
-        snap = host.snapshots.setdefault(labels["device"], {"name": labels["name"]})
-        if key == "info":
-            snap.update(origin=labels["origin"], cow=labels["cow"], merge=labels["merge"] == "true")
-        elif key == "state":
-            if value == 1:
-                snap["state"] = labels["state"]
-        else:
-            snap[key] = value
-
-    return handle
-
-
-def _pool(key):
-    def handle(host, labels, value):
-        pool = host.pools.setdefault(labels["device"], {"name": labels["name"]})
-        if key == "state":
-            if value == 1:
-                pool["state"] = labels["state"]
-        else:
-            pool[key] = value
-
-    return handle
-
-
-def _ext4_option(host, labels, value):
-    fs = host.ext4.setdefault(labels["device"], {"mountpoint": labels["mountpoint"], "options": {}})
-    fs["options"][labels["option"]] = labels["value"]
-
-
-def _ext4_journal(host, labels, value):
-    host.ext4.setdefault(labels["device"], {"mountpoint": labels["mountpoint"], "options": {}})[
-        "journal"
-    ] = value
-
-
-def _jbd2(key):
-    def handle(host, labels, value):
-        j = host.jbd2.setdefault(labels["device"], {"journal": labels["journal"], "phases": {}})
-        if key == "phase":
-            j["phases"][labels["phase"]] = value
-        else:
-            j[key] = value
-
-    return handle
-
-
-_FAMILIES = {
-    "blockstack_device_info": _device,
-    "blockstack_device_lower_info": _lower,
-    "blockstack_queue_nomerges": _queue("nomerges"),
-    "blockstack_queue_max_sectors_bytes": _queue("max_sectors"),
-    "blockstack_queue_max_hw_sectors_bytes": _queue("max_hw_sectors"),
-    "blockstack_queue_rotational": _queue("rotational"),
-    "blockstack_queue_scheduler_info": _scheduler,
-    "blockstack_dm_target_info": _target,
-    "blockstack_dm_snapshot_info": _snap("info"),
-    "blockstack_dm_snapshot_chunk_size_bytes": _snap("chunk"),
-    "blockstack_dm_snapshot_cow_used_bytes": _snap("used"),
-    "blockstack_dm_snapshot_cow_size_bytes": _snap("size"),
-    "blockstack_dm_snapshot_state": _snap("state"),
-    "blockstack_dm_thin_pool_data_used_bytes": _pool("data_used"),
-    "blockstack_dm_thin_pool_data_size_bytes": _pool("data_size"),
-    "blockstack_dm_thin_pool_metadata_used_bytes": _pool("meta_used"),
-    "blockstack_dm_thin_pool_metadata_size_bytes": _pool("meta_size"),
-    "blockstack_dm_thin_pool_state": _pool("state"),
-    "blockstack_ext4_option_info": _ext4_option,
-    "blockstack_ext4_journal_size_bytes": _ext4_journal,
-    "blockstack_jbd2_transactions": _jbd2("transactions"),
-    "blockstack_jbd2_transaction_phase_average_seconds": _jbd2("phase"),
-}
-
-
 def _size(n):
     """Bytes as the kernel's files and LVM's tools write them: 4 KiB, 128 MiB, 1 GiB."""
     for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -306,6 +205,22 @@ def udev_spec(owner, attr, value):
     return [{"how": "udev", "device": owner, "attr": attr, "value": str(value)}]
 
 
+def _in_file(owner, attr, value):
+    """'/sys/block/sda/queue/max_sectors_kb = 4': a queue setting as its file reads it."""
+    return f"/sys/block/{owner}/queue/{attr} = {BY_FILE[attr].in_file(value):.0f}"
+
+
+def queue_fix(owner, attr, value):
+    """A Finding's fix, persist line and spec that write value to a queue attribute, now and
+    by a udev rule: a setting's (settings.py) in base units, the scheduler's by name."""
+    text = f"{BY_FILE[attr].in_file(value):.0f}" if attr in BY_FILE else value
+    return {
+        "fix": f"echo {text} > /sys/block/{owner}/queue/{attr}",
+        "persist": _udev(owner, attr, text),
+        "spec": udev_spec(owner, attr, text),
+    }
+
+
 def lvm_spec(settings, monitor=(), clears=True):
     return [
         {"how": "lvm.conf", "settings": dict(settings), "monitor": list(monitor), "clears": clears}
@@ -330,12 +245,11 @@ def nomerges_beneath_stack(host, k):
             "warning",
             f"merging restricted (nomerges={value:.0f}) beneath {above}",
             [
-                f"/sys/block/{owner}/queue/nomerges = {value:.0f} (0 all merges, 1 one-hit merges only, 2 none)",
+                _in_file(owner, "nomerges", value)
+                + " (0 all merges, 1 one-hit merges only, 2 none)",
                 f"directly above {name}: {above}",
             ],
-            f"echo 0 > /sys/block/{owner}/queue/nomerges",
-            _udev(owner, "nomerges", "0"),
-            spec=udev_spec(owner, "nomerges", "0"),
+            **queue_fix(owner, "nomerges", 0),
         )
 
 
@@ -355,39 +269,39 @@ def nomerges_elsewhere(host, k):
             "info",
             f"merging restricted (nomerges={value:.0f}): sequential I/O submitted in small pieces "
             "reaches the driver unmerged",
-            [f"/sys/block/{name}/queue/nomerges = {value:.0f}{mounted}"],
-            f"echo 0 > /sys/block/{name}/queue/nomerges",
-            _udev(name, "nomerges", "0"),
-            spec=udev_spec(name, "nomerges", "0"),
+            [_in_file(name, "nomerges", value) + mounted],
+            **queue_fix(name, "nomerges", 0),
         )
 
 
 def max_sectors_low(host, k):
-    """The alert's predicate: max_sectors < ratio * max_hw_sectors and < the floor."""
+    """The alert's predicate: max_sectors_kb < ratio * max_hw_sectors_kb and < the floor."""
     ratio, floor = k["max_sectors_max_ratio"], k["max_sectors_floor_bytes"]
     for name in sorted(host.queue):
         q = host.queue[name]
-        cur, hw = q.get("max_sectors"), q.get("max_hw_sectors")
+        cur, hw = q.get("max_sectors_kb"), q.get("max_hw_sectors_kb")
         if cur is None or hw is None or not (cur < ratio * hw and cur < floor):
             continue
         owner = host.queue_owner(name)
-        target = min(
-            hw, 1280 * KIB
-        )  # the usual kernel default (BLK_DEF_MAX_SECTORS_CAP), within the hardware's
         yield Finding(
             "max_sectors_low",
             name,
             "info",
-            f"max_sectors_kb {cur / KIB:.0f} is far below the hardware's {hw / KIB:.0f}: every larger request is split",
+            f"max_sectors_kb {cur / KIB:.0f} is far below the hardware's {hw / KIB:.0f}: every "
+            "larger request is split",
             [
-                f"/sys/block/{owner}/queue/max_sectors_kb = {cur / KIB:.0f}",
-                f"/sys/block/{owner}/queue/max_hw_sectors_kb = {hw / KIB:.0f}",
-                f"thresholds: below {ratio:g} x max_hw_sectors_kb and below {floor / KIB:.0f} KiB (alerts/config.yml)",
+                _in_file(owner, "max_sectors_kb", cur),
+                _in_file(owner, "max_hw_sectors_kb", hw),
+                f"thresholds: below {ratio:g} x max_hw_sectors_kb and below {floor / KIB:.0f} KiB "
+                "(alerts/config.yml)",
             ],
-            f"echo {target / KIB:.0f} > /sys/block/{owner}/queue/max_sectors_kb",
-            _udev(owner, "max_sectors_kb", f"{target / KIB:.0f}"),
-            spec=udev_spec(owner, "max_sectors_kb", f"{target / KIB:.0f}"),
+            **queue_fix(owner, "max_sectors_kb", max_sectors_target(hw)),
         )
+
+
+def max_sectors_target(hw):
+    """The usual kernel default (BLK_DEF_MAX_SECTORS_CAP, 1280 KiB), within the hardware's limit."""
+    return min(hw, 1280 * KIB)
 
 
 def max_sectors_below_upper(host, k):
@@ -396,14 +310,13 @@ def max_sectors_below_upper(host, k):
     for upper in sorted(host.devices):
         if host.devices[upper].get("kind") not in ("dm", "md"):
             continue
-        sends = host.queue.get(upper, {}).get("max_sectors")
+        sends = host.queue.get(upper, {}).get("max_sectors_kb")
         for name in host.lower.get(upper, ()):
             q = host.queue.get(name, {})
-            cur, hw = q.get("max_sectors"), q.get("max_hw_sectors")
+            cur, hw = q.get("max_sectors_kb"), q.get("max_hw_sectors_kb")
             if sends is None or cur is None or hw is None or not (cur < sends and cur < hw):
                 continue
             owner = host.queue_owner(name)
-            target = min(sends, hw)
             yield Finding(
                 "max_sectors_below_upper",
                 name,
@@ -411,13 +324,10 @@ def max_sectors_below_upper(host, k):
                 f"max_sectors_kb {cur / KIB:.0f} is below the {sends / KIB:.0f} KiB requests "
                 f"{host.label(upper)} sends it: each is split",
                 [
-                    f"/sys/block/{owner}/queue/max_sectors_kb = {cur / KIB:.0f} "
-                    f"(max_hw_sectors_kb {hw / KIB:.0f})",
-                    f"/sys/block/{upper}/queue/max_sectors_kb = {sends / KIB:.0f}",
+                    _in_file(owner, "max_sectors_kb", cur) + f" (max_hw_sectors_kb {hw / KIB:.0f})",
+                    _in_file(upper, "max_sectors_kb", sends),
                 ],
-                f"echo {target / KIB:.0f} > /sys/block/{owner}/queue/max_sectors_kb",
-                _udev(owner, "max_sectors_kb", f"{target / KIB:.0f}"),
-                spec=udev_spec(owner, "max_sectors_kb", f"{target / KIB:.0f}"),
+                **queue_fix(owner, "max_sectors_kb", min(sends, hw)),
             )
 
 
@@ -692,11 +602,9 @@ def scheduler_mismatch(host, k):
             advice,
             [
                 f"/sys/block/{name}/queue/scheduler: [{sched}]",
-                f"/sys/block/{name}/queue/rotational = {rot:.0f}",
+                _in_file(name, "rotational", rot),
             ],
-            f"echo {better} > /sys/block/{name}/queue/scheduler",
-            _udev(name, "scheduler", better),
-            spec=udev_spec(name, "scheduler", better),
+            **queue_fix(name, "scheduler", better),
         )
 
 
@@ -767,11 +675,26 @@ def lvm_autoextend_off(host, k):
 
 
 class Check:
-    __slots__ = ("id", "run", "needs", "alert", "knobs", "source", "title")
+    """A row of the table: run(host, knobs) yields its findings; doc says when it finds, for
+    docs/metrics.md's table of checks (`make metrics-doc`), with the severities it gives."""
 
-    def __init__(self, id, run, title, source, needs="scrape", alert=None, knobs=()):
+    __slots__ = ("id", "run", "needs", "alert", "knobs", "source", "title", "severities", "doc")
+
+    def __init__(
+        self,
+        id,
+        run,
+        title,
+        source,
+        needs="scrape",
+        alert=None,
+        knobs=(),
+        severities=("info",),
+        doc="",
+    ):
         self.id, self.run, self.title, self.source = id, run, title, source
         self.needs, self.alert, self.knobs = needs, alert, tuple(knobs)
+        self.severities, self.doc = tuple(severities), doc
 
 
 CHECKS = (
@@ -782,6 +705,11 @@ CHECKS = (
         "Documentation/admin-guide/device-mapper/snapshot.rst and drivers/md/dm-snap.c (Invalid, Overflow, "
         "Merge failed); dmeventd(8): a snapshot that runs out of space becomes invalid",
         alert="BlockStackSnapshotInvalid",
+        severities=("critical", "warning"),
+        doc=(
+            "a classic snapshot Invalid or Overflow (critical: its data is gone), or Merge failed "
+            "(warning); the alert pages on the critical ones"
+        ),
     ),
     Check(
         "thin_pool_full",
@@ -789,6 +717,11 @@ CHECKS = (
         "thin pool data or metadata nearly full, or out of space",
         "lvmthin(7) and dmeventd(8): dmeventd warns from 80 % data or metadata use",
         knobs=("thin_pool_used_max_ratio",),
+        severities=("warning", "critical"),
+        doc=(
+            "thin-pool data or metadata ≥ `thin_pool_used_max_ratio` (80 %, dmeventd's first "
+            "warning); critical when out of data space, read-only or failed"
+        ),
     ),
     Check(
         "nomerges_beneath_stack",
@@ -796,6 +729,8 @@ CHECKS = (
         "merging restricted beneath a stack",
         NVME_WRITEUP + "; " + QUEUE_DOC,
         alert="BlockStackNomergesBeneathStack",
+        severities=("warning",),
+        doc="`nomerges` ≠ 0 on a device something sits on",
     ),
     Check(
         "snapshot_cow_filling",
@@ -807,6 +742,12 @@ CHECKS = (
             "snapshot_fill_min_used_ratio",
             "snapshot_cow_used_warning_ratio",
             "snapshot_fill_horizon_seconds",
+        ),
+        severities=("info", "warning"),
+        doc=(
+            "COW ≥ `snapshot_fill_min_used_ratio` used; warning from "
+            "`snapshot_cow_used_warning_ratio`, or (`--interval`) predicted full within "
+            "`snapshot_fill_horizon_seconds`"
         ),
     ),
     Check(
@@ -820,6 +761,13 @@ CHECKS = (
             "jbd2_credit_wait_max_seconds",
             "jbd2_credit_wait_min_rate",
         ),
+        severities=("info", "warning"),
+        doc=(
+            "`dioread_nolock` in effect (`/proc/fs/ext4/DEV/options`, without `nodelalloc`, which "
+            "turns it off) with a journal below `ext4_journal_good_bytes`; warning once jbd2 shows "
+            "handles waiting for their transaction over `jbd2_credit_wait_max_seconds` (or, with "
+            "`--ebpf`, the alert's own credit-wait average and rate)"
+        ),
     ),
     Check(
         "max_sectors_low",
@@ -829,6 +777,10 @@ CHECKS = (
         + "; the loop lab: max_sectors_kb=4 turns 1024-sector requests into 8-sector ones",
         alert="BlockStackMaxSectorsLow",
         knobs=("max_sectors_max_ratio", "max_sectors_floor_bytes"),
+        doc=(
+            "`max_sectors_kb` < `max_sectors_max_ratio` × `max_hw_sectors_kb` and < "
+            "`max_sectors_floor_bytes`"
+        ),
     ),
     Check(
         "max_sectors_below_upper",
@@ -836,6 +788,10 @@ CHECKS = (
         "max_sectors_kb below what the layer above sends",
         "Documentation/admin-guide/device-mapper: a dm device's limits are stacked from its lowers' when "
         "its table is loaded, a later change beneath is not seen above; " + QUEUE_DOC,
+        doc=(
+            "a device's `max_sectors_kb` below the requests the dm/md device above it sends "
+            "(limits are stacked when a table loads; a later change beneath splits every request)"
+        ),
     ),
     Check(
         "snapshot_chunk_small",
@@ -844,13 +800,24 @@ CHECKS = (
         LVM2_WRITEUP,
         alert="BlockStackSnapshotChunkSmall",
         knobs=("snapshot_chunk_min_bytes", "snapshot_chunk_good_bytes"),
+        doc=(
+            "snapshot chunk < `snapshot_chunk_min_bytes` (the lvm2 write-up's table); the alert "
+            "also waits for writes to the origin"
+        ),
     ),
-    Check("nomerges", nomerges_elsewhere, "merging restricted", QUEUE_DOC + "; " + NVME_WRITEUP),
+    Check(
+        "nomerges",
+        nomerges_elsewhere,
+        "merging restricted",
+        QUEUE_DOC + "; " + NVME_WRITEUP,
+        doc="`nomerges` ≠ 0 on a device nothing is stacked on",
+    ),
     Check(
         "scheduler_mismatch",
         scheduler_mismatch,
         "I/O scheduler unsuited to the device",
         "Documentation/block/blk-mq.rst, Documentation/block/bfq-iosched.rst",
+        doc="a rotational disk without a scheduler, or bfq on a non-rotational one",
     ),
     Check(
         "crypt_workqueue",
@@ -858,6 +825,10 @@ CHECKS = (
         "dm-crypt on fast devices without the workqueue bypass",
         "Documentation/admin-guide/device-mapper/dm-crypt.rst (no_read_workqueue, no_write_workqueue, 5.9+); "
         "commit 39d42fa96ba1 and Cloudflare's 'Speeding up Linux disk encryption' (2020)",
+        doc=(
+            "dm-crypt over non-rotational disks without `no_read_workqueue`/`no_write_workqueue` "
+            "(5.9+)"
+        ),
     ),
     Check(
         "lvm_autoextend_off",
@@ -865,6 +836,10 @@ CHECKS = (
         "LVM autoextend off for snapshots or thin pools",
         "lvm.conf(5): snapshot_autoextend_threshold / thin_pool_autoextend_threshold 100 disables it",
         needs="lvm.conf",
+        doc=(
+            "classic snapshots or thin pools while lvm.conf's `*_autoextend_threshold` is 100 (the "
+            "default: off); doctor only"
+        ),
     ),
 )
 BY_ID = {c.id: c for c in CHECKS}

@@ -5,7 +5,6 @@ disk's directory, see Documentation/ABI/stable/sysfs-block), /sys/dev/block/MAJ:
 numbers to names) and /proc/self/mountinfo (which block device holds a path).
 """
 
-import functools
 import os
 import re
 
@@ -39,18 +38,12 @@ def list_devices(sysfs):
             target = os.readlink(f"{class_dir}/{name}")
         except OSError:
             continue  # vanished between listing and reading, or not a link in an odd tree
-        paths[name] = _resolve(class_dir, target)
+        path = os.path.normpath(os.path.join(class_dir, target))
+        paths[name] = path, os.path.basename(os.path.dirname(path))
     devices = {}
     for name, (path, parent) in paths.items():
         devices[name] = Device(name, path, parent if parent in paths else None)
     return devices
-
-
-@functools.lru_cache(maxsize=65536)  # the same links every scrape: resolved once each
-def _resolve(class_dir, target):
-    """A class/block link's target -> (its device directory, the name of the directory holding it)."""
-    path = os.path.normpath(os.path.join(class_dir, target))
-    return path, os.path.basename(os.path.dirname(path))
 
 
 def name_of_devno(sysfs, majmin):
@@ -115,3 +108,20 @@ def mount_holding(mounts, path):
             if best is None or len(mp) >= len(best.mountpoint):
                 best = m
     return best
+
+
+def layers(start, step):
+    """[[start], [its step()s], [theirs], ...]: a stack walked breadth first from start, each
+    device once, in the first layer that reaches it (cycle-safe). step(device) gives the devices
+    next to it: those beneath (down the stack) or above (up)."""
+    out, seen, frontier = [], {start}, [start]
+    while frontier:
+        out.append(frontier)
+        nxt = []
+        for d in frontier:
+            for n in step(d):
+                if n not in seen:
+                    seen.add(n)
+                    nxt.append(n)
+        frontier = nxt
+    return out

@@ -24,16 +24,18 @@ import re
 import sys
 import time
 
-from . import __version__, checks, knobs, persist
-from .collectors import ALL, DmCollector, FindingsCollector
+from . import __version__, checks, collectors, knobs, persist
+from .collectors import ALL
 from .collectors.ebpf import parse_status
 from .fs import ParseError, read_text
-from .scrape import BlockstackCollector, Paths, deadline
+from .scrape import BlockstackCollector, Paths, add_dm_flags, add_path_flags, deadline
+from .settings import BY_FILE
 
 log = logging.getLogger("blockstack_exporter")
 
 COLLECTION_SECONDS = 60.0  # a one-off run may take its time (the exporter has a scrape's 4.5 s)
 SECTOR = 512
+COLLAPSE_SETTINGS = ("nomerges", "max_sectors_kb")  # the queue settings a collapse's fix changes
 # The knobs of BlockStackMergeCollapse's evidence, which --interval's collapse finding reads
 INTERVAL_KNOBS = (
     "max_sectors_floor_bytes",
@@ -73,8 +75,8 @@ def parse_diskstats(text):
 def read_ebpf(url, names, timeout=10):
     """Counters of ebpf_exporter by (what, device[, operation]): requests issued and their bytes,
     refused merges, splits, jbd2 credit waits and their seconds. Its series carry the device
-    number (`devno`, ebpf-configs/README.md); `names` ({devno: device}, the exporter's
-    blockstack_device_number_info) names them."""
+    number (`devno`, ebpf-configs/README.md); `names` ({devno: device}, the Host's numbers, as
+    blockstack_device_number_info publishes them) names them."""
     import urllib.request  # only here: its import is a tenth of the doctor's start on a busy host
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -111,16 +113,11 @@ class Sample:
 class Doctor:
     def __init__(self, args, knob_values):
         self.args, self.knobs = args, knob_values
-        collectors = [
-            DmCollector(dmsetup=args.dmsetup, timeout=args.dmsetup_timeout)
-            if name == "dm"
-            else FindingsCollector(knob_values)
-            if name == "findings"
-            else ALL[name]()
-            for name in ALL
-        ]
-        self.findings = collectors[-1]
-        self.collector = BlockstackCollector(collectors, Paths(args.sysfs, args.procfs, args.dev))
+        every = collectors.build(
+            ALL, knob_values, dmsetup=args.dmsetup, dm_timeout=args.dmsetup_timeout
+        )
+        self.findings = every[-1]
+        self.collector = BlockstackCollector(every, Paths(args.sysfs, args.procfs, args.dev))
         self.messages = []
         self._handler = _Remember(self.messages)
         log.addHandler(self._handler)
@@ -146,13 +143,8 @@ class Doctor:
         if with_rates:
             diskstats = parse_diskstats(read_text(os.path.join(self.args.procfs, "diskstats")))
             if self.args.ebpf:
-                names = {
-                    s.labels["devno"]: s.labels["device"]
-                    for f in families
-                    if f.name == "blockstack_device_number_info"
-                    for s in f.samples
-                }
-                ebpf = read_ebpf(self.args.ebpf, names)
+                numbers = self.findings.host.numbers
+                ebpf = read_ebpf(self.args.ebpf, {n[1]: dev for dev, n in numbers.items()})
         return Sample(self.findings.host, errors, failed, diskstats, ebpf, time.monotonic())
 
     def lvm_conf(self):
@@ -281,10 +273,8 @@ def collapse_findings(host, rows, k):
                 )
             owner = host.queue_owner(dev)
             q = host.queue.get(owner, {})
-            evidence.append(
-                f"/sys/block/{owner}/queue: nomerges {q.get('nomerges', 0):.0f}, max_sectors_kb "
-                f"{q.get('max_sectors', 0) / 1024:.0f}"
-            )
+            shown = (f"{a} {BY_FILE[a].in_file(q.get(a, 0)):.0f}" for a in COLLAPSE_SETTINGS)
+            evidence.append(f"/sys/block/{owner}/queue: {', '.join(shown)}")
             fix, spec = _collapse_fix(owner, q, k, split_first=split and not refused)
             proves = "merging refused" if refused else "requests split" if split else "layered"
             what = (
@@ -304,11 +294,29 @@ def collapse_findings(host, rows, k):
                     evidence,
                     fix,
                     "see the setting's own finding; docs/runbook.md#blockstackmergecollapse",
-                    checks.NVME_WRITEUP,
+                    MERGE_COLLAPSE.source,
                     spec=spec,
                 )
             )
     return out
+
+
+MERGE_COLLAPSE = checks.Check(
+    "merge_collapse",
+    collapse_findings,
+    "merge collapse over the interval",
+    checks.NVME_WRITEUP,
+    needs="interval",
+    alert="BlockStackMergeCollapse",
+    severities=("critical", "info"),
+    doc=(
+        "`--interval` only, judged as the collapse rules judge it: critical on the page's "
+        "evidence, counted on the device's own requests by ebpf_exporter (`--ebpf`: merging "
+        "refused, or requests split into tiny pieces); info for the layered shape alone (small "
+        "requests where they reach a driver beneath a device sending large ones: the dashboard's "
+        "context, and another tenant's small I/O on a shared disk looks the same)"
+    ),
+)
 
 
 def _collapse_fix(owner, q, k, split_first):
@@ -316,17 +324,18 @@ def _collapse_fix(owner, q, k, split_first):
     layered shape), max_sectors_kb first for pieces split off."""
     fixes = []
     if q.get("nomerges"):
-        fixes.append(("nomerges", "0"))
-    if q.get("max_sectors", 0) < k["max_sectors_floor_bytes"]:
-        kb = min(q.get("max_hw_sectors", 0), 1280 * 1024) // 1024
-        fixes.insert(0 if split_first else len(fixes), ("max_sectors_kb", f"{kb:.0f}"))
+        fixes.append(("nomerges", 0))
+    if q.get("max_sectors_kb", 0) < k["max_sectors_floor_bytes"]:
+        target = checks.max_sectors_target(q.get("max_hw_sectors_kb", 0)) // 1024 * 1024
+        fixes.insert(0 if split_first else len(fixes), ("max_sectors_kb", target))
     if not fixes:
         return (
-            "neither nomerges nor max_sectors_kb: look at the layer in between (snapshot chunk size, dm-crypt)",
+            "neither nomerges nor max_sectors_kb: look at the layer in between (snapshot chunk "
+            "size, dm-crypt)",
             [],
         )
-    attr, value = fixes[0]
-    return f"echo {value} > /sys/block/{owner}/queue/{attr}", checks.udev_spec(owner, attr, value)
+    fix = checks.queue_fix(owner, *fixes[0])
+    return fix["fix"], fix["spec"]
 
 
 def _refused(row, k):
@@ -544,21 +553,7 @@ def parse_args(argv):
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--path.sysfs", dest="sysfs", default="/sys", help="sysfs mountpoint (default %(default)s)"
-    )
-    p.add_argument(
-        "--path.procfs",
-        dest="procfs",
-        default="/proc",
-        help="procfs mountpoint (default %(default)s)",
-    )
-    p.add_argument(
-        "--path.dev",
-        dest="dev",
-        default="/dev",
-        help="device nodes, read for ext4 superblocks (default %(default)s)",
-    )
+    add_path_flags(p)
     p.add_argument(
         "--path.lvmconf",
         dest="lvmconf",
@@ -572,19 +567,7 @@ def parse_args(argv):
         help="the root holding /etc, /run and /usr: udev rules, udev's database and tuned profiles, read "
         "for the persist recipes and what would set a queue attribute again (default %(default)s)",
     )
-    p.add_argument(
-        "--collector.dm.dmsetup",
-        dest="dmsetup",
-        default="dmsetup",
-        help="dmsetup binary (default %(default)s)",
-    )
-    p.add_argument(
-        "--collector.dm.timeout",
-        dest="dmsetup_timeout",
-        type=float,
-        default=10.0,
-        help="seconds before a dmsetup call is abandoned (default %(default)s)",
-    )
+    add_dm_flags(p, timeout=10.0)
     p.add_argument(
         "--config.knobs",
         dest="knobs",

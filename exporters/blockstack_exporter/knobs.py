@@ -5,12 +5,15 @@ alerts/config.yml in the repository; building the package copies its content), s
 or doctor installed anywhere judges with the thresholds its alerts were generated from.
 `--config.knobs PATH` reads an operator's own config.yml instead, the one their rules were
 generated from (`make generate`): the doctor, the exporter's blockstack_finding and the alerts
-then cannot disagree.
+then cannot disagree. The file is read as the rules generator reads it (blockstack_rules.knobs);
+the checks' knobs must be numbers besides.
 """
 
 import os
 
 import yaml
+
+from blockstack_rules import knobs as rules_knobs
 
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.yml")
 
@@ -23,12 +26,11 @@ def load(path=None, required=()):
     """{knob: value} from path (default: the shipped file); KnobsError names what is wrong."""
     path = path or SHIPPED
     try:
-        with open(path) as f:
-            values = yaml.safe_load(f)
+        values = rules_knobs.load(path)  # the rules generator's reading of the same file
     except (OSError, yaml.YAMLError) as e:
         raise KnobsError(f"{path}: {e}") from None
-    if not isinstance(values, dict):
-        raise KnobsError(f"{path}: expected a mapping of knobs")
+    except ValueError as e:  # not a mapping: the message names the path
+        raise KnobsError(str(e)) from None
     missing = sorted(set(required) - set(values))
     if missing:
         raise KnobsError(f"{path}: missing knobs {', '.join(missing)}")

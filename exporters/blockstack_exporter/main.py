@@ -10,37 +10,24 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from . import __version__, checks, knobs, server
-from .collectors import ALL, DmCollector, EbpfCollector, FindingsCollector
-from .scrape import BlockstackCollector, Paths
+from . import __version__, checks, collectors, knobs, server
+from .collectors import ALL
+from .scrape import BlockstackCollector, Paths, add_dm_flags, add_path_flags
 
 DEFAULT_LISTEN = "127.0.0.1:9363"
 
 
-def build_collectors(args):
-    """The collectors the flags enable, in ALL's order (findings last)."""
-    collectors = []
-    for name in args.collectors:
-        if name == "dm":
-            collectors.append(
-                DmCollector(
-                    dmsetup=args.dmsetup, timeout=args.dmsetup_timeout, helper=args.dm_helper
-                )
-            )
-        elif name == "findings":
-            collectors.append(FindingsCollector(knobs.load(args.knobs, checks.KNOBS)))
-        elif name == "ebpf":
-            collectors.append(EbpfCollector(args.ebpf_status_file))
-        else:
-            collectors.append(ALL[name]())
-    return collectors
-
-
 def build_registry(args):
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(
-        BlockstackCollector(build_collectors(args), Paths(args.sysfs, args.procfs, args.dev))
+    enabled = collectors.build(
+        args.collectors,
+        knobs.load(args.knobs, checks.KNOBS) if "findings" in args.collectors else None,
+        dmsetup=args.dmsetup,
+        dm_timeout=args.dmsetup_timeout,
+        dm_helper=args.dm_helper,
+        ebpf_status=args.ebpf_status_file,
     )
+    registry.register(BlockstackCollector(enabled, Paths(args.sysfs, args.procfs, args.dev)))
     registry.register(_BuildInfo())
     # process_* of the exporter itself (the real /proc, not --path.procfs): its open descriptors
     # (sysfs attributes are kept open between scrapes), RSS and CPU.
@@ -128,21 +115,7 @@ def parse_args(argv):
         default=DEFAULT_LISTEN,
         help="host:port to serve /metrics on (default %(default)s; loopback only unless you say so)",
     )
-    p.add_argument(
-        "--path.sysfs", dest="sysfs", default="/sys", help="sysfs mountpoint (default %(default)s)"
-    )
-    p.add_argument(
-        "--path.procfs",
-        dest="procfs",
-        default="/proc",
-        help="procfs mountpoint (default %(default)s)",
-    )
-    p.add_argument(
-        "--path.dev",
-        dest="dev",
-        default="/dev",
-        help="device nodes, read for ext4 superblocks (default %(default)s)",
-    )
+    add_path_flags(p)
     for name in ALL:  # node_exporter's --collector.NAME / --no-collector.NAME
         p.add_argument(
             f"--collector.{name}",
@@ -157,19 +130,7 @@ def parse_args(argv):
         action="store_true",
         help="disable every collector not enabled by its own --collector.NAME flag",
     )
-    p.add_argument(
-        "--collector.dm.dmsetup",
-        dest="dmsetup",
-        default="dmsetup",
-        help="dmsetup binary (default %(default)s)",
-    )
-    p.add_argument(
-        "--collector.dm.timeout",
-        dest="dmsetup_timeout",
-        type=float,
-        default=5.0,
-        help="seconds before a dmsetup call is abandoned (default %(default)s)",
-    )
+    add_dm_flags(p, timeout=5.0)
     p.add_argument(
         "--collector.dm.helper",
         dest="dm_helper",

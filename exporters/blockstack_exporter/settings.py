@@ -35,6 +35,10 @@ class Setting:
     def name(self):
         return "blockstack_queue_" + self.metric
 
+    def in_file(self, value):
+        """A value in base units as the file writes it (bytes -> KiB for a _kb file)."""
+        return value / self.scale
+
 
 SETTINGS = (
     Setting(

@@ -1,6 +1,7 @@
 """Helpers shared by the exporter's tests (imported by name: conftest modules of several
 test directories would shadow each other)."""
 
+import difflib
 import os
 import shutil
 import sys
@@ -135,3 +136,18 @@ def http(url, method="GET", headers=None, timeout=30):
             return r.status, r.read().decode("utf-8", "replace"), time.monotonic() - start
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode("utf-8", "replace"), time.monotonic() - start
+
+
+def assert_golden(request, path, body, what):
+    """body is the golden file at path, or is written there with --update-golden (make
+    update-fixtures); what names body in the diff."""
+    if request.config.getoption("--update-golden"):
+        with open(path, "w") as f:
+            f.write(body)
+    with open(path) as f:
+        expected = f.read()
+    name = os.path.basename(path)
+    diff = "".join(
+        difflib.unified_diff(expected.splitlines(True), body.splitlines(True), name, what)
+    )
+    assert not diff, f"{what} differs from {name} (make update-fixtures if intended):\n" + diff

@@ -9,7 +9,7 @@ import tempfile
 import pytest
 from exporter_testlib import EXPORTER, HOST_LOOP, Scraped, registry_for
 
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 LOOP0_QUEUE = "sys/devices/virtual/block/loop0/queue"
 

@@ -31,12 +31,15 @@ def found(h, check=None):
 def test_max_sectors_low_at_the_alerts_edges():
     floor = K["max_sectors_floor_bytes"]
     below = host(
-        {"sda": "disk"}, queue={"sda": {"max_sectors": floor - KIB, "max_hw_sectors": 32767 * KIB}}
+        {"sda": "disk"},
+        queue={"sda": {"max_sectors_kb": floor - KIB, "max_hw_sectors_kb": 32767 * KIB}},
     )
-    at = host({"sda": "disk"}, queue={"sda": {"max_sectors": floor, "max_hw_sectors": 32767 * KIB}})
+    at = host(
+        {"sda": "disk"}, queue={"sda": {"max_sectors_kb": floor, "max_hw_sectors_kb": 32767 * KIB}}
+    )
     # below the floor but not below ratio x hardware: as the alert, nothing
     small_hw = host(
-        {"sda": "disk"}, queue={"sda": {"max_sectors": 64 * KIB, "max_hw_sectors": 128 * KIB}}
+        {"sda": "disk"}, queue={"sda": {"max_sectors_kb": 64 * KIB, "max_hw_sectors_kb": 128 * KIB}}
     )
     assert found(below, "max_sectors_low") == {("max_sectors_low", "sda", "info")}
     assert found(at, "max_sectors_low") == set()
@@ -45,15 +48,15 @@ def test_max_sectors_low_at_the_alerts_edges():
 
 def test_max_sectors_below_what_the_dm_device_above_sends():
     q = {
-        "dm-0": {"max_sectors": 1280 * KIB, "max_hw_sectors": 32767 * KIB},
-        "sda": {"max_sectors": 512 * KIB, "max_hw_sectors": 32767 * KIB},
+        "dm-0": {"max_sectors_kb": 1280 * KIB, "max_hw_sectors_kb": 32767 * KIB},
+        "sda": {"max_sectors_kb": 512 * KIB, "max_hw_sectors_kb": 32767 * KIB},
     }
     h = host({"dm-0": "dm", "sda": "disk"}, {"dm-0": ["sda"]}, q)
     f = [f for f in checks.evaluate(h, K) if f.check == "max_sectors_below_upper"]
     assert [(x.device, x.fix) for x in f] == [
         ("sda", "echo 1280 > /sys/block/sda/queue/max_sectors_kb")
     ]
-    q["sda"]["max_sectors"] = 1280 * KIB
+    q["sda"]["max_sectors_kb"] = 1280 * KIB
     assert (
         found(host({"dm-0": "dm", "sda": "disk"}, {"dm-0": ["sda"]}, q), "max_sectors_below_upper")
         == set()
@@ -195,12 +198,15 @@ def test_lvm_autoextend_only_with_lvm_conf():
 
 
 def test_every_check_is_documented():
-    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
-        readme = f.read()
-    missing = [c.id for c in checks.CHECKS if f"`{c.id}`" not in readme] + (
-        [] if "`merge_collapse`" in readme else ["merge_collapse"]
-    )
-    assert not missing, f"checks not in exporters/README.md's table: {missing}"
+    """docs/metrics.md's table of checks (make metrics-doc, kept current by test_metrics_doc.py)
+    has a row for each, saying what it finds."""
+    from blockstack_exporter.doctor import MERGE_COLLAPSE
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "metrics.md")) as f:
+        doc = f.read()
+    every = (*checks.CHECKS, MERGE_COLLAPSE)
+    missing = [c.id for c in every if not c.doc or f"| `{c.id}` |" not in doc]
+    assert not missing, f"checks not in docs/metrics.md's table: {missing}"
 
 
 def test_the_write_ups_iostat_lineup_is_a_collapse():
@@ -213,7 +219,7 @@ def test_the_write_ups_iostat_lineup_is_a_collapse():
     h = host(
         {"dm-3": "dm", "dm-1": "dm", "dm-2": "dm", "nvme1n1": "disk"},
         {"dm-3": ["dm-1", "dm-2"], "dm-1": ["nvme1n1"], "dm-2": ["nvme1n1"]},
-        {"nvme1n1": {"nomerges": 2, "max_sectors": 256 * KIB, "max_hw_sectors": 256 * KIB}},
+        {"nvme1n1": {"nomerges": 2, "max_sectors_kb": 256 * KIB, "max_hw_sectors_kb": 256 * KIB}},
     )
     k = knobs.load(required=INTERVAL_KNOBS)
     zero = {d: (0,) * 6 for d in h.devices}
@@ -273,8 +279,8 @@ def test_a_failing_check_costs_its_own_findings_only():
             "sda": {
                 "rotational": 1,
                 "scheduler": "none",
-                "max_sectors": 1,
-                "max_hw_sectors": "not a number",
+                "max_sectors_kb": 1,
+                "max_hw_sectors_kb": "not a number",
             }
         },
     )

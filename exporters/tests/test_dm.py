@@ -166,6 +166,20 @@ def fake(tmp_path, monkeypatch):
 # --- scenarios ---------------------------------------------------------------------------------
 
 
+def incident_snapshot_info(r):
+    """The NVMe incident's snapshot (dm-3 over dm-1 and dm-2) as blockstack_dm_snapshot_info
+    publishes it: 1, or None when it is not published."""
+    return r.get(
+        "blockstack_dm_snapshot_info",
+        device="dm-3",
+        name="secvol-tmp_backup1",
+        origin="dm-1",
+        cow="dm-2",
+        persistent="P",
+        merge="false",
+    )
+
+
 def test_nvme_incident_snapshot_of_seclv(fake):
     r = fake("nvme-incident")
     assert r.success("dm") == 1 and r.errors("dm") == 0
@@ -177,17 +191,7 @@ def test_nvme_incident_snapshot_of_seclv(fake):
     ):
         assert r.get("blockstack_dm_target_info", device=device, name=name, target=target) == 1
     snap = dict(device="dm-3", name="secvol-tmp_backup1")
-    assert (
-        r.get(
-            "blockstack_dm_snapshot_info",
-            **snap,
-            origin="dm-1",
-            cow="dm-2",
-            persistent="P",
-            merge="false",
-        )
-        == 1
-    )
+    assert incident_snapshot_info(r) == 1
     assert (
         r.get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
     )  # lvcreate's default, 8 sectors
@@ -414,17 +418,7 @@ def test_table_timing_out_keeps_the_last_table_of_the_same_devices(fake, monkeyp
     monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
     r = Scraped(registry)
     assert r.success("dm") == 1 and r.errors("dm") >= 1  # counted all the same
-    assert (
-        r.get(
-            "blockstack_dm_snapshot_info",
-            **snap,
-            origin="dm-1",
-            cow="dm-2",
-            persistent="P",
-            merge="false",
-        )
-        == 1
-    )
+    assert incident_snapshot_info(r) == 1
     assert r.get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
     assert (
         r.get("blockstack_dm_snapshot_cow_used_bytes", **snap) is None

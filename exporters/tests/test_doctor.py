@@ -3,7 +3,6 @@
 doctor, the exporter's blockstack_finding and the alerts (promtool evaluates each settings
 alert's own expression on the exporter's scrape of the same tree) name the same devices."""
 
-import difflib
 import json
 import os
 import re
@@ -13,7 +12,7 @@ import sys
 import doctor_trees
 import pytest
 import yaml
-from exporter_testlib import HERE, registry_for, tree_flags
+from exporter_testlib import HERE, assert_golden, registry_for, tree_flags
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -59,20 +58,7 @@ def test_golden_output(trees, request):
         parts.append(
             f"## blockstack-doctor on fixture {name}: exit {status}\n\n{out.replace(tree, '<tree>')}\n"
         )
-    body = "".join(parts)
-    if request.config.getoption("--update-golden"):
-        with open(GOLDEN, "w") as f:
-            f.write(body)
-    with open(GOLDEN) as f:
-        expected = f.read()
-    diff = "".join(
-        difflib.unified_diff(
-            expected.splitlines(True), body.splitlines(True), "doctor-output.txt", "run"
-        )
-    )
-    assert not diff, (
-        "doctor output differs from the golden file (make update-fixtures if intended):\n" + diff
-    )
+    assert_golden(request, GOLDEN, "".join(parts), "doctor output")
 
 
 def findings(tree, dm, *flags):
@@ -317,8 +303,77 @@ def test_lvm_conf_and_diskstats_parsers():
     assert stats == {"nvme1n1": (3000, 2, 24000, 10, 0, 80)}
 
 
+def test_the_host_holds_what_the_families_publish(trees, monkeypatch):
+    """The checks judge the values the collectors hand over (checks.Host), the metrics are built
+    from the same values: on every fixture tree, each queue setting, device, edge, device number,
+    dm target, snapshot and thin-pool figure, ext4 journal and jbd2 transaction count of the Host
+    is the sample of the one series that publishes it, and the other way round."""
+    from blockstack_exporter.scrape import BlockstackCollector
+    from blockstack_exporter.settings import SETTINGS
+
+    by_metric = {s.name: s.file for s in SETTINGS}
+    snap = {"chunk_size": "chunk", "cow_used": "used", "cow_size": "size"}
+    pool = {f"{w}_{k}": f"{w[:4]}_{k}" for w in ("data", "metadata") for k in ("used", "size")}
+    for name, (tree, dm) in trees.items():
+        monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", dm or "")
+        registry = registry_for(tree)
+        collector = next(
+            c for c in registry._collector_to_names if isinstance(c, BlockstackCollector)
+        )
+        published = {}
+        for family in registry.collect():
+            for x in family.samples:
+                d, metric = x.labels.get("device"), x.name.removeprefix("blockstack_")
+                if x.name in by_metric:
+                    published[("queue", d, by_metric[x.name])] = x.value
+                elif metric == "queue_scheduler_info":
+                    published[("queue", d, "scheduler")] = x.labels["scheduler"]
+                elif metric == "device_info":
+                    published[("device", d)] = {k: v for k, v in x.labels.items() if k != "device"}
+                elif metric == "device_number_info":
+                    published[("number", d)] = (x.labels["major_minor"], x.labels["devno"])
+                elif metric == "device_lower_info":
+                    published[("lower", d, x.labels["lower"])] = 1
+                elif metric == "dm_target_info":
+                    published[("target", d, x.labels["target"])] = 1
+                elif metric.removeprefix("dm_snapshot_").removesuffix("_bytes") in snap:
+                    key = snap[metric.removeprefix("dm_snapshot_").removesuffix("_bytes")]
+                    published[("snapshot", d, key)] = x.value
+                elif metric.removeprefix("dm_thin_pool_").removesuffix("_bytes") in pool:
+                    key = pool[metric.removeprefix("dm_thin_pool_").removesuffix("_bytes")]
+                    published[("pool", d, key)] = x.value
+                elif metric in ("dm_snapshot_state", "dm_thin_pool_state") and x.value == 1:
+                    part = "snapshot" if "snapshot" in metric else "pool"
+                    published[(part, d, "state")] = x.labels["state"]
+                elif metric == "ext4_journal_size_bytes":
+                    published[("ext4", d, "journal")] = x.value
+                elif metric == "jbd2_transactions_total":
+                    published[("jbd2", d, "transactions")] = x.value
+        host = collector.collectors[-1].host
+        held = {("queue", d, k): v for d, q in host.queue.items() for k, v in q.items()}
+        held.update({("device", d): info for d, info in host.devices.items()})
+        held.update({("lower", d, low): 1 for d, lows in host.lower.items() for low in lows})
+        held.update({("number", d): numbers for d, numbers in host.numbers.items()})
+        held.update({("target", d, t): 1 for d, ts in host.targets.items() for t in ts})
+        for part, values in (("snapshot", host.snapshots), ("pool", host.pools)):
+            held.update(
+                {
+                    (part, d, k): v
+                    for d, fields in values.items()
+                    for k, v in fields.items()
+                    if k in (*snap.values(), *pool.values(), "state")
+                }
+            )
+        held.update(
+            {("ext4", d, "journal"): f["journal"] for d, f in host.ext4.items() if "journal" in f}
+        )
+        held.update({("jbd2", d, "transactions"): j["transactions"] for d, j in host.jbd2.items()})
+        assert held == published, name
+        assert any(k[0] == "queue" for k in held), name
+
+
 def test_findings_collector_reads_no_file(trees, monkeypatch):
-    """The findings cost no second walk: with the scrape's families in hand it opens nothing."""
+    """The findings cost no second walk: with the scrape's Host in hand it opens nothing."""
     from blockstack_exporter.collectors import findings as findings_module
     from blockstack_exporter.scrape import BlockstackCollector
 

@@ -140,8 +140,8 @@ def test_ebpf_adds_splits_to_the_lineup(pair, tmp_path):
     """With the real ebpf_exporter (block_io: bio splits, refused merges) the lineup shows the
     pieces split off the upper's requests at the lower device (max_sectors_kb=4), and the doctor
     names the collapse critical on that evidence, as the page does."""
-    from blockstack_deploy import procs
     from blockstack_deploy.stack import EBPF_CONFIG_DIR, EBPF_EXPORTER
+    from blockstack_testsupport import procs
 
     lower, upper, _, dev, updev = pair
     port = procs.free_port()

@@ -2,14 +2,20 @@
 against e2e-output.txt and linted with `promtool check metrics`.
 Update the golden file with `make update-fixtures` after a reviewed change."""
 
-import difflib
 import os
 import re
 import subprocess
 
-from exporter_testlib import EXPORTER, HERE, HOST_LOOP, exporter_argv, tree_flags
+from exporter_testlib import (
+    EXPORTER,
+    HERE,
+    HOST_LOOP,
+    assert_golden,
+    exporter_argv,
+    tree_flags,
+)
 
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 GOLDEN = os.path.join(HERE, "e2e-output.txt")
 # Values that change from run to run; their series stay in the output, their values do not.
@@ -36,20 +42,7 @@ def scrape_fixture():
 def test_golden_output(request):
     # The fixture has one real error: vda's superblock is not in the tree (/dev/vda was not
     # readable where it was captured). The health check's scrape and this one count it: 2.
-    body = normalise(scrape_fixture())
-    if request.config.getoption("--update-golden"):
-        with open(GOLDEN, "w") as f:
-            f.write(body)
-    with open(GOLDEN) as f:
-        expected = f.read()
-    diff = "".join(
-        difflib.unified_diff(
-            expected.splitlines(True), body.splitlines(True), "e2e-output.txt", "scrape"
-        )
-    )
-    assert not diff, (
-        "scrape differs from the golden file (make update-fixtures if intended):\n" + diff
-    )
+    assert_golden(request, GOLDEN, normalise(scrape_fixture()), "scrape")
 
 
 def test_promtool_check_metrics():

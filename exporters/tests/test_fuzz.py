@@ -10,7 +10,7 @@ from fuzzing import COMMAND_DAMAGES, DAMAGES, TARGETS, Fuzzer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 MAX_SECONDS = 5.0  # the stack's scrape timeout
 MAX_RSS = 150 << 20

@@ -16,11 +16,11 @@ import pytest
 from exporter_testlib import HOST_LOOP, Scraped, exporter_argv, full_tree, http, registry_for
 from fuzzing import ABORTED, HALF_SENT, SLOW, closed_by_exporter, damaged_request
 
-from blockstack_deploy import procs
 from blockstack_exporter import server
 from blockstack_exporter.collectors import ALL
 from blockstack_exporter.fs import BlockingReads
 from blockstack_exporter.scrape import SHARES, deadline
+from blockstack_testsupport import procs
 
 LOOP0 = "sys/devices/virtual/block/loop0"
 

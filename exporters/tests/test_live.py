@@ -10,8 +10,8 @@ import time
 import pytest
 from exporter_testlib import EXPORTER, Scraped
 
-from blockstack_deploy import procs
 from blockstack_lab import loop
+from blockstack_testsupport import procs
 
 pytestmark = [pytest.mark.root]
 

@@ -25,7 +25,9 @@ import yaml
 from exporter_testlib import FIXTURES, HOST_LOOP, registry_for
 from test_dm import SYSFS, build_sysfs
 
+from blockstack_exporter import checks, doctor
 from blockstack_exporter.collectors import ALL
+from blockstack_exporter.settings import KIB, SETTINGS
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 OUTPUT = os.path.join(REPO, "docs", "metrics.md")
@@ -122,7 +124,58 @@ def exporter_section():
             for name, (kind, help_, labels) in fams.items()
         ]
         out.append("")
+        out += EXTRA.get(section, lambda: [])()
     return out
+
+
+def settings_table():
+    """The queue settings, one row each of blockstack_exporter/settings.py."""
+    out = [
+        "Each metric is one file of `/sys/block/DEV/queue/`, one row of",
+        "`blockstack_exporter/settings.py` (the checks, the doctor and the dashboard's stack table",
+        "name a setting by its file and hold it in the metric's base unit):",
+        "",
+        "| file | metric | unit | read | dashboard's stack table |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for s in SETTINGS:
+        unit = "bytes (the file's KiB × 1024)" if s.scale == KIB else "as the file"
+        read = "once per device identity" if s.fixed else "every scrape"
+        out.append(f"| `{s.file}` | `{s.name}` | {unit} | {read} | {column_cell(s.column)} |")
+    return out + [""]
+
+
+def column_cell(column):
+    if column is None:
+        return ""
+    parts = ["a column"]
+    if column.divisor != 1:
+        parts.append(f"÷ {column.divisor}")
+    if isinstance(column.healthy_from, int):
+        parts.append(f"blue below {column.healthy_from} bytes, green from it")
+    elif column.healthy_from is not None:
+        parts.append(f"blue below `{column.healthy_from}`, green from it")
+    if column.texts:
+        parts.append(", ".join(f"{v}: {t}" for v, t in column.texts))
+    return "; ".join(parts)
+
+
+def checks_table():
+    """The values of blockstack_finding's check label: the table of checks (checks.py), and the
+    doctor's --interval check."""
+    out = [
+        "The `check` label names a row of the table of checks (`blockstack_exporter/checks.py`;",
+        "`blockstack-doctor` prints the same findings with evidence and fix):",
+        "",
+        "| check | severity | finds | mirrors |",
+        "| --- | --- | --- | --- |",
+    ]
+    for c in (*checks.CHECKS, doctor.MERGE_COLLAPSE):
+        out.append(f"| `{c.id}` | {', '.join(c.severities)} | {cell(c.doc)} | {c.alert or ''} |")
+    return out + [""]
+
+
+EXTRA = {"queue": settings_table, "findings": checks_table}  # a section's tables after its metrics
 
 
 # --- ebpf_exporter ----------------------------------------------------------------------------------

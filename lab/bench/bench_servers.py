@@ -26,10 +26,10 @@ import sys
 import tempfile
 import time
 
-from blockstack_deploy import procs
 from blockstack_deploy.stack import SERVERS, Stack, program
 from blockstack_lab import fio, loop
 from blockstack_lab.api import Prometheus
+from blockstack_testsupport import procs
 from page_receiver import received
 
 PAGES = (("BlockStackMergeCollapse", "layered"), ("BlockStackMergeCollapse", "single"))

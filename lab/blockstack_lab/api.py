@@ -9,7 +9,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 
 def request(url, auth=None, ca=None, body=None, method=None, timeout=30):

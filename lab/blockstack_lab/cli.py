@@ -28,9 +28,9 @@ import subprocess
 import sys
 import time
 
-from blockstack_deploy import procs
 from blockstack_deploy.stack import COMPONENTS, REPO
 from blockstack_deploy.supervisor import Supervisor
+from blockstack_testsupport import procs
 
 from . import corpus, report, scenarios
 from .lab import LAB_ROOT, Lab, Terminated, install_signal_handlers, signals_deferred, sweep_stale

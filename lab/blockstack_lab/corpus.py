@@ -39,7 +39,7 @@ import os
 import subprocess
 import time
 
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 from . import loop, scenarios
 from .lab import CleanupStack

@@ -27,11 +27,11 @@ import shutil
 import time
 import types
 
-from blockstack_deploy import procs
 from blockstack_deploy.files import secret
 from blockstack_deploy.stack import Stack
 from blockstack_lab import fio, loop
 from blockstack_lab.api import Prometheus
+from blockstack_testsupport import procs
 
 PHASES = {"healthy": 20, "fsync": 12}
 HOLD = 420  # longest the collapsed phase lasts (a bound: the context normally exits long before)

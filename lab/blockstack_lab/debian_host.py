@@ -54,10 +54,10 @@ import sys
 import tempfile
 import time
 
-from blockstack_deploy import procs
 from blockstack_deploy.stack import REPO
 from blockstack_lab import vm
 from blockstack_lab.vm import AGENT_PORT, GUEST_ADDRESS, AgentGuest, GuestError, _kill_group, _write
+from blockstack_testsupport import procs
 
 SUITE = "bookworm"
 # Bump when the image changes in a way the key below does not see (the build steps)
@@ -90,7 +90,7 @@ REPO_PACKAGES = (
     "python3-yaml",
     "python3-bcrypt",
 )
-# The guest's ports forwarded to 127.0.0.1 (deploy/blockstack_deploy/roles.py's)
+# The guest's ports forwarded to 127.0.0.1 (deploy/blockstack_deploy/roles/'s)
 PORTS = {
     "node": 9100,
     "blockstack": 9363,

@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 from . import loop
 

@@ -23,8 +23,8 @@ import subprocess
 import tempfile
 import time
 
-from blockstack_deploy import procs
 from blockstack_exporter.devices import parse_mountinfo
+from blockstack_testsupport import procs
 
 from . import loop
 

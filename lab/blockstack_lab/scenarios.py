@@ -11,7 +11,7 @@ import dataclasses
 import os
 import time
 
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 from . import fio
 from .lab import fio_tag

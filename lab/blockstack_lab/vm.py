@@ -53,10 +53,10 @@ import sys
 import tempfile
 import time
 
-from blockstack_deploy import procs
 from blockstack_deploy.paths import VENV_BIN
 from blockstack_deploy.stack import EBPF_CONFIG_DIR, EBPF_EXPORTER, REPO, Stack
 from blockstack_exporter.collectors.ebpf import parse_status
+from blockstack_testsupport import procs
 
 VNG = os.path.join(REPO, ".venv", "bin", "vng")
 AGENT = os.path.join(REPO, "lab", "blockstack_lab", "vm_agent.py")

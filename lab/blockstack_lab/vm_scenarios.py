@@ -27,7 +27,7 @@ import tempfile
 import time
 import types
 
-from blockstack_deploy import procs
+from blockstack_testsupport import procs
 
 from . import vm
 from .view import StackView
@@ -235,14 +235,8 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
     t = timing or Timing()
     out = Outcome(guest.kernel_name, guest.release, guest.boot_seconds)
     phases = out.phases
-    guest.probe_ebpf_configs()  # meanwhile
-    dm = build_snapshot(guest)
+    dm = snapshot_with_origin_writes(guest, say)
     snap = dm["vg0-snap"]
-    guest.run(ORIGIN_WRITES, timeout=600)
-    say(
-        f"vm: vg0/lv (ext4, {DATA_MIB} MiB file) and vg0/snap (4 KiB chunks) on nvme0n1, {COW_MIB} MiB written "
-        "to the origin since: " + ", ".join(f"{n}={d}" for n, d in sorted(dm.items()))
-    )
     phases.end("setup")
     # nomerges=0: blockstack-doctor meanwhile (a minute or more in the guest on a busy machine)
     doctor = guest.start_doctor()
@@ -252,61 +246,10 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
         view = running.enter_context(serving(host_stack(guest, workdir, t)))
         phases.end("servers")
         running.enter_context(guest.background(SNAPSHOT_READS))
-
-        def reads_seen():
-            lineup = view.lineup(["nvme0n1", snap])
-            return lineup if "read" in lineup.get("nvme0n1", {}) else None
-
-        out.healthy_lineup = procs.wait_until(
-            "snapshot reads on nvme0n1 in Prometheus", reads_seen, t.lineup_timeout, interval=2
-        )
-        # dmsetup in the guest on a busy machine often outlasts the scrape's deadline: wait for a
-        # scrape that had the snapshot's status
-        procs.wait_until(
-            "the snapshot's COW use in Prometheus",
-            lambda: latest(view, "blockstack_dm_snapshot_cow_used_bytes"),
-            240,
-            interval=2,
-        )
-        out.facts = exporter_facts(view)
-        out.configs, out.ebpf_status = guest.ebpf_configs(), guest.ebpf_status()
-        jbd2_dev = guest.run(JBD2_WRITES, timeout=300).stdout.split()[-1]
-        out.facts["jbd2_waits"] = (
-            procs.wait_until(
-                f"jbd2 credit waits on {jbd2_dev} in Prometheus",
-                lambda: (
-                    counter_value(view, "ebpf_exporter_jbd2_credit_wait_seconds_count", jbd2_dev)
-                    or None
-                ),
-                60,
-                interval=2,
-            )
-            if "jbd2" in out.configs
-            else 0.0
-        )
-        say(
-            f"vm: configs {out.configs or 'none'}; {out.facts['jbd2_waits']:.0f} jbd2 credit waits counted on "
-            f"{jbd2_dev} (300 synchronous writes)"
-        )
-        say(f"vm: healthy lineup (nomerges=0): {_lineup(out.healthy_lineup)}")
+        observe_healthy_reads(guest, view, out, t, snap, say)
         phases.end("reads seen")
         if healthy:
-            start = time.time()
-            while time.time() - start < t.healthy:
-                time.sleep(min(15, max(0.0, t.healthy - (time.time() - start))))
-                out.healthy_pages = firing_pages(view, start - 60)
-                alerts = view.alerts(["nvme0n1", *dm.values()])
-                say(
-                    f"vm: +{time.time() - start:.0f}s nomerges=0: {_lineup(view.lineup(['nvme0n1', snap]))}; "
-                    f"alerts: {alerts or 'none'}; pages: {len(out.healthy_pages)}"
-                )
-            out.healthy_seconds = time.time() - start
-            out.facts["missed_merges_healthy"] = counter_increase(
-                view, "ebpf_exporter_block_rq_missed_merges_total", "nvme0n1", 60
-            )
-            out.facts["splits_healthy"] = counter_increase(
-                view, "ebpf_exporter_block_bio_splits_total", snap, 60
-            )
+            hold_healthy(view, out, t, dm, snap, say)
         out.doctor["healthy"] = guest.doctor(job=doctor)
         say(f"vm: blockstack-doctor at nomerges=0: {doctor_summary(out.doctor['healthy'])}")
         phases.end("healthy")
@@ -314,39 +257,130 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
         guest.write_sysfs("nvme0n1", "queue/nomerges", 2)
         say("vm: nvme0n1 nomerges 0 -> 2")
         doctor = guest.start_doctor()  # while the page comes
-
-        def paged():
-            return [
-                n
-                for n in firing_pages(view, onset)
-                if n.alertname == "BlockStackMergeCollapse" and n.device == "nvme0n1"
-            ]
-
-        hit = procs.wait_until("the collapse page on nvme0n1", paged, t.page_timeout, interval=1)
+        hit = procs.wait_until(
+            "the collapse page on nvme0n1",
+            lambda: collapse_pages(view, onset),
+            t.page_timeout,
+            interval=1,
+        )
         out.page_seconds = hit[0].received_at - onset
         say(
-            f"vm: +{out.page_seconds:.0f}s PAGE {hit[0].alertname} on {hit[0].device}: {hit[0].annotations.get('summary')}"
+            f"vm: +{out.page_seconds:.0f}s PAGE {hit[0].alertname} on {hit[0].device}: "
+            f"{hit[0].annotations.get('summary')}"
         )
         say(f"    description: {' '.join(hit[0].annotations.get('description', '').split())}")
         phases.end("page")
         time.sleep(t.linger)
-        out.doctor["sick"] = guest.doctor(job=doctor)
-        say(f"vm: blockstack-doctor at nomerges=2: {doctor_summary(out.doctor['sick'])}")
-        out.pages = firing_pages(view, onset)
-        out.sick_lineup = view.lineup(["nvme0n1", snap])
-        seconds = max(time.time() - onset, 30)
-        out.facts["missed_merges_sick"] = counter_increase(
-            view, "ebpf_exporter_block_rq_missed_merges_total", "nvme0n1", min(seconds, 60)
-        )
-        out.facts["splits_sick"] = counter_increase(
-            view, "ebpf_exporter_block_bio_splits_total", snap, min(seconds, 60)
-        )
-        out.facts["dm_names"] = dm
-        say(f"vm: sick lineup (nomerges=2): {_lineup(out.sick_lineup)}")
-        out.facts["scrapes"] = scrape_health(view)
+        observe_collapse(guest, view, out, doctor, onset, dm, snap, say)
         phases.end("linger")
     phases.end("stop")
     return out
+
+
+def snapshot_with_origin_writes(guest, say):
+    """The snapshot stack (the BPF configs probed meanwhile) and ORIGIN_WRITES; {LVM name: dm-N}."""
+    guest.probe_ebpf_configs()  # meanwhile
+    dm = build_snapshot(guest)
+    guest.run(ORIGIN_WRITES, timeout=600)
+    say(
+        f"vm: vg0/lv (ext4, {DATA_MIB} MiB file) and vg0/snap (4 KiB chunks) on nvme0n1, "
+        f"{COW_MIB} MiB written to the origin since: "
+        + ", ".join(f"{n}={d}" for n, d in sorted(dm.items()))
+    )
+    return dm
+
+
+def observe_healthy_reads(guest, view, out, t, snap, say):
+    """Into out: the healthy lineup once Prometheus has the snapshot's reads, the exporters' facts,
+    the BPF configs and their status, the jbd2 credit waits of 300 synchronous writes."""
+
+    def reads_seen():
+        lineup = view.lineup(["nvme0n1", snap])
+        return lineup if "read" in lineup.get("nvme0n1", {}) else None
+
+    out.healthy_lineup = procs.wait_until(
+        "snapshot reads on nvme0n1 in Prometheus", reads_seen, t.lineup_timeout, interval=2
+    )
+    # dmsetup in the guest on a busy machine often outlasts the scrape's deadline: wait for a
+    # scrape that had the snapshot's status
+    procs.wait_until(
+        "the snapshot's COW use in Prometheus",
+        lambda: latest(view, "blockstack_dm_snapshot_cow_used_bytes"),
+        240,
+        interval=2,
+    )
+    out.facts = exporter_facts(view)
+    out.configs, out.ebpf_status = guest.ebpf_configs(), guest.ebpf_status()
+    jbd2_dev = guest.run(JBD2_WRITES, timeout=300).stdout.split()[-1]
+    out.facts["jbd2_waits"] = (
+        procs.wait_until(
+            f"jbd2 credit waits on {jbd2_dev} in Prometheus",
+            lambda: (
+                counter_value(view, "ebpf_exporter_jbd2_credit_wait_seconds_count", jbd2_dev)
+                or None
+            ),
+            60,
+            interval=2,
+        )
+        if "jbd2" in out.configs
+        else 0.0
+    )
+    say(
+        f"vm: configs {out.configs or 'none'}; "
+        f"{out.facts['jbd2_waits']:.0f} jbd2 credit waits counted on "
+        f"{jbd2_dev} (300 synchronous writes)"
+    )
+    say(f"vm: healthy lineup (nomerges=0): {_lineup(out.healthy_lineup)}")
+
+
+def hold_healthy(view, out, t, dm, snap, say):
+    """t.healthy seconds at nomerges=0, the pages and alerts said every 15 s; into out: the pages,
+    the seconds held, the missed merges and splits of the last minute."""
+    start = time.time()
+    while time.time() - start < t.healthy:
+        time.sleep(min(15, max(0.0, t.healthy - (time.time() - start))))
+        out.healthy_pages = firing_pages(view, start - 60)
+        alerts = view.alerts(["nvme0n1", *dm.values()])
+        say(
+            f"vm: +{time.time() - start:.0f}s nomerges=0: "
+            f"{_lineup(view.lineup(['nvme0n1', snap]))}; "
+            f"alerts: {alerts or 'none'}; pages: {len(out.healthy_pages)}"
+        )
+    out.healthy_seconds = time.time() - start
+    out.facts["missed_merges_healthy"] = counter_increase(
+        view, "ebpf_exporter_block_rq_missed_merges_total", "nvme0n1", 60
+    )
+    out.facts["splits_healthy"] = counter_increase(
+        view, "ebpf_exporter_block_bio_splits_total", snap, 60
+    )
+
+
+def observe_collapse(guest, view, out, doctor, onset, dm, snap, say):
+    """Into out, after the page: the doctor's sick run, the pages, the sick lineup, the missed
+    merges and splits since the onset (at most a minute), the scrapes' health."""
+    out.doctor["sick"] = guest.doctor(job=doctor)
+    say(f"vm: blockstack-doctor at nomerges=2: {doctor_summary(out.doctor['sick'])}")
+    out.pages = firing_pages(view, onset)
+    out.sick_lineup = view.lineup(["nvme0n1", snap])
+    seconds = max(time.time() - onset, 30)
+    out.facts["missed_merges_sick"] = counter_increase(
+        view, "ebpf_exporter_block_rq_missed_merges_total", "nvme0n1", min(seconds, 60)
+    )
+    out.facts["splits_sick"] = counter_increase(
+        view, "ebpf_exporter_block_bio_splits_total", snap, min(seconds, 60)
+    )
+    out.facts["dm_names"] = dm
+    say(f"vm: sick lineup (nomerges=2): {_lineup(out.sick_lineup)}")
+    out.facts["scrapes"] = scrape_health(view)
+
+
+def collapse_pages(view, onset):
+    """The collapse pages on nvme0n1 received since onset."""
+    return [
+        n
+        for n in firing_pages(view, onset)
+        if n.alertname == "BlockStackMergeCollapse" and n.device == "nvme0n1"
+    ]
 
 
 def doctor_summary(doctor):
@@ -394,11 +428,7 @@ def nvme_collapse(
         say("vm: nvme0n1 nomerges 0 -> 2")
         hit = procs.wait_until(
             "the collapse page on nvme0n1",
-            lambda: [
-                n
-                for n in firing_pages(view, onset)
-                if n.alertname == "BlockStackMergeCollapse" and n.device == "nvme0n1"
-            ],
+            lambda: collapse_pages(view, onset),
             t.page_timeout,
             interval=1,
         )

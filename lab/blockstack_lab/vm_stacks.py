@@ -30,8 +30,8 @@ import sys
 import tempfile
 import time
 
-from blockstack_deploy import procs
 from blockstack_rules import knobs
+from blockstack_testsupport import procs
 
 from . import vm
 from .vm_scenarios import dm_names, doctor_summary, firing_pages, latest, serving

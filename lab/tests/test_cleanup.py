@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from blockstack_deploy import procs
 from blockstack_deploy.stack import REPO
 from blockstack_lab import loop
 from blockstack_lab.lab import JOURNAL, LAB_ROOT, lab_mounts
+from blockstack_testsupport import procs
 
 pytestmark = [pytest.mark.root]
 

@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from blockstack_deploy import procs
 from blockstack_lab import debian_host, vm
+from blockstack_testsupport import procs
 
 pytestmark = [pytest.mark.vm, pytest.mark.root]
 

@@ -35,10 +35,10 @@ import pytest
 from fleet_lab import fleet_lab
 
 from blockstack_deploy import roles
-from blockstack_deploy.procs import wait_until
 from blockstack_lab import fio, loop
 from blockstack_lab.api import Prometheus, request
 from blockstack_lab.view import PAGE_ALERTS
+from blockstack_testsupport.procs import wait_until
 from page_receiver import received
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
@@ -143,6 +143,19 @@ def reads():
         yield start
 
 
+H1_SILENCE = {  # h2 trying to silence h1
+    "matchers": [{"name": "host", "value": "h1", "isRegex": False}],
+    "startsAt": "2020-01-01T00:00:00Z",
+    "endsAt": "2099-01-01T00:00:00Z",
+    "createdBy": "h2",
+    "comment": "h2 silencing h1",
+}
+HARMLESS_SILENCE = {  # the admin's, which h2 tries to delete
+    **H1_SILENCE,
+    "matchers": [{"name": "alertname", "value": "BlockStackNoSuchAlert", "isRegex": False}],
+}
+
+
 def test_a_hosts_secret_pushes_its_own_alerts_only(fleet):
     h2 = fleet.agents["h2"].secrets
     assert sorted(os.listdir(h2.dir)) == [
@@ -158,6 +171,27 @@ def test_a_hosts_secret_pushes_its_own_alerts_only(fleet):
     h1 = fleet.hosts["h1"]
     sidecar = f"https://{h1.address}:{fleet.agents['h1'].ports['sidecar-A-http']}/metrics"
     admin = fleet.admin
+    existing = json.loads(request(peer + "/api/v2/silences", admin, body=HARMLESS_SILENCE)[1])[
+        "silenceID"
+    ]
+    seen = h2_attempts(fleet, mine, gate, peer, sidecar, existing)
+    print("\nh2's secret:", json.dumps(seen))
+    assert seen == {
+        "push h2's alert": 200,
+        "push an alert for h1": 403,
+        "POST /api/v2/silences": 403,
+        "DELETE /api/v2/silence/ID": 403,
+        "GET /api/v2/alerts": 403,
+        "GET /api/v2/status": 403,
+        "scrape h1's sidecar": 401,
+        "Alertmanager peer itself": "URLError",
+    }, seen
+    check_after_h2_attempts(fleet, peer, sidecar, existing)
+
+
+def h2_attempts(fleet, mine, gate, peer, sidecar, existing):
+    """What each request from h2's namespace with h2's secret gets: a status, or the error's
+    name."""
 
     def from_h2(url, auth=mine, **kw):
         try:
@@ -179,40 +213,22 @@ def test_a_hosts_secret_pushes_its_own_alerts_only(fleet):
             }
         ]
 
-    silence = {
-        "matchers": [{"name": "host", "value": "h1", "isRegex": False}],
-        "startsAt": "2020-01-01T00:00:00Z",
-        "endsAt": "2099-01-01T00:00:00Z",
-        "createdBy": "h2",
-        "comment": "h2 silencing h1",
-    }
-    harmless = {
-        **silence,
-        "matchers": [{"name": "alertname", "value": "BlockStackNoSuchAlert", "isRegex": False}],
-    }
-    existing = json.loads(request(peer + "/api/v2/silences", admin, body=harmless)[1])["silenceID"]
-    seen = {
+    return {
         "push h2's alert": from_h2(gate + "/api/v2/alerts", body=alert("h2")),
         "push an alert for h1": from_h2(gate + "/api/v2/alerts", body=alert("h1")),
-        "POST /api/v2/silences": from_h2(gate + "/api/v2/silences", body=silence),
+        "POST /api/v2/silences": from_h2(gate + "/api/v2/silences", body=H1_SILENCE),
         "DELETE /api/v2/silence/ID": from_h2(gate + f"/api/v2/silence/{existing}", method="DELETE"),
         "GET /api/v2/alerts": from_h2(gate + "/api/v2/alerts"),
         "GET /api/v2/status": from_h2(gate + "/api/v2/status"),
         "scrape h1's sidecar": from_h2(sidecar),
         "Alertmanager peer itself": from_h2(peer + "/api/v2/status"),
     }
-    print("\nh2's secret:", json.dumps(seen))
-    assert seen == {
-        "push h2's alert": 200,
-        "push an alert for h1": 403,
-        "POST /api/v2/silences": 403,
-        "DELETE /api/v2/silence/ID": 403,
-        "GET /api/v2/alerts": 403,
-        "GET /api/v2/status": 403,
-        "scrape h1's sidecar": 401,
-        "Alertmanager peer itself": "URLError",
-    }, seen
-    # the pushed alert reached the peers; the admin's silence still stands; the central's scrape user reads h1
+
+
+def check_after_h2_attempts(fleet, peer, sidecar, existing):
+    """The pushed alert reached the peers; the admin's silence still stands; the central's scrape
+    user reads h1."""
+    admin = fleet.admin
     alerts = json.loads(request(peer + "/api/v2/alerts", admin)[1])
     assert [
         a["labels"]["host"]

@@ -8,7 +8,7 @@ from .jbd2 import Jbd2Collector
 from .queue import QueueCollector
 from .stack import StackCollector
 
-# findings last: it judges what the others yielded in the same scrape
+# findings last: it judges what the others read in the same scrape
 ALL = {
     c.name: c
     for c in (
@@ -21,3 +21,14 @@ ALL = {
         FindingsCollector,
     )
 }
+
+
+def build(names, knobs=None, dmsetup="dmsetup", dm_timeout=5.0, dm_helper=None, ebpf_status=None):
+    """The collectors named, in ALL's order (findings last), as the exporter's and the doctor's
+    flags configure them: knobs are the findings' thresholds (knobs.load)."""
+    options = {
+        "dm": {"dmsetup": dmsetup, "timeout": dm_timeout, "helper": dm_helper},
+        "findings": {"knobs": knobs},
+        "ebpf": {"status_file": ebpf_status},
+    }
+    return [ALL[name](**options.get(name, {})) for name in ALL if name in names]

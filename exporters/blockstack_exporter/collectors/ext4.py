@@ -60,7 +60,10 @@ class Ext4Collector:
     def __init__(self):
         self.reads = BlockingReads()
         self._journal = {}  # (device, mount id) -> journal bytes or None (external journal)
-        self._reuse = Reuse()  # the families, built again only when something read changed
+        # the families, built again only when something read changed: worth 10 % of a 1024-device
+        # scrape's CPU, 23 % with jbd2's (make bench-exporter --without reuse-ext4+reuse-jbd2)
+        self._reuse = Reuse()
+        self._part = {}  # the Host's ext4 part, of the families built last
 
     def collect(self, scrape):
         ext4_dir = os.path.join(scrape.paths.procfs, "fs", "ext4")
@@ -105,10 +108,12 @@ class Ext4Collector:
             read.append((device, mount.mountpoint if mount else "", text, size))
         self._journal = journals  # only mounts still there are kept
         read = tuple(read)
-        return self._reuse.families_for(scrape, read, lambda: self._build(scrape, read))
+        families = self._reuse.families_for(scrape, read, lambda: self._build(scrape, read))
+        scrape.host.ext4 = self._part
+        return families
 
-    @staticmethod
-    def _build(scrape, read):
+    def _build(self, scrape, read):
+        self._part = {}
         option_info = GaugeMetricFamily(
             "blockstack_ext4_option_info",
             "Every mount option in effect for an ext4 filesystem, from /proc/fs/ext4/DEV/options "
@@ -157,8 +162,10 @@ class Ext4Collector:
                     commit.add_metric(labels, parse_uint(present["commit"], "commit"))
                 except ParseError as e:
                     scrape.error(f"{device}: {e}", subject=f"{device} commit")
+            fs = self._part[device] = {"mountpoint": mountpoint, "options": present}
             if size is not None:
                 journal.add_metric(labels, size)
+                fs["journal"] = size
         return option_info, dioread_nolock, delalloc, commit, journal
 
     @staticmethod

@@ -87,7 +87,10 @@ class Jbd2Collector:
     name = "jbd2"
 
     def __init__(self):
-        self._reuse = Reuse()  # the families, built again only when a journal's info changed
+        # the families, built again only when a journal's info changed: worth 12 % of a 1024-device
+        # scrape's CPU, 23 % with ext4's (make bench-exporter --without reuse-ext4+reuse-jbd2)
+        self._reuse = Reuse()
+        self._part = {}  # the Host's jbd2 part, of the families built last
 
     def collect(self, scrape):
         jbd2_dir = os.path.join(scrape.paths.procfs, "fs", "jbd2")
@@ -107,10 +110,12 @@ class Jbd2Collector:
             except (OSError, ParseError) as e:
                 scrape.error(f"{journal}: {e}", reason_of(e), subject=f"{journal} info")
         read = tuple(read)
-        return self._reuse.families_for(scrape, read, lambda: self._build(scrape, read))
+        families = self._reuse.families_for(scrape, read, lambda: self._build(scrape, read))
+        scrape.host.jbd2 = self._part
+        return families
 
-    @staticmethod
-    def _build(scrape, read):
+    def _build(self, scrape, read):
+        self._part = {}
         labels = ["device", "journal"]
         transactions = CounterMetricFamily(
             "blockstack_jbd2_transactions", "Transactions committed since mount.", labels=labels
@@ -167,6 +172,9 @@ class Jbd2Collector:
                     count=len(info["bad_lines"]),
                 )
             transactions.add_metric(lv, info["transactions"])
+            j = self._part.setdefault(device, {"journal": journal, "phases": {}})
+            j["transactions"] = info["transactions"]
+            j["phases"].update(info["phases"])
             requested.add_metric(lv, info["requested"])
             max_blocks.add_metric(lv, info["max_blocks"])
             for phase, seconds in info["phases"].items():
