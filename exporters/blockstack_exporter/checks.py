@@ -39,6 +39,7 @@ EXT4_WRITEUP = (
     "dioread_lock or nodelalloc each fixed it"
 )
 QUEUE_DOC = "Documentation/ABI/stable/sysfs-block (queue/nomerges, queue/max_sectors_kb)"
+KERNEL_READ_AHEAD = 128 * KIB  # include/linux/mm.h VM_READAHEAD_PAGES: a new device's read-ahead
 
 
 class Finding:
@@ -329,6 +330,46 @@ def max_sectors_below_upper(host, k):
                 ],
                 **queue_fix(owner, "max_sectors_kb", min(sends, hw)),
             )
+
+
+def read_ahead_below_lower(host, k):
+    """A dm or md device reading ahead less than a device directly beneath it: sequential reads
+    through it ask for less than the device beneath would read ahead on its own (an md array
+    reads ahead two whole stripes; LVM's readahead "auto" gives a volume its PVs'). Left by
+    blockdev --setra, lvchange -r or a tuned profile on the upper device."""
+    for name in sorted(host.devices):
+        if host.devices[name].get("kind") not in ("dm", "md"):
+            continue
+        mine = host.queue.get(name, {}).get("read_ahead_kb")
+        lower = {
+            low: host.queue[low]["read_ahead_kb"]
+            for low in host.lower.get(name, ())
+            if "read_ahead_kb" in host.queue.get(low, {})
+        }
+        if mine is None or not lower or mine >= max(lower.values()):
+            continue
+        target = max(lower.values())
+        evidence = [_in_file(name, "read_ahead_kb", mine)]
+        evidence += [
+            _in_file(host.queue_owner(low), "read_ahead_kb", v) for low, v in lower.items()
+        ]
+        evidence.append(
+            f"the kernel's default: {KERNEL_READ_AHEAD // KIB} KiB (VM_READAHEAD_PAGES)"
+        )
+        if host.devices[name].get("vg_name"):
+            evidence.append(
+                f"{_lv(host, name)} is an LVM volume: LVM sets its read-ahead when it activates "
+                f"it; lvchange -r auto {_lv(host, name)} lets it take its PVs'"
+            )
+        yield Finding(
+            "read_ahead_below_lower",
+            name,
+            "info",
+            f"read-ahead {mine / KIB:.0f} KiB, below the {target / KIB:.0f} KiB of the device "
+            "beneath: sequential reads through it are read ahead in smaller pieces",
+            evidence,
+            **queue_fix(name, "read_ahead_kb", target),
+        )
 
 
 def snapshot_chunk_small(host, k):
@@ -791,6 +832,20 @@ CHECKS = (
         doc=(
             "a device's `max_sectors_kb` below the requests the dm/md device above it sends "
             "(limits are stacked when a table loads; a later change beneath splits every request)"
+        ),
+    ),
+    Check(
+        "read_ahead_below_lower",
+        read_ahead_below_lower,
+        "dm or md read-ahead below the device beneath",
+        "Documentation/ABI/stable/sysfs-block (queue/read_ahead_kb); include/linux/mm.h "
+        "VM_READAHEAD_PAGES (128 KiB, a new device's read-ahead); drivers/md/raid5.c and "
+        "raid10.c: an md array reads ahead at least twice a whole stripe; lvm.conf(5) "
+        "activation/readahead and lvchange(8) -r, lvm2 test/shell/read-ahead.sh: a volume's "
+        "read-ahead is inherited from its PVs",
+        doc=(
+            "a dm or md device's `read_ahead_kb` below that of a device directly beneath it "
+            "(`blockdev --setra`, `lvchange -r` or a tuned profile on the upper device)"
         ),
     ),
     Check(

@@ -67,6 +67,7 @@ SETTINGS = (
         "read_ahead_bytes",
         "Read-ahead window, in bytes.",
         scale=KIB,
+        column=Column(divisor=KIB),
     ),
     Setting(
         "nr_requests",

@@ -51,8 +51,10 @@ SCENARIOS = {
             "dm-8": ["dm-6", "dm-7"],
         },
     ),
+    # md125 is a RAID whose 1.5 MiB stripe is the pool's data block: it reads ahead two stripes,
+    # and the pool's data volume on it (dm-5) reads ahead the 128 KiB a new dm device gets
     "thin-pool": (
-        {"sda": HDD, "sdb": HDD, "md125": {"rotational": "1"}},
+        {"sda": HDD, "sdb": HDD, "md125": {"rotational": "1", "read_ahead_kb": "3072"}},
         {
             "dm-0": ["sda3"],
             "dm-1": ["sda3"],

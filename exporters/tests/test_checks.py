@@ -288,3 +288,32 @@ def test_a_failing_check_costs_its_own_findings_only():
     result = checks.evaluate(h, K, failed=failed)
     assert [c for c, _ in failed] == ["max_sectors_low"]
     assert {f.check for f in result} == {"scheduler_mismatch"}
+
+
+def test_read_ahead_below_the_device_beneath():
+    """A dm or md device reading ahead less than a device beneath it (an md array's two stripes,
+    a disk's 128 KiB) is named, with the value beneath as the fix; equal or more is not."""
+    q = {"md0": {"read_ahead_kb": 3072 * KIB}, "dm-0": {"read_ahead_kb": 128 * KIB}}
+    h = host({"dm-0": "dm", "md0": "md"}, {"dm-0": ["md0"]}, q)
+    (f,) = [f for f in checks.evaluate(h, K) if f.check == "read_ahead_below_lower"]
+    assert (f.device, f.severity) == ("dm-0", "info")
+    assert f.fix == "echo 3072 > /sys/block/dm-0/queue/read_ahead_kb"
+    assert f.spec == [{"how": "udev", "device": "dm-0", "attr": "read_ahead_kb", "value": "3072"}]
+    assert f.evidence[:2] == [
+        "/sys/block/dm-0/queue/read_ahead_kb = 128",
+        "/sys/block/md0/queue/read_ahead_kb = 3072",
+    ]
+    q["dm-0"]["read_ahead_kb"] = 3072 * KIB
+    assert found(host({"dm-0": "dm", "md0": "md"}, {"dm-0": ["md0"]}, q)) == set()
+    # an LVM volume on a partition: the disk's queue is read, lvchange -r is named
+    h = host(
+        {"dm-1": "dm", "sda1": "partition", "sda": "disk"},
+        {"dm-1": ["sda1"], "sda1": ["sda"]},
+        {"dm-1": {"read_ahead_kb": 0}, "sda1": {"read_ahead_kb": 128 * KIB}},
+    )
+    h.devices["dm-1"].update(vg_name="vg", lv_name="data")
+    (f,) = [f for f in checks.evaluate(h, K) if f.check == "read_ahead_below_lower"]
+    assert f.evidence[1] == "/sys/block/sda/queue/read_ahead_kb = 128"
+    assert "lvchange -r auto vg/data" in f.evidence[-1]
+    # a disk's own read-ahead is not this check's: nothing beneath it
+    assert found(host({"sda": "disk"}, queue={"sda": {"read_ahead_kb": 0}})) == set()
