@@ -40,11 +40,12 @@ rule {
 rule {
   match {
     kind = "recording"
-    name = "host_device_operation:blockstack_collapse_evidence:info"
+    name = "host_device_operation:blockstack_collapse_evidence:info|host_device_operation_fact:blockstack_collapse_evidence:value"
   }
-  // reason: it reads blockstack-layers' sizes, stack, settings and snapshot from blockstack-ebpf,
-  // where the evidence it describes is recorded; groups run on their own schedules, so those facts
-  // may be one evaluation (5 s) old. Only the collapse page's annotations read it (never an alert's
-  // condition), and the settings it shows are already "as of the last scrape".
+  // reason: they read blockstack-layers' sizes, rates, upper device, stack, settings and snapshot
+  // from blockstack-ebpf, where the evidence they describe is recorded; groups run on their own
+  // schedules, so those facts and numbers may be one evaluation (5 s) old. Only the collapse
+  // page's annotations read them (never an alert's condition), and the settings they show are
+  // already "as of the last scrape".
   disable = ["rule/dependency"]
 }

@@ -12,15 +12,14 @@
           // Merge collapse: the device's own requests (eBPF) are refused merges or pieces split off
           // larger bios (recording rules blockstack_collapse_refused and _split). Identity is host,
           // device, operation: a setting changed or the stack taken apart during a page keeps it one
-          // alert; the facts come from host_device_operation:blockstack_collapse_evidence:info.
-          // keep_firing_for pages an intermittent collapse once (alerts/README.md).
+          // alert. Value: refused merges/s, or split-off pieces/s. The annotations read the facts from
+          // host_device_operation:blockstack_collapse_evidence:info (labels) and the numbers from
+          // host_device_operation_fact:blockstack_collapse_evidence:value (one series per `fact`): the
+          // description first puts each number in a variable ("?" or "not measured" if it has none),
+          // then prints the facts. keep_firing_for pages an intermittent collapse once (alerts/README.md).
           {
             alert: 'BlockStackMergeCollapse',
-            expr: |||
-              count by (host, device, operation) (
-                host_device_operation:blockstack_collapse_refused:rate or host_device_operation:blockstack_collapse_split:rate
-              )
-            |||,
+            expr: 'max by (host, device, operation) (host_device_operation:blockstack_collapse_refused:rate or host_device_operation:blockstack_collapse_split:rate)',
             'for': $._config.collapse_for,
             keep_firing_for: $._config.collapse_keep_firing_for,
             labels: {
@@ -28,7 +27,7 @@
             },
             annotations: {
               summary: '{{ $labels.host }} {{ $labels.device }}: {{ $labels.operation }} requests reach the driver {{ range printf "host_device_operation:blockstack_collapse_evidence:info{host=%q,device=%q,operation=%q}" $labels.host $labels.device $labels.operation | query -}} {{ if eq .Labels.cause "refused" }}unmerged (merging refused){{ else }}split into tiny pieces{{ end }} {{- with .Labels.stack }} (stack {{ . }}){{ end }}{{ else }}unmerged or split{{ end }}.',
-              description: '{{ range printf "host_device_operation:blockstack_collapse_evidence:info{host=%q,device=%q,operation=%q}" $labels.host $labels.device $labels.operation | query -}} {{ .Labels.host }}: {{ .Labels.device }} serves {{ .Labels.operation }} requests of {{ .Labels.sectors }} sectors at {{ .Labels.requests }}/s. Refused merges {{ with .Labels.refused }}{{ . }}/s{{ else }}not measured (no eBPF){{ end }}, split-off pieces {{ with .Labels.pieces }}{{ . }}/s{{ else }}not measured (no eBPF){{ end }}. {{- if .Labels.upper }} Above it {{ .Labels.upper }} averages {{ .Labels.upper_sectors }} sectors per request.{{ end }} {{- if .Labels.snapshot }} Snapshot {{ .Labels.snapshot }} ({{ .Labels.snapshot_device }}) sits above it.{{ end }} Now: {{ if .Labels.nomerges }}nomerges={{ .Labels.nomerges }}, max_sectors_kb={{ .Labels.max_sectors_kb }} (hardware {{ .Labels.max_hw_sectors_kb }}) {{- else }}queue settings unknown{{ end }}{{ with .Labels.scheduler }}, scheduler {{ . }}{{ end }}. Fix: {{ .Labels.fix }}. {{- else }}{{ $labels.host }}: {{ $labels.device }}\'s {{ $labels.operation }} requests reach the driver unmerged or split (evidence: the dashboard).{{ end }}',
+              description: '{{ $on := printf "{host=%q,device=%q,operation=%q}" $labels.host $labels.device $labels.operation -}} {{ $sectors := "?" }}{{ $requests := "?" }}{{ $upper := "" }}{{ $refused := "not measured (no eBPF)" }}{{ $pieces := $refused -}} {{ range printf "host_device_operation_fact:blockstack_collapse_evidence:value%s" $on | query }}{{ $f := .Labels.fact }}{{ $n := printf "%.0f" .Value -}} {{ if eq $f "sectors" }}{{ $sectors = $n }}{{ else if eq $f "requests" }}{{ $requests = $n }}{{ else if eq $f "upper_sectors" }}{{ $upper = $n }}{{ end -}} {{ if eq $f "refused" }}{{ $refused = print $n "/s" }}{{ else if eq $f "pieces" }}{{ $pieces = print $n "/s" }}{{ end }}{{ end -}} {{ range printf "host_device_operation:blockstack_collapse_evidence:info%s" $on | query -}} {{ $labels.host }}: {{ $labels.device }} serves {{ $labels.operation }} requests of {{ $sectors }} sectors at {{ $requests }}/s. Refused merges {{ $refused }}, split-off pieces {{ $pieces }}. {{- with .Labels.upper }} Above it {{ . }} averages {{ $upper }} sectors per request.{{ end }} {{- if .Labels.snapshot }} Snapshot {{ .Labels.snapshot }} ({{ .Labels.snapshot_device }}) sits above it.{{ end }} Now: {{ if .Labels.nomerges }}nomerges={{ .Labels.nomerges }}, max_sectors_kb={{ .Labels.max_sectors_kb }} (hardware {{ .Labels.max_hw_sectors_kb }}) {{- else }}queue settings unknown{{ end }}{{ with .Labels.scheduler }}, scheduler {{ . }}{{ end }}. Fix: {{ .Labels.fix }}. {{- else }}{{ $labels.host }}: {{ $labels.device }}\'s {{ $labels.operation }} requests reach the driver unmerged or split (evidence: the dashboard).{{ end }}',
               doctor: 'blockstack-doctor --device {{ $labels.device }}',
               dashboard: '%(grafana_url)s/d/blockstack-merges?var-host={{ $labels.host }}&var-device={{ $labels.device }}' % $._config,
               runbook_url: '%(docs_url)s/runbook.md#blockstackmergecollapse' % $._config,

@@ -191,6 +191,20 @@
                 / host_device_lower_operation:node_disk_request_size_sectors:lower
             |||,
           },
+          // The device above each device whose requests are the most times larger than its own (the
+          // largest split ratio), as `upper`: the collapse page's "Above it". Value: that device's
+          // average request size, sectors (the NVMe incident: device=nvme1n1 upper=dm-3 -> 512).
+          {
+            record: 'host_device_operation:node_disk_request_size_sectors:above',
+            expr: |||
+              max by (host, device, operation, upper) (
+                label_replace(label_replace(
+                    host_device_lower_operation:node_disk_request_size_sectors:upper
+                      and topk by (host, lower, operation) (1, host_device_lower_operation:node_disk_request_size:split_ratio),
+                  "upper", "$1", "device", "(.+)"), "device", "$1", "lower", "(.+)")
+              )
+            |||,
+          },
           // Lineup: the upper's bytes per second as a share of the lower's (~1 when the lower serves only
           // the upper; small when the lower is busy with other devices' I/O).
           {
@@ -443,15 +457,6 @@
                 and host_device_operation:ebpf_block_bio_splits:irate >= %(split_min_rate)d
             ||| % $._config,
           },
-          // 1 on a host where ebpf_exporter is up or its series arrive: a counter of it with no series
-          // there has counted nothing (the collapse page says 0/s, not "not measured").
-          {
-            record: 'host:ebpf_exporter_up:max',
-            expr: |||
-              max by (host) (up{%(ebpf_selector)s}) == 1
-                or count by (host) ({__name__=~"ebpf_exporter_.+", %(ebpf_selector)s}) * 0 + 1
-            ||| % $._config,
-          },
           // The collapse page's cause, where its evidence holds: `cause` refused or split (refused
           // when both hold), and `fix`, the setting to change on the device. Value always 1.
           {
@@ -464,73 +469,65 @@
                 "cause", "split", "", ""), "fix", "raise /sys/block/$1/queue/max_sectors_kb", "device", "(.+)")
             |||,
           },
-          // The collapse page's evidence, where its evidence holds: the cause and every fact the page
-          // prints, as labels, so that its annotations read them in one lookup (never alert labels: a
-          // setting changed during a page must not end it and start another). Counts are rounded:
-          // `refused` merges/s and split-off `pieces`/s (eBPF; "0" for a counter ebpf_exporter has not
-          // counted, absent without ebpf_exporter), `sectors` per request and `requests`/s (diskstats);
-          // the device's `stack`, its settings now (host_device:blockstack_queue_settings:info) and
-          // `scheduler`; the `upper` device with the largest upper / lower size ratio and its
-          // `upper_sectors`; a `snapshot` above (host_device:blockstack_snapshot_above:info). A fact
-          // not known is absent. A collapse makes a new series per evaluation (the counts change): on
-          // collapsed devices only. Value always 1.
+          // Each device where the collapse evidence holds, for any operation: the evidence below joins
+          // each fact onto it where the fact is not known, so that its label is left out (instead of
+          // the whole series). Value always 1.
+          {
+            record: 'host_device:blockstack_collapse:info',
+            expr: 'group by (host, device) (host_device_operation:blockstack_collapse_cause:info)\n',
+          },
+          // The collapse page's facts that change only when the host does, as labels for its
+          // annotations (never alert labels: a setting changed during a page must not end it and start
+          // another): `cause` and `fix`, the device's `stack`, its queue settings now (`nomerges`,
+          // `max_sectors_kb`, `max_hw_sectors_kb`) and `scheduler`, the `upper` device above it, and a
+          // `snapshot` above it on `snapshot_device`. A fact not known is absent. One series per
+          // collapsed device and operation while nothing changes on the host (the numbers are values of
+          // the rule below). Value always 1.
           {
             record: 'host_device_operation:blockstack_collapse_evidence:info',
             expr: |||
               host_device_operation:blockstack_collapse_cause:info
-                * on (host, device, operation) group_left (refused) (
-                    count_values by (host, device, operation) ("refused",
-                      round(host_device_operation:ebpf_block_rq_missed_merges:rate))
-                  or on (host, device, operation) label_replace(
-                    host_device_operation:blockstack_collapse_cause:info and on (host) host:ebpf_exporter_up:max,
-                    "refused", "0", "", "")
-                  or on (host, device, operation) label_replace(
-                    host_device_operation:blockstack_collapse_cause:info, "refused", "", "", ""))
-                * on (host, device, operation) group_left (pieces) (
-                    count_values by (host, device, operation) ("pieces",
-                      round(host_device_operation:ebpf_block_bio_splits:rate))
-                  or on (host, device, operation) label_replace(
-                    host_device_operation:blockstack_collapse_cause:info and on (host) host:ebpf_exporter_up:max,
-                    "pieces", "0", "", "")
-                  or on (host, device, operation) label_replace(
-                    host_device_operation:blockstack_collapse_cause:info, "pieces", "", "", ""))
-                * on (host, device, operation) group_left (sectors) (
-                    count_values by (host, device, operation) ("sectors",
-                      round(host_device_operation:node_disk_request_size_sectors:avg))
-                  or on (host, device, operation) label_replace(
-                    host_device_operation:blockstack_collapse_cause:info, "sectors", "?", "", ""))
-                * on (host, device, operation) group_left (requests) (
-                    count_values by (host, device, operation) ("requests",
-                      round(host_device_operation:node_disk_completed:rate))
-                  or on (host, device, operation) label_replace(
-                    host_device_operation:blockstack_collapse_cause:info, "requests", "?", "", ""))
-                * on (host, device, operation) group_left (upper, upper_sectors) (
-                    count_values by (host, device, operation, upper) ("upper_sectors", round(
-                      label_replace(label_replace(
-                          host_device_lower_operation:node_disk_request_size_sectors:upper
-                            and topk by (host, lower, operation) (1, host_device_lower_operation:node_disk_request_size:split_ratio),
-                        "upper", "$1", "device", "(.+)"), "device", "$1", "lower", "(.+)")))
-                  or on (host, device, operation) label_replace(label_replace(
-                    host_device_operation:blockstack_collapse_cause:info, "upper", "", "", ""), "upper_sectors", "", "", ""))
                 * on (host, device) group_left (stack) (
-                    host_device:blockstack_stack:info
-                  or on (host, device) label_replace(
-                    max by (host, device) (host_device_operation:blockstack_collapse_cause:info), "stack", "", "", ""))
+                    host_device:blockstack_stack:info or on (host, device) host_device:blockstack_collapse:info)
                 * on (host, device) group_left (nomerges, max_sectors_kb, max_hw_sectors_kb) (
-                    host_device:blockstack_queue_settings:info
-                  or on (host, device) label_replace(label_replace(label_replace(
-                    max by (host, device) (host_device_operation:blockstack_collapse_cause:info),
-                    "nomerges", "", "", ""), "max_sectors_kb", "", "", ""), "max_hw_sectors_kb", "", "", ""))
+                    host_device:blockstack_queue_settings:info or on (host, device) host_device:blockstack_collapse:info)
                 * on (host, device) group_left (scheduler) (
                     max by (host, device, scheduler) (blockstack_queue_scheduler_info{%(blockstack_selector)s})
-                  or on (host, device) label_replace(
-                    max by (host, device) (host_device_operation:blockstack_collapse_cause:info), "scheduler", "", "", ""))
+                      or on (host, device) host_device:blockstack_collapse:info)
+                * on (host, device, operation) group_left (upper) (
+                    group by (host, device, operation, upper) (host_device_operation:node_disk_request_size_sectors:above)
+                      or on (host, device, operation) host_device_operation:blockstack_collapse_cause:info)
                 * on (host, device) group_left (snapshot, snapshot_device) (
-                    host_device:blockstack_snapshot_above:info
-                  or on (host, device) label_replace(label_replace(
-                    max by (host, device) (host_device_operation:blockstack_collapse_cause:info),
-                    "snapshot", "", "", ""), "snapshot_device", "", "", ""))
+                    host_device:blockstack_snapshot_above:info or on (host, device) host_device:blockstack_collapse:info)
             ||| % $._config,
+          },
+          // The collapse page's numbers, one series per number (`fact`) and collapsed device and
+          // operation, its labels steady while the value changes: `refused` merges/s and split-off
+          // `pieces`/s (eBPF; 0 where ebpf_exporter counts the device's requests but that counter has no
+          // series yet), `sectors` per request and `requests`/s (diskstats), and `upper_sectors`, the
+          // average request of the device above it. A number not known is absent.
+          {
+            record: 'host_device_operation_fact:blockstack_collapse_evidence:value',
+            expr: |||
+              (
+                  label_replace(
+                    host_device_operation:ebpf_block_rq_missed_merges:rate or host_device_operation:ebpf_block_rq:rate * 0,
+                    "fact", "refused", "", "")
+                or
+                  label_replace(
+                    host_device_operation:ebpf_block_bio_splits:rate or host_device_operation:ebpf_block_rq:rate * 0,
+                    "fact", "pieces", "", "")
+                or
+                  label_replace(host_device_operation:node_disk_request_size_sectors:avg, "fact", "sectors", "", "")
+                or
+                  label_replace(host_device_operation:node_disk_completed:rate, "fact", "requests", "", "")
+                or
+                  label_replace(
+                    max without (upper) (host_device_operation:node_disk_request_size_sectors:above),
+                    "fact", "upper_sectors", "", "")
+              )
+                and on (host, device, operation) host_device_operation:blockstack_collapse_cause:info
+            |||,
           },
           // Bios per second on device numbers no device has now (the device went, or came and
           // blockstack-exporter has not listed it yet): traffic the rules above cannot name, so no

@@ -315,7 +315,7 @@ def test_collapse_page_identity_has_no_settings():
     the stack are in annotations)."""
     rule = next(r for _, r in rules("alert") if r["alert"] == "BlockStackMergeCollapse")
     assert set(rule["labels"]) == {"severity"}
-    by = re.search(r"count by \(([^)]*)\)", rule["expr"]).group(1)
+    by = re.search(r"max by \(([^)]*)\)", rule["expr"]).group(1)
     assert [x.strip() for x in by.split(",")] == ["host", "device", "operation"]
     assert not re.search(r"\bstack\b", rule["expr"])
     assert rule.get("keep_firing_for"), "an intermittent collapse must page once"

@@ -1,6 +1,6 @@
-"""Issue 14: bad values cost one sample, hung devices and commands cost their own metrics only,
-and the HTTP side serves only scrapes, one collection for many requests. Each test failed on
-the exporter before the hardening (noted per test)."""
+"""Bad values cost one sample, hung devices and commands cost their own metrics only, and the
+HTTP side serves only scrapes, one collection for many requests. Each test names the failure it
+guards against."""
 
 import contextlib
 import errno
@@ -43,7 +43,7 @@ def promtool_ok(text):
 
 
 def test_names_that_are_not_utf8_cost_their_samples_only(host_tree):
-    """Old: UnicodeEncodeError in the exposition, HTTP 500 for the whole scrape."""
+    """Guards against a UnicodeEncodeError in the exposition: HTTP 500 for the whole scrape."""
     os.symlink(
         "../../devices/virtual/block/loop0", os.fsencode(host_tree) + b"/sys/class/block/sd\xff"
     )
@@ -61,8 +61,8 @@ def test_names_that_are_not_utf8_cost_their_samples_only(host_tree):
 
 
 def test_huge_integers_cost_one_sample(host_tree):
-    """Old: 310 digits -> OverflowError in the exposition (HTTP 500); 4,300+ digits in jbd2 info
-    -> ValueError, the whole jbd2 collector failed."""
+    """Guards against 310 digits -> OverflowError in the exposition (HTTP 500), and 4,300+ digits
+    in jbd2 info -> ValueError failing the whole jbd2 collector."""
     write(host_tree, f"{LOOP0}/queue/nr_requests", "9" * 400 + "\n")
     write(
         host_tree,
@@ -94,7 +94,7 @@ def test_huge_integers_cost_one_sample(host_tree):
 
 
 def test_symlink_loops_cost_what_is_behind_them(host_tree):
-    """Old: ELOOP from listing /proc/fs/ext4 (or a slaves/ directory) failed the whole collector."""
+    """Guards against ELOOP from listing /proc/fs/ext4 (or slaves/) failing the whole collector."""
     ext4 = os.path.join(host_tree, "proc/fs/ext4")
     os.rename(ext4, ext4 + ".real")
     os.symlink("ext4", ext4)  # a link to itself: ELOOP
@@ -109,7 +109,7 @@ def test_symlink_loops_cost_what_is_behind_them(host_tree):
 
 
 def test_garbage_text_values_are_bounded(host_tree):
-    """Old: 10 MB of ext4 options became ~1,700 series; a 5,000-character scheduler a label."""
+    """Guards against 10 MB of ext4 options as ~1,700 series and a 5,000-character label."""
     write(host_tree, "proc/fs/ext4/loop0/options", "".join(f"opt{i}=v\n" for i in range(1_000_000)))
     write(host_tree, "proc/fs/ext4/loop1/options", "".join(f"o{i}\n" for i in range(500)))
     write(host_tree, f"{LOOP0}/queue/scheduler", "[" + "x" * 5000 + "]\n")
@@ -130,7 +130,7 @@ def test_garbage_text_values_are_bounded(host_tree):
 
 
 def test_a_repeated_condition_is_logged_once_and_counted_every_time(host_tree, caplog, monkeypatch):
-    """Old: the same warning on every scrape (the ext4 journal size EPERM every 5 s)."""
+    """Guards against the same warning on every scrape (the journal size's EPERM every 5 s)."""
 
     def denied(self, path, *args):
         raise PermissionError(errno.EPERM, "Operation not permitted", path)
@@ -153,7 +153,7 @@ def test_a_repeated_condition_is_logged_once_and_counted_every_time(host_tree, c
 
 
 def test_dmsetup_garbage_is_bounded(tmp_path, monkeypatch, caplog):
-    """Old: 10 MB of garbage from dmsetup took seconds, ~278k warning lines and ~300 MB."""
+    """Guards against 10 MB of garbage from dmsetup costing seconds, ~278k log lines, ~300 MB."""
     tree, fixtures = full_tree(str(tmp_path))
     monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", fixtures)
     with open(os.path.join(fixtures, "dmsetup_status_--noflush"), "w") as f:
@@ -174,7 +174,7 @@ def test_dmsetup_garbage_is_bounded(tmp_path, monkeypatch, caplog):
 
 
 def test_a_fifo_in_place_of_a_device_costs_its_journal_size_only(host_tree):
-    """Old: the superblock read blocked the scrape forever (holding the scrape lock)."""
+    """Guards against a superblock read blocking the scrape forever (holding the scrape lock)."""
     os.unlink(os.path.join(host_tree, "dev/loop1"))
     fifo = os.path.join(host_tree, "dev/loop1")
     os.mkfifo(fifo)
@@ -254,7 +254,7 @@ def dm_exporter(tmp_path):
 
 
 def test_a_hung_dmsetup_costs_the_dm_metrics_within_the_scrape_timeout(dm_exporter):
-    """Old: every scrape took 5.07-5.12 s against the stack's 5 s timeout: the target went down."""
+    """Guards against scrapes of 5.07-5.12 s against the stack's 5 s timeout (the target down)."""
     url, running = dm_exporter(mode="hang")
     with running:
         for timeout in ("5", "2"):
@@ -271,7 +271,7 @@ def test_a_hung_dmsetup_costs_the_dm_metrics_within_the_scrape_timeout(dm_export
 
 
 def test_only_get_metrics_and_the_landing_page(dm_exporter):
-    """Old: any method on any path ran a collection and answered the metrics."""
+    """Guards against any method on any path running a collection and answering the metrics."""
     url, running = dm_exporter()
     with running:
         calls = dm_exporter.calls()
@@ -285,7 +285,7 @@ def test_only_get_metrics_and_the_landing_page(dm_exporter):
 
 
 def test_aborted_and_half_sent_requests_run_no_collection(dm_exporter):
-    """Old: 20 aborted requests ran 20 collections (40 dmsetup runs as root).
+    """Guards against 20 aborted requests running 20 collections (40 dmsetup runs as root).
 
     Each request is closed before the exporter looks at it: the exporter is stopped (SIGSTOP,
     waited for until every thread is stopped) while the requests are sent and closed (the
@@ -342,7 +342,7 @@ def connections_open(port):
 
 
 def test_concurrent_scrapes_share_one_collection(dm_exporter):
-    """Old: every request ran its own collection, one after the other (500 scrapes: 110 s)."""
+    """Guards against every request running its own collection in turn (500 scrapes: 110 s)."""
     url, running = dm_exporter(mode="hang", sleep="1")  # each dmsetup run takes 1 s
     with running:
         calls = dm_exporter.calls()
@@ -383,9 +383,9 @@ def test_slow_connections_do_not_block_a_real_scrape(dm_exporter):
 
 
 def test_scrapes_are_answered_when_sockets_get_descriptors_above_1023(host_tree):
-    """Old: the handler checked for an aborted request with select(), which refuses descriptors
+    """Guards against checking for an aborted request with select(), which refuses descriptors
     above 1023; the exporter keeps a descriptor per sysfs attribute (~7,000 with 1,000 devices),
-    so on such hosts scrapes intermittently got a closed connection and no answer."""
+    so on such hosts scrapes would intermittently get a closed connection and no answer."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 1200:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
@@ -429,9 +429,9 @@ MALFORMED = {
 
 @pytest.mark.parametrize("request_bytes", MALFORMED.values(), ids=MALFORMED.keys())
 def test_a_malformed_request_gets_400_and_no_collection(host_tree, http_abuse, request_bytes):
-    """Old: a bad request line got its 400 as a bare body (no status line, no headers), HTTP/0.9 a
-    closed connection; a control character in the query and a header line without a colon were
-    answered 200 and ran a collection."""
+    """Guards against a 400 as a bare body (no status line, no headers), HTTP/0.9 answered by a
+    closed connection, and a control character in the query or a header line without a colon
+    answered 200 with a collection."""
     with exporter_in_process(host_tree) as (httpd, port):
         assert http_abuse.raw(port, request_bytes).startswith(b"HTTP/1.0 400 ")
         assert httpd.exporter.collections == 0
@@ -440,8 +440,8 @@ def test_a_malformed_request_gets_400_and_no_collection(host_tree, http_abuse, r
 
 
 def test_1000_held_connections_do_not_delay_a_scrape(host_tree, http_abuse):
-    """Old: at MAX_CONNECTIONS the newest connection was closed at once, the real scrape too
-    (here 500 at most, 1,000 held: every scrape failed)."""
+    """Guards against closing the newest connection at MAX_CONNECTIONS, the real scrape too
+    (here 500 at most, 1,000 held: every scrape would fail)."""
     with exporter_in_process(host_tree, max_connections=500, request_seconds=30) as (httpd, port):
         held = http_abuse.hold(port, 1000, heads=(b"", HALF_SENT, SLOW))
         http_abuse.wait_closed(

@@ -763,7 +763,7 @@ def judge(r, case, onset, devices, watch):
             r.say(
                 f"+{n.received_at - onset:.0f}s PAGE {n.alertname} on {d}: {n.annotations.get('summary', '')}"
             )
-            for key in ("proves", "confirm"):
+            for key in ("description", "doctor"):
                 if n.annotations.get(key):
                     r.say(f"    {key}: {' '.join(n.annotations[key].split())}")
     r.say(
