@@ -702,6 +702,30 @@
                   },
                 ],
               },
+              {
+                matcher: {
+                  id: 'byName',
+                  options: 'depth',
+                },
+                properties: [
+                  {
+                    id: 'custom.width',
+                    value: 70,
+                  },
+                ],
+              },
+              {
+                matcher: {
+                  id: 'byName',
+                  options: 'kind',
+                },
+                properties: [
+                  {
+                    id: 'custom.width',
+                    value: 90,
+                  },
+                ],
+              },
             ],
           },
           id: 6,

@@ -18,6 +18,8 @@ from .common import DS, HEALTHY, INFO, WARNING
 from .widgets import color_cells, mappings, merge, organize, prop, sort_by, table_q
 
 TITLE = "The stack at a glance: layers from top to physical disk"
+# pixels for the layer columns whose values are short
+NARROW = {"depth": 70, "kind": 90}
 # queries.LAYERS's labels, renamed and in their order, before the settings' columns
 LVM_LABELS = {"vg_name": "LVM VG", "lv_name": "LVM LV", "lv_layer": "LVM layer"}
 LAYER_FIELDS = ["depth", "device", "name", "kind", *LVM_LABELS.values()]
@@ -154,4 +156,8 @@ def stack_table(k):
     for c in cols:
         if c.properties:
             p = p.override_by_name(c.header, list(c.properties))
+    # Narrow the short layer columns, so that every setting's column fits the panel's width
+    # at 1500 px (read_ahead_kb pushed rotational out of sight)
+    for field, width in NARROW.items():
+        p = p.override_by_name(field, [prop("custom.width", width)])
     return [p]
