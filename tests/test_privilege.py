@@ -314,12 +314,15 @@ def dm_helper_as_make_up_starts_it(tmp_path):
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         client.connect(sock)
         client.sendall(b"table\n")
+        # the child once it runs dmsetup: between fork and exec it has not raised its ambient set yet
         child = procs.wait_until(
             "the dmsetup child",
             lambda: [
                 int(p)
                 for p in subprocess.run(
-                    ["pgrep", "-P", str(helper.pid)], capture_output=True, text=True
+                    ["pgrep", "-P", str(helper.pid), "-f", f"^/bin/sh {tmp_path}/dmsetup "],
+                    capture_output=True,
+                    text=True,
                 ).stdout.split()
             ],
             10,
