@@ -43,7 +43,7 @@ ROWS = [
         panels.lineup_panels,
     ),
     (
-        "Distributions: sizes at bio submission and driver issue, latency",
+        "Per device: sizes at bio submission and driver issue, latency, whose I/O",
         panels.distribution_panels,
     ),
     ("LVM snapshots", panels.snapshot_panels),
@@ -127,7 +127,8 @@ def build(k=None):
             v.pop(key, None)
     for p in model["panels"]:
         if p.get("repeat"):
-            p["maxPerRow"] = 3
+            # a time series keeps half the width for its legend table
+            p["maxPerRow"] = 2 if p["type"] == "timeseries" else 3
     model["__inputs"], model["__requires"] = variables.INPUTS, REQUIRES
     return model
 

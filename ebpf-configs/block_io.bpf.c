@@ -184,6 +184,22 @@ struct {
     __type(value, struct last_rq);
 } last_rq SEC(".maps");
 
+// Per-cgroup attribution (block_cgroups.bpf.h); built with -DBLOCK_IO_NO_CGROUPS, as `make
+// bench-ebpf` does to weigh it, the programs count per device only.
+#ifdef BLOCK_IO_NO_CGROUPS
+static __always_inline void cgroup_bio(u32 dev, u8 op, struct bio *bio)
+{
+}
+static __always_inline void cgroup_missed_merge(u32 dev, u8 op, struct request *rq)
+{
+}
+static __always_inline void cgroup_split(u32 dev, u8 op, struct bio *bio)
+{
+}
+#else
+#include "block_cgroups.bpf.h"
+#endif
+
 // The request's address as a number: its low 32 bits, never 0 (requests are at least 8-byte
 // aligned, so the low bit is free to mark the id in use). The verifier forbids arithmetic on a
 // typed kernel pointer; a 32-bit move of one yields a plain number for programs loaded with
@@ -234,6 +250,15 @@ static __always_inline void observe_service(u32 dev, u8 op, u64 service_ns)
     observe(&block_rq_latency_seconds, dev, op, LATENCY_SERVICE, service_ns, LATENCY_BUCKET_MIN, LATENCY_BUCKET_MAX);
 }
 
+#ifndef BLOCK_IO_NO_CGROUPS
+// A bio of cgroup `id` (slot `slot` of its device, block_cgroups.bpf.h): two hash updates.
+static __always_inline void observe_cgroup_bio(u32 dev, u8 op, u32 slot, u64 id, u64 bytes)
+{
+    cgroup_add(&block_cgroup_bios_total, dev, op, id, 1);
+    cgroup_add(&block_cgroup_bio_bytes_total, dev, op, id, bytes);
+}
+#endif
+
 #else
 
 // Pending observations, per CPU, in a direct-mapped table indexed by a hash of (device,
@@ -283,6 +308,7 @@ enum pending_table {
     PENDING_BIO = 0,      // block_bio_queue: hist[0] bio size
     PENDING_ISSUE = 1,    // block_rq_issue: hist[0] request size, hist[1] queue latency
     PENDING_COMPLETE = 2, // block_rq_complete: hist[0] service latency
+    PENDING_CGROUP = 3,   // block_bio_queue: bios and bytes per cgroup (struct cgroup_pending)
 };
 
 struct {
@@ -311,7 +337,11 @@ struct {
 // visits only those (a walk of all 3 x 2,048 slots measured 45-80 us per run, ~47 ns per read in
 // `make bench-ebpf`).
 #define DIRTY_WORDS (PENDING_SLOTS / 64)
+#ifdef BLOCK_IO_NO_CGROUPS
 #define PENDING_TABLES 3
+#else
+#define PENDING_TABLES 4
+#endif
 
 // words[table * DIRTY_WORDS + index / 64], bit index % 64. flush_pending keeps its place in the
 // walk here, not on its stack: the verifier then does not track it step by step (it would check
@@ -391,10 +421,10 @@ static __always_inline void pending_flush(struct pending_slot *p, enum pending_t
 // flush_pending runs in a timer interrupt and may interrupt a program of the same table on its
 // CPU: `busy` tells it to leave that slot to the next tick. A compiler barrier is enough, the
 // interrupt being on the same CPU.
-static __always_inline void set_busy(struct pending_slot *p, u8 busy)
+static __always_inline void set_busy(u8 *flag, u8 busy)
 {
     asm volatile("" ::: "memory");
-    *(volatile u8 *) &p->busy = busy;
+    *(volatile u8 *) flag = busy;
     asm volatile("" ::: "memory");
 }
 
@@ -412,7 +442,7 @@ static __always_inline struct pending_slot *pending_begin(void *map, enum pendin
 
     if (!p)
         return NULL;
-    set_busy(p, 1);
+    set_busy(&p->busy, 1);
     if (p->dev != dev || p->op != op) {
         pending_flush(p, table, false);
         p->dev = dev;
@@ -421,22 +451,28 @@ static __always_inline struct pending_slot *pending_begin(void *map, enum pendin
     return p;
 }
 
-// Counts the observation just added. A flush interrupting the |= below may find its own clearing
-// of another bit undone: that slot is visited once more for nothing; no bit set here is lost.
-static __always_inline void pending_end(struct pending_slot *p, enum pending_table table, u32 index)
+// Marks slot `index` of `table` for flush_pending. A flush interrupting the |= below may find its
+// own clearing of another bit undone: that slot is visited once more for nothing; no bit set here
+// is lost.
+static __always_inline void mark_dirty(enum pending_table table, u32 index)
 {
     u32 w = table * DIRTY_WORDS + index / 64;
-    struct dirty *d;
+    struct dirty *d = dirty_bits();
 
+    if (d && w < PENDING_TABLES * DIRTY_WORDS)
+        d->words[w] |= 1ULL << (index % 64);
+}
+
+// Counts the observation just added.
+static __always_inline void pending_end(struct pending_slot *p, enum pending_table table, u32 index)
+{
     p->n++;
     if (p->n == 1) {
-        d = dirty_bits();
-        if (d && w < PENDING_TABLES * DIRTY_WORDS)
-            d->words[w] |= 1ULL << (index % 64);
+        mark_dirty(table, index);
     } else if (p->n == PENDING_MAX) {
         pending_flush(p, table, false);
     }
-    set_busy(p, 0);
+    set_busy(&p->busy, 0);
 }
 
 // One observation of `value` in the pending histogram h of slot p, whose exported map is `map`.
@@ -500,6 +536,88 @@ static __always_inline void observe_service(u32 dev, u8 op, u64 service_ns)
     pending_end(p, PENDING_COMPLETE, index);
 }
 
+#ifndef BLOCK_IO_NO_CGROUPS
+// Bios and bytes per block cgroup pending per CPU, a slot per (device, operation) as for the
+// histograms, with a count for each of the device's cgroup slots and "other" (block_cgroups.bpf.h),
+// each tagged with the cgroup it counts for. Two hash updates per bio cost ~90 ns per bio in `make
+// bench-ebpf`; this a few stores, the updates once per flush. 2,048 slots of 112 bytes per CPU.
+struct cgroup_pending {
+    u32 dev;
+    u8 op;
+    u8 busy; // as in struct pending_slot
+    u8 n;    // bios since the last flush
+    u8 pad;
+    u64 id[CGROUP_SLOTS + 1];
+    u64 bytes[CGROUP_SLOTS + 1];
+    u8 bios[CGROUP_SLOTS + 1];
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, PENDING_SLOTS);
+    __type(key, u32);
+    __type(value, struct cgroup_pending);
+} cgroup_pending SEC(".maps");
+
+// Adds a slot's counts into the exported maps and empties it (a key missing there, whose making
+// failed when the count began, drops its count, as block_cgroups.bpf.h's cgroup_add() does).
+static __always_inline void cgroup_pending_flush(struct cgroup_pending *p)
+{
+    u32 i;
+
+    for (i = 0; i <= CGROUP_SLOTS; i++) {
+        if (!p->bios[i])
+            continue;
+        cgroup_add(&block_cgroup_bios_total, p->dev, p->op, p->id[i], p->bios[i]);
+        cgroup_add(&block_cgroup_bio_bytes_total, p->dev, p->op, p->id[i], p->bytes[i]);
+        p->bios[i] = 0;
+        p->bytes[i] = 0;
+    }
+    p->n = 0;
+}
+
+// A bio of cgroup `id`, slot `slot` of its device. The first count of a cgroup since the last
+// flush makes its keys in the exported maps, so that the flush, in a timer interrupt, need not.
+static __always_inline void observe_cgroup_bio(u32 dev, u8 op, u32 slot, u64 id, u64 bytes)
+{
+    u32 index = pending_index(dev, op);
+    struct cgroup_pending *p = bpf_map_lookup_elem(&cgroup_pending, &index);
+
+    if (!p || slot > CGROUP_SLOTS)
+        return;
+    set_busy(&p->busy, 1);
+    if (p->dev != dev || p->op != op || (p->bios[slot] && p->id[slot] != id)) {
+        cgroup_pending_flush(p);
+        p->dev = dev;
+        p->op = op;
+    }
+    if (!p->bios[slot]) {
+        p->id[slot] = id;
+        cgroup_add(&block_cgroup_bios_total, dev, op, id, 0);
+        cgroup_add(&block_cgroup_bio_bytes_total, dev, op, id, 0);
+    }
+    p->bios[slot]++;
+    p->bytes[slot] += bytes;
+    p->n++;
+    if (p->n == 1)
+        mark_dirty(PENDING_CGROUP, index);
+    else if (p->n == PENDING_MAX)
+        cgroup_pending_flush(p);
+    set_busy(&p->busy, 0);
+}
+
+static __always_inline bool cgroup_flush_idle(u32 index)
+{
+    struct cgroup_pending *p = bpf_map_lookup_elem(&cgroup_pending, &index);
+
+    if (!p)
+        return true;
+    if (p->n && !p->busy)
+        cgroup_pending_flush(p);
+    return !p->n;
+}
+#endif
+
 // Flushes slot `index` of `table` unless a program is updating it; returns whether it is empty.
 static __always_inline bool flush_idle(void *map, u32 index, enum pending_table table)
 {
@@ -541,6 +659,10 @@ static long flush_step(u32 i, void *ctx)
         empty = flush_idle(&bio_pending, index, PENDING_BIO);
     else if (table == PENDING_ISSUE)
         empty = flush_idle(&issue_pending, index, PENDING_ISSUE);
+#ifndef BLOCK_IO_NO_CGROUPS
+    else if (table == PENDING_CGROUP)
+        empty = cgroup_flush_idle(index);
+#endif
     else
         empty = flush_idle(&complete_pending, index, PENDING_COMPLETE);
     d = dirty_bits(); // the flush's calls left the verifier without d
@@ -569,6 +691,17 @@ int flush_pending(void *ctx)
 
 #endif // BLOCK_IO_IMMEDIATE
 
+#ifndef BLOCK_IO_NO_CGROUPS
+static __always_inline void cgroup_bio(u32 dev, u8 op, struct bio *bio)
+{
+    u64 bytes = bio->bi_iter.bi_size;
+    u32 slot;
+    u64 id = cgroup_account(dev, bio_cgroup(bio), bytes, &slot);
+
+    observe_cgroup_bio(dev, op, slot, id, bytes);
+}
+#endif
+
 // Fires once per bio submitted to a device (submit_bio_noacct_nocheck, before any split), for
 // bio-based and request-based devices alike; a dm clone sent to the device beneath fires again
 // with that device. TP_PROTO(struct bio *bio) since 5.11 (TP_ARG0 in block.bpf.h: before that (q, bio)).
@@ -577,9 +710,13 @@ int BPF_PROG(block_bio_queue)
 {
     struct bio *bio = TP_ARG0(ctx, block_bio_queue);
     u32 dev = bio_dev(bio);
+    u8 op;
 
-    if (dev)
-        observe_bio_size(dev, op_class(bio->bi_opf), bio->bi_iter.bi_size);
+    if (!dev)
+        return 0;
+    op = op_class(bio->bi_opf);
+    observe_bio_size(dev, op, bio->bi_iter.bi_size);
+    cgroup_bio(dev, op, bio);
     return 0;
 }
 
@@ -694,6 +831,7 @@ int BPF_PROG(block_rq_issue)
         struct op_key okey = { .dev = dev, .op = op };
 
         map_add(&block_rq_missed_merges_total, &okey, 1);
+        cgroup_missed_merge(dev, op, rq);
     }
     return 0;
 }
@@ -758,6 +896,7 @@ int BPF_PROG(block_split)
         return 0;
     key.op = op_class(bio->bi_opf);
     map_add(&block_bio_splits_total, &key, 1);
+    cgroup_split(key.dev, key.op, bio);
     return 0;
 }
 

@@ -2047,7 +2047,7 @@
           collapsed: false,
           id: 14,
           panels: [],
-          title: 'Distributions: sizes at bio submission and driver issue, latency',
+          title: 'Per device: sizes at bio submission and driver issue, latency, whose I/O',
           gridPos: {
             h: 1,
             w: 24,
@@ -2576,16 +2576,134 @@
           interval: $._config.rate_window,
         },
         {
+          type: 'timeseries',
+          transparent: false,
+          transformations: [],
+          options: {
+            legend: {
+              displayMode: 'table',
+              placement: 'right',
+              showLegend: true,
+              calcs: [
+                'mean',
+                'max',
+                'lastNotNull',
+              ],
+            },
+            tooltip: {
+              mode: 'multi',
+              sort: 'desc',
+            },
+          },
+          fieldConfig: {
+            defaults: {
+              unit: 'Bps',
+              min: 0,
+              color: {
+                mode: 'shades',
+                fixedColor: 'blue',
+              },
+              noValue: 'No I/O counted by cgroup on this device in this range',
+              custom: {
+                lineWidth: 2,
+                fillOpacity: 10,
+              },
+            },
+            overrides: [
+              {
+                matcher: {
+                  id: 'byFrameRefID',
+                  options: 'B',
+                },
+                properties: [
+                  {
+                    id: 'unit',
+                    value: 'reqps',
+                  },
+                  {
+                    id: 'custom.axisPlacement',
+                    value: 'right',
+                  },
+                  {
+                    id: 'custom.lineStyle',
+                    value: {
+                      fill: 'dash',
+                      dash: [
+                        10,
+                        10,
+                      ],
+                    },
+                  },
+                ],
+              },
+            ],
+          },
+          id: 19,
+          targets: [
+            {
+              expr: |||-
+                (
+                  topk(5, sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__interval] offset -$__interval)))
+                  or sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup="other"}[$__interval] offset -$__interval))
+                )
+              |||,
+              refId: 'A',
+              instant: false,
+              range: true,
+              legendFormat: 'bytes {{cgroup}}',
+              datasource: {
+                type: 'prometheus',
+                uid: '${datasource}',
+              },
+            },
+            {
+              expr: |||-
+                (
+                  topk(5, sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device", cgroup!="other"}[$__interval] offset -$__interval)))
+                  or sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device", cgroup="other"}[$__interval] offset -$__interval))
+                )
+                  or (
+                  topk(5, sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__interval] offset -$__interval)))
+                  or sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup="other"}[$__interval] offset -$__interval))
+                ) * 0
+              |||,
+              refId: 'B',
+              instant: false,
+              range: true,
+              legendFormat: 'refused + split {{cgroup}}',
+              datasource: {
+                type: 'prometheus',
+                uid: '${datasource}',
+              },
+            },
+          ],
+          title: 'Whose I/O - $device',
+          description: 'Whose I/O the device serves, by block cgroup: the cgroup the kernel charges each bio to (a service such as postgresql.service; a container\'s scope as "docker 0123456789ab"; ebpf_exporter, ebpf-configs/block_cgroups.bpf.h). Bytes per second submitted (solid, left axis) and refused merges plus pieces split off per second (dashed, right axis), reads and writes together, averaged over each interval of the graph; the device\'s 5 busiest cgroups by name, the others together as \'other\'. Healthy: refused + split near 0 for every cgroup, whatever its bytes. Sick: in a collapse they follow the cgroups whose I/O is split or refused merging, as the page\'s \'Mostly from\' names them (the loop lab at max_sectors_kb=4: the reader\'s cgroup has 100% of the pieces, about one split off per request issued).',
+          datasource: {
+            type: 'prometheus',
+            uid: '${datasource}',
+          },
+          gridPos: {
+            h: 12,
+            w: 12,
+            x: 0,
+            y: 65,
+          },
+          repeat: 'device',
+          repeatDirection: 'h',
+          maxPerRow: 2,
+        },
+        {
           type: 'row',
           collapsed: false,
-          id: 19,
+          id: 20,
           panels: [],
           title: 'LVM snapshots',
           gridPos: {
             h: 1,
             w: 24,
             x: 0,
-            y: 65,
+            y: 77,
           },
         },
         {
@@ -2645,7 +2763,7 @@
             },
             overrides: [],
           },
-          id: 20,
+          id: 21,
           targets: [
             {
               expr: 'host_device:blockstack_dm_snapshot_cow_used:ratio{host="$host", device=~"$device"}',
@@ -2669,7 +2787,7 @@
             h: 9,
             w: 12,
             x: 0,
-            y: 66,
+            y: 78,
           },
           repeatDirection: 'h',
         },
@@ -2709,7 +2827,7 @@
             },
             overrides: [],
           },
-          id: 21,
+          id: 22,
           targets: [
             {
               expr: 'blockstack_dm_snapshot_cow_used_bytes{%(blockstack_selector)s, host="$host", device=~"$device"}' % $._config,
@@ -2744,7 +2862,7 @@
             h: 9,
             w: 12,
             x: 12,
-            y: 66,
+            y: 78,
           },
           repeatDirection: 'h',
         },
@@ -2784,7 +2902,7 @@
             },
             overrides: [],
           },
-          id: 22,
+          id: 23,
           targets: [
             {
               expr: |||-
@@ -2811,7 +2929,7 @@
             h: 9,
             w: 12,
             x: 0,
-            y: 75,
+            y: 87,
           },
           repeatDirection: 'h',
         },
@@ -2865,7 +2983,7 @@
             },
             overrides: [],
           },
-          id: 23,
+          id: 24,
           targets: [
             {
               expr: 'blockstack_dm_snapshot_chunk_size_bytes{%(blockstack_selector)s, host="$host", device=~"$device"}' % $._config,
@@ -2889,7 +3007,7 @@
             h: 5,
             w: 12,
             x: 12,
-            y: 75,
+            y: 87,
           },
           repeatDirection: 'h',
         },
@@ -2972,7 +3090,7 @@
               },
             ],
           },
-          id: 24,
+          id: 25,
           targets: [
             {
               expr: 'max by (host, device, name, state) (blockstack_dm_snapshot_state{%(blockstack_selector)s, host="$host", device=~"$device"} == 1)' % $._config,
@@ -2996,21 +3114,21 @@
             h: 5,
             w: 12,
             x: 0,
-            y: 84,
+            y: 96,
           },
           repeatDirection: 'h',
         },
         {
           type: 'row',
           collapsed: false,
-          id: 25,
+          id: 26,
           panels: [],
           title: 'ext4 / jbd2',
           gridPos: {
             h: 1,
             w: 24,
             x: 0,
-            y: 89,
+            y: 101,
           },
         },
         {
@@ -3158,7 +3276,7 @@
               },
             ],
           },
-          id: 26,
+          id: 27,
           targets: [
             {
               expr: |||-
@@ -3187,7 +3305,7 @@
             h: 9,
             w: 12,
             x: 0,
-            y: 90,
+            y: 102,
           },
           repeatDirection: 'h',
         },
@@ -3228,7 +3346,7 @@
             },
             overrides: [],
           },
-          id: 27,
+          id: 28,
           targets: [
             {
               expr: 'blockstack_ext4_journal_size_bytes{%(blockstack_selector)s, host="$host", device=~"$device"}' % $._config,
@@ -3252,7 +3370,7 @@
             h: 9,
             w: 12,
             x: 12,
-            y: 90,
+            y: 102,
           },
           repeatDirection: 'h',
         },
@@ -3298,7 +3416,7 @@
             defaults: {},
             overrides: [],
           },
-          id: 28,
+          id: 29,
           targets: [
             {
               expr: |||-
@@ -3326,7 +3444,7 @@
             h: 9,
             w: 12,
             x: 0,
-            y: 99,
+            y: 111,
           },
           repeatDirection: 'h',
           maxDataPoints: 120,
@@ -3370,7 +3488,7 @@
             },
             overrides: [],
           },
-          id: 29,
+          id: 30,
           targets: [
             {
               expr: |||-
@@ -3410,7 +3528,7 @@
             h: 9,
             w: 12,
             x: 12,
-            y: 99,
+            y: 111,
           },
           repeatDirection: 'h',
           interval: $._config.jbd2_rate_window,
@@ -3451,7 +3569,7 @@
             },
             overrides: [],
           },
-          id: 30,
+          id: 31,
           targets: [
             {
               expr: 'rate(blockstack_jbd2_transactions_total{%(blockstack_selector)s, host="$host", device=~"$device"}[$__rate_interval])' % $._config,
@@ -3486,7 +3604,7 @@
             h: 9,
             w: 12,
             x: 0,
-            y: 108,
+            y: 120,
           },
           repeatDirection: 'h',
         },
@@ -3526,7 +3644,7 @@
             },
             overrides: [],
           },
-          id: 31,
+          id: 32,
           targets: [
             {
               expr: 'blockstack_jbd2_transaction_phase_average_seconds{%(blockstack_selector)s, host="$host", device=~"$device"}' % $._config,
@@ -3561,7 +3679,7 @@
             h: 12,
             w: 12,
             x: 12,
-            y: 108,
+            y: 120,
           },
           repeatDirection: 'h',
         },

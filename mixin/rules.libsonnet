@@ -431,6 +431,46 @@
                 / (host_device_operation:ebpf_block_rq:rate > 0)
             |||,
           },
+          // Bytes per second submitted to each device by block cgroup (the cgroup the kernel charges
+          // the I/O to: ebpf-configs/block_cgroups.bpf.h), for the device's busiest cgroups by name
+          // and the rest as `cgroup` "other". `cgroup` is the cgroupfs directory's name
+          // (postgresql.service; a container scope as "docker 0123456789ab"), `parent` its parent's.
+          {
+            record: 'host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate',
+            expr: |||
+              label_replace(
+                sum by (host, device, operation, cgroup, parent) (
+                  rate(ebpf_exporter_block_cgroup_bio_bytes_total{%(ebpf_selector)s}[%(rate_window)s])
+                    * on (host, devno, cgroup_id) group_left (cgroup, parent)
+                      ebpf_exporter_block_cgroup_admissions_total{%(ebpf_selector)s}
+                    * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                ),
+                "cgroup", "$1 $2", "cgroup", "(docker|cri-containerd|crio|libpod)-([0-9a-f]{12})[0-9a-f]*[.]scope")
+            ||| % $._config,
+          },
+          // Refused merges and split-off pieces per second on each device by block cgroup (as above):
+          // whose I/O a collapse splits.
+          {
+            record: 'host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate',
+            expr: |||
+              label_replace(
+                sum by (host, device, operation, cgroup, parent) (
+                  (
+                      label_replace(
+                        rate(ebpf_exporter_block_cgroup_missed_merges_total{%(ebpf_selector)s}[%(rate_window)s]),
+                        "event", "refused", "", "")
+                    or
+                      label_replace(
+                        rate(ebpf_exporter_block_cgroup_splits_total{%(ebpf_selector)s}[%(rate_window)s]),
+                        "event", "split", "", "")
+                  )
+                    * on (host, devno, cgroup_id) group_left (cgroup, parent)
+                      ebpf_exporter_block_cgroup_admissions_total{%(ebpf_selector)s}
+                    * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                ),
+                "cgroup", "$1 $2", "cgroup", "(docker|cri-containerd|crio|libpod)-([0-9a-f]{12})[0-9a-f]*[.]scope")
+            ||| % $._config,
+          },
           // Evidence of a merge collapse, merging refused: most requests on the device are refused
           // merges, at a real rate, over the window and still between the last two scrapes. Counted
           // on the device's own requests: another user's small I/O on a shared device never counts.
@@ -525,6 +565,19 @@
                   label_replace(
                     max without (upper) (host_device_operation:node_disk_request_size_sectors:above),
                     "fact", "upper_sectors", "", "")
+              )
+                and on (host, device, operation) host_device_operation:blockstack_collapse_cause:info
+            |||,
+          },
+          // Each cgroup's share of the refused merges and split-off pieces on a collapsed device and
+          // operation (the page's "mostly postgresql.service (92%)"). Absent when no collapse holds.
+          {
+            record: 'host_device_operation_cgroup:blockstack_collapse_events:share',
+            expr: |||
+              (
+                  host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate
+                / on (host, device, operation) group_left ()
+                  (sum by (host, device, operation) (host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate) > 0)
               )
                 and on (host, device, operation) host_device_operation:blockstack_collapse_cause:info
             |||,

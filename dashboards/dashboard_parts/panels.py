@@ -12,6 +12,8 @@ from .queries import (
     INTERVAL,
     JBD2,
     LAYER_LEGEND,
+    by_cgroup,
+    cgroup_slots,
     ebpf_rate,
     histogram_top,
     observed,
@@ -397,7 +399,52 @@ def distribution_panels(k):
             "^p99 queue .*", [prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})]
         )
     )
-    return [bio, rq, lat, pcts]
+    return [bio, rq, lat, pcts, whose_io_panel()]
+
+
+def whose_io_panel():
+    """Per device, its busiest block cgroups: bytes per second and refused merges plus split-off
+    pieces per second (the recording rules host_device_operation_cgroup:ebpf_block_cgroup_*)."""
+    events = "host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate"
+    submitted = "host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate"
+    return (
+        ts(
+            "Whose I/O - $device",
+            "Whose I/O the device serves, by block cgroup: the cgroup the kernel charges each bio "
+            "to (a service such as postgresql.service; a container's scope as \"docker "
+            '0123456789ab"; ebpf_exporter, ebpf-configs/block_cgroups.bpf.h). Bytes per second '
+            "submitted (solid, left axis) and refused merges plus pieces split off per second "
+            "(dashed, right axis), reads and writes together, averaged over each interval of the "
+            f"graph; the device's {cgroup_slots()} busiest cgroups by name, the others together as "
+            "'other'. Healthy: refused + split near 0 for every cgroup, whatever its bytes. Sick: "
+            "in a collapse they follow the cgroups whose I/O is split or refused merging, as the "
+            "page's 'Mostly from' names them (the loop lab at max_sectors_kb=4: the reader's "
+            "cgroup has 100% of the pieces, about one split off per request issued).",
+            [
+                q(by_cgroup(submitted), legend="bytes {{cgroup}}", ref="A"),
+                # 0 for a cgroup with bytes and nothing refused or split (no series counted yet)
+                q(
+                    f"{by_cgroup(events)}\n  or {by_cgroup(submitted)} * 0",
+                    legend="refused + split {{cgroup}}",
+                    ref="B",
+                ),
+            ],
+            "Bps",
+            h=12,  # a legend row for each of 2 x (5 cgroups and "other")
+            min=0,
+            no_value="No I/O counted by cgroup on this device in this range",
+        )
+        .repeat("device")
+        .repeat_direction("h")
+        .override_by_query(
+            "B",
+            [
+                prop("unit", "reqps"),
+                prop("custom.axisPlacement", "right"),
+                prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
+            ],
+        )
+    )
 
 
 def snapshot_panels(k):

@@ -2,6 +2,7 @@
 intervals, quantiles kept inside their histograms, and the stack table's settings."""
 
 import os
+import re
 
 import yaml
 
@@ -46,6 +47,8 @@ EBPF_CONFIGS = os.path.join(
 )
 BLOCK_IO = os.path.join(EBPF_CONFIGS, "block_io.yaml")
 JBD2 = os.path.join(EBPF_CONFIGS, "jbd2_credit_wait.yaml")
+# The per-cgroup counters' budget: named slots per device, the rest counted as "other".
+BLOCK_CGROUPS = os.path.join(EBPF_CONFIGS, "block_cgroups.bpf.h")
 
 # The interval of the graph that starts at each point (the step, from the point on): each sample
 # falls in one. Grafana aligns a range's end down to a multiple of the step, so a window ending at
@@ -97,6 +100,27 @@ def ebpf_rate(k, metric, extra="", window="$__rate_interval"):
         f'rate({metric}{{{k["ebpf_selector"]}, host="$host"{extra}}}[{window}])'
         f" * on (host, devno) group_left (device) host_devno:blockstack_device:info{{{SEL}}}"
     )
+
+
+def cgroup_slots():
+    """The named cgroups each device has counters for (CGROUP_SLOTS of block_cgroups.bpf.h)."""
+    with open(BLOCK_CGROUPS) as f:
+        (slots,) = re.findall(r"^#define CGROUP_SLOTS (\d+)", f.read(), re.M)
+    return int(slots)
+
+
+def by_cgroup(record):
+    """A recorded rate per block cgroup (host_device_operation_cgroup:...), reads and writes
+    summed, averaged over each interval of the graph: the largest cgroup_slots() named ones at
+    each point and "other" (cgroups without a slot)."""
+
+    def summed(match):
+        return (
+            "sum by (host, device, cgroup, parent) "
+            f'(avg_over_time({record}{{{SEL}, cgroup{match}"other"}}{INTERVAL}))'
+        )
+
+    return f"(\n  topk({cgroup_slots()}, {summed('!=')})\n  or {summed('=')}\n)"
 
 
 def observed(rate):

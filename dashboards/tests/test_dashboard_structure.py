@@ -677,3 +677,74 @@ def test_the_provisioned_copy_queries_the_provisioned_datasource(dashboard, tmp_
     assert "${DS_" not in text
     (variable,) = [v for v in json.loads(text)["templating"]["list"] if v["name"] == "datasource"]
     assert variable["current"]["value"] == ds["uid"]
+
+
+# --- whose I/O ------------------------------------------------------------------------------------
+
+WHOSE_BYTES = "host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate"
+WHOSE_EVENTS = "host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate"
+
+
+def test_whose_io_is_a_panel_per_device_from_the_cgroup_rules(dashboard):
+    """Each device of the stack has a "Whose I/O" panel beside its other per-device panels
+    (repeated by $device), reading the per-cgroup recording rules of alerts/: bytes per second
+    on the left axis, refused merges + splits per second on the right."""
+    (whose,) = [p for p in data_panels(dashboard) if p["title"].startswith("Whose I/O")]
+    assert whose["repeat"] == "device" and "$device" in whose["title"]
+    per_device = [p["title"] for p in data_panels(dashboard) if p.get("repeat") == "device"]
+    assert per_device[-1] == whose["title"] and len(per_device) > 1  # after the others
+    with open(os.path.join(REPO, "alerts", "recording.rules.yml")) as f:
+        records = {r.get("record") for g in yaml.safe_load(f)["groups"] for r in g["rules"]}
+    exprs = {t["refId"]: t["expr"] for t in whose["targets"]}
+    assert WHOSE_BYTES in exprs["A"] and WHOSE_EVENTS in exprs["B"]
+    assert {WHOSE_BYTES, WHOSE_EVENTS} <= records
+    assert [t["legendFormat"] for t in whose["targets"]] == [
+        "bytes {{cgroup}}",
+        "refused + split {{cgroup}}",
+    ]
+    assert whose["fieldConfig"]["defaults"]["unit"] == "Bps"
+    (right,) = whose["fieldConfig"]["overrides"]
+    assert right["matcher"] == {"id": "byFrameRefID", "options": "B"}
+    props = {p["id"]: p["value"] for p in right["properties"]}
+    assert props["unit"] == "reqps" and props["custom.axisPlacement"] == "right"
+
+
+def test_whose_io_shows_the_5_busiest_cgroups_and_other(dashboard, tmp_path):
+    """promtool on the panel's queries: per cgroup, reads and writes summed, the 5 cgroups with
+    the most (the BPF's named slots) and "other"; refused + split is 0 for a cgroup with bytes
+    and nothing counted, and another device's cgroups never show."""
+    (whose,) = [p for p in data_panels(dashboard) if p["title"].startswith("Whose I/O")]
+    series = {}
+
+    def rate(record, cgroup, value, operation="read", device="loop0", parent="system.slice"):
+        labels = f'host="h",device="{device}",operation="{operation}",cgroup="{cgroup}"'
+        if parent:  # the rules' "other" has none
+            labels += f',parent="{parent}"'
+        series[f"{record}{{{labels}}}"] = f"{value}x30"
+
+    for i in range(1, 8):  # c1 .. c7, c7 busiest with its writes
+        rate(WHOSE_BYTES, f"c{i}", 100 * i)
+    rate(WHOSE_BYTES, "c7", 50, "write")
+    rate(WHOSE_BYTES, "other", 5, parent="")
+    rate(WHOSE_BYTES, "c9", 10000, device="loop1")
+    rate(WHOSE_EVENTS, "c1", 30)
+    rate(WHOSE_EVENTS, "other", 3, parent="")
+    rate(WHOSE_EVENTS, "c9", 300, device="loop1")
+
+    def labels(cgroup):
+        parent = ',parent="system.slice"' if cgroup != "other" else ""
+        return f'{{host="h",device="loop0",cgroup="{cgroup}"{parent}}}'
+
+    top = {"c7": 750, "c6": 600, "c5": 500, "c4": 400, "c3": 300, "other": 5}
+    expected = {
+        "A": {labels(c): v for c, v in top.items()},
+        "B": {**{labels(c): 0 for c in top}, labels("c1"): 30, labels("other"): 3},
+    }
+    for t in whose["targets"]:
+        expr = (
+            t["expr"]
+            .replace("$host", "h")
+            .replace("$device", "loop0")
+            .replace("$__interval", "20s")
+        )
+        promtool_eval(tmp_path, f"whose I/O {t['refId']}", expr, series, expected[t["refId"]])

@@ -346,6 +346,9 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None):
         "ours": (CONFIG_DIR, names),
         "floor (empty programs)": (UPSTREAM_DIR, "floor"),
     }
+    if "block_io" in names.split(","):  # block_io alone, with and without per-cgroup attribution
+        sides["block_io"] = (CONFIG_DIR, "block_io")
+        sides["block_io without cgroups"] = (UPSTREAM_DIR, "block_io_nocgroups")
     if baseline:  # another build of our configs (e.g. main's), measured beside this one
         sides["ours, --baseline build"] = (baseline, names)
     if (
@@ -432,6 +435,15 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None):
         f"{per_io['upstream biolatency'] - floor * 5 / 6:.0f} ns",
         flush=True,
     )
+    if "block_io without cgroups" in per_io:
+        without = per_io["block_io without cgroups"]
+        print(
+            f"per-cgroup attribution (block_cgroups.bpf.h): block_io {per_io['block_io']:.0f} ns/IO "
+            f"with it, {without:.0f} ns/IO without: +{per_io['block_io'] - without:.0f} ns/IO, "
+            f"{per_io['block_io'] / without:.2f}x; upstream biolatency "
+            f"{per_io['upstream biolatency']:.0f} ns/IO",
+            flush=True,
+        )
     return ratio
 
 

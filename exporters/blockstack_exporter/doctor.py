@@ -8,7 +8,8 @@ it matters, the command that fixes it now and how to make the fix persist.
     blockstack-doctor                       # the whole host
     blockstack-doctor --device vg/snap      # the stacks holding one device
     blockstack-doctor --interval 5          # and each layer's requests over 5 s (iostat's lineup)
-    blockstack-doctor --interval 5 --ebpf http://127.0.0.1:9435/metrics   # with refused merges and splits
+    blockstack-doctor --interval 5 --ebpf http://127.0.0.1:9435/metrics   # refused merges, splits,
+                                            # and whose I/O (block cgroups) they hurt
 
 Exit status: 0 no finding at warning or above, 1 findings at warning or above (or, with
 --collector.ebpf.status-file, a set of BPF programs this kernel does not load), 2 something it
@@ -74,31 +75,72 @@ def parse_diskstats(text):
 
 def read_ebpf(url, names, timeout=10):
     """Counters of ebpf_exporter by (what, device[, operation]): requests issued and their bytes,
-    refused merges, splits, jbd2 credit waits and their seconds. Its series carry the device
-    number (`devno`, ebpf-configs/README.md); `names` ({devno: device}, the Host's numbers, as
-    blockstack_device_number_info publishes them) names them."""
+    refused merges, splits, jbd2 credit waits and their seconds; and by (what, device, operation,
+    cgroup) the bytes each block cgroup submitted (cgroup_bytes) and its refused merges plus
+    split-off pieces (cgroup_collapse), the cgroup named by block_cgroup_admissions_total
+    (cgroup_label). Its series carry the device number (`devno`, ebpf-configs/README.md); `names`
+    ({devno: device}, the Host's numbers, as blockstack_device_number_info publishes them) names
+    them."""
     import urllib.request  # only here: its import is a tenth of the doctor's start on a busy host
-
-    from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url, timeout=timeout) as r:
         text = r.read().decode("utf-8", "replace")
-    wanted = {
-        "ebpf_exporter_block_rq_size_bytes_count": "issued",
-        "ebpf_exporter_block_rq_size_bytes_sum": "issued_bytes",
-        "ebpf_exporter_block_rq_missed_merges_total": "missed_merges",
-        "ebpf_exporter_block_bio_splits_total": "splits",
-        "ebpf_exporter_jbd2_credit_wait_seconds_count": "jbd2_credit_wait",
-        "ebpf_exporter_jbd2_credit_wait_seconds_sum": "jbd2_credit_wait_seconds",
-    }
-    out = {}
+    return parse_ebpf(text, names)
+
+
+EBPF_COUNTERS = {
+    "ebpf_exporter_block_rq_size_bytes_count": "issued",
+    "ebpf_exporter_block_rq_size_bytes_sum": "issued_bytes",
+    "ebpf_exporter_block_rq_missed_merges_total": "missed_merges",
+    "ebpf_exporter_block_bio_splits_total": "splits",
+    "ebpf_exporter_jbd2_credit_wait_seconds_count": "jbd2_credit_wait",
+    "ebpf_exporter_jbd2_credit_wait_seconds_sum": "jbd2_credit_wait_seconds",
+    # per block cgroup (ebpf-configs/block_cgroups.bpf.h), summed as the rules' ebpf_block_cgroup_*
+    "ebpf_exporter_block_cgroup_bio_bytes_total": "cgroup_bytes",
+    "ebpf_exporter_block_cgroup_missed_merges_total": "cgroup_collapse",
+    "ebpf_exporter_block_cgroup_splits_total": "cgroup_collapse",
+}
+CGROUP_ADMISSIONS = "ebpf_exporter_block_cgroup_admissions_total"
+# A container's scope as the rules' `cgroup` label shows it: "docker-<64 hex>.scope" is
+# "docker <first 12 hex>" (alerts/src/recording.rules.yml.in, ebpf_block_cgroup_*).
+_CONTAINER_SCOPE = re.compile(
+    r"(docker|cri-containerd|crio|libpod)-([0-9a-f]{12})[0-9a-f]*\.scope", re.ASCII
+)
+
+
+def cgroup_label(name):
+    """A cgroup's directory name as the dashboard and the page show it."""
+    m = _CONTAINER_SCOPE.fullmatch(name)
+    return f"{m[1]} {m[2]}" if m else name
+
+
+def parse_ebpf(text, names):
+    """read_ebpf's counters from ebpf_exporter's exposition text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out, by_cgroup, named = {}, [], {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            what = wanted.get(s.name)
             device = names.get(s.labels.get("devno"))
-            if what and device:
+            if not device:
+                continue
+            cgroup_id = s.labels.get("cgroup_id")
+            if s.name == CGROUP_ADMISSIONS:
+                named[(device, cgroup_id)] = cgroup_label(s.labels.get("cgroup", ""))
+            elif what := EBPF_COUNTERS.get(s.name):
                 key = (what, device, s.labels.get("operation", ""))
-                out[key] = out.get(key, 0.0) + s.value
+                if cgroup_id is None:
+                    out[key] = out.get(key, 0.0) + s.value
+                else:
+                    by_cgroup.append((key, cgroup_id, s.value))
+    for (what, device, op), cgroup_id, value in by_cgroup:
+        # the admissions and the counters are read from different maps: a cgroup admitted in
+        # between has counts before its name
+        name = named.get((device, cgroup_id)) or (
+            "other" if cgroup_id == "0" else f"cgroup id {cgroup_id}"
+        )
+        key = (what, device, op, name)
+        out[key] = out.get(key, 0.0) + value
     return out
 
 
@@ -177,8 +219,11 @@ def lineup(first, second, elapsed):
     """{device: {op: {rps, kbps, sectors (average request), merges_ps}}} between two samples (op
     is read or write); with ebpf_exporter also missed_merges_ps, splits_ps, issued_ps (requests
     issued to the driver, block_rq_issue) and issued_sectors (their average size, None when
-    none was issued): what the rules' eBPF evidence reads."""
+    none was issued): what the rules' eBPF evidence reads; and cgroups, {cgroup: {kbps,
+    collapse_ps}} of the block cgroups that submitted bytes or had merges refused or pieces
+    split off."""
     out = {}
+    cgroups = _cgroup_rates(first, second, elapsed)
     for dev, now in second.diskstats.items():
         then = first.diskstats.get(dev)
         if then is None:
@@ -208,10 +253,42 @@ def lineup(first, second, elapsed):
                     issued_sectors=grew["issued_bytes"] / SECTOR / grew["issued"]
                     if grew["issued"]
                     else None,
+                    cgroups=cgroups.get((dev, op), {}),
                 )
             per[op] = row
         out[dev] = per
     return out
+
+
+def _cgroup_rates(first, second, elapsed):
+    """{(device, op): {cgroup: {kbps, collapse_ps}}} between two samples, without cgroups that did
+    neither."""
+    out = {}
+    if first.ebpf is None or second.ebpf is None:
+        return out
+    for key, value in second.ebpf.items():
+        if len(key) != 4:
+            continue
+        what, dev, op, cgroup = key
+        grew = max(0.0, value - first.ebpf.get(key, 0.0)) / elapsed
+        if grew:
+            rates = out.setdefault((dev, op), {}).setdefault(
+                cgroup, {"kbps": 0.0, "collapse_ps": 0.0}
+            )
+            if what == "cgroup_bytes":
+                rates["kbps"] += grew / 1024
+            else:
+                rates["collapse_ps"] += grew
+    return out
+
+
+def top_cgroups(counts, n=3):
+    """The n cgroups with the most of `counts` ({cgroup: count}) and their shares of them all,
+    "postgresql.service (92%), backup.service (7%)"; "" when there are none."""
+    total = sum(v for v in counts.values() if v > 0)
+    top = sorted((c for c in counts.items() if c[1] > 0), key=lambda c: (-c[1], c[0]))[:n]
+    shares = ((name, 100 * v / total) for name, v in top)
+    return ", ".join(f"{name} ({f'{p:.0f}' if p >= 0.5 else '<1'}%)" for name, p in shares)
 
 
 def ebpf_rates(first, second, elapsed):
@@ -219,7 +296,7 @@ def ebpf_rates(first, second, elapsed):
     out = {}
     if first.ebpf is None or second.ebpf is None:
         return None
-    for (what, dev, _), value in second.ebpf.items():
+    for (what, dev, *_), value in second.ebpf.items():
         if what == "jbd2_credit_wait":
             count = value - first.ebpf.get((what, dev, ""), 0.0)
             secs = second.ebpf.get(("jbd2_credit_wait_seconds", dev, ""), 0.0) - first.ebpf.get(
@@ -280,6 +357,9 @@ def collapse_findings(host, rows, k):
             what = (
                 f"{proves}: {dev} {op}s {row['sectors']:.0f}-sector requests at {row['rps']:.0f}/s"
             )
+            whose = top_cgroups({c: r["collapse_ps"] for c, r in row.get("cgroups", {}).items()})
+            if (refused or split) and whose:
+                what += f", mostly from {whose}"
             if not (refused or split):
                 what += (
                     f" beneath {host.label(upper)}'s {rows[upper][op]['sectors']:.0f}-sector ones; no page "
@@ -517,6 +597,9 @@ def _lineup_table(host, devices, rows, ebpf):
             if ebpf:
                 line += f" {r.get('missed_merges_ps', 0):9.1f} {r.get('splits_ps', 0):8.1f}"
             out.append(line)
+            whose = top_cgroups({c: v["kbps"] for c, v in r.get("cgroups", {}).items()})
+            if whose:
+                out.append(f"    {'':34} bytes from {whose}")
     return out if len(out) > 1 else []
 
 
@@ -591,8 +674,8 @@ def parse_args(argv):
     p.add_argument(
         "--ebpf",
         metavar="URL",
-        help="ebpf_exporter's /metrics: refused merges, splits and jbd2 "
-        "credit waits in the lineup (needs --interval)",
+        help="ebpf_exporter's /metrics: refused merges, splits and jbd2 credit waits in the "
+        "lineup, with the block cgroups whose I/O they are (needs --interval)",
     )
     p.add_argument(
         "--collector.ebpf.status-file",

@@ -603,3 +603,131 @@ def test_interval_collapse_and_the_collapse_rules_agree(tmp_path):
         ["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# --- whose I/O: the cgroups a collapse splits -----------------------------------------------------
+
+DOCKER = "docker-" + "0123456789abcdef" * 4 + ".scope"
+# ebpf_exporter's block_io per cgroup (ebpf-configs/block_cgroups.bpf.h) in the format it serves:
+# {metric: [(labels, per second)]}; loop0 (devno 1792) serves the pieces split off loop1's
+# requests (the loop lab at max_sectors_kb=4), for a database, a container and the rest ("other").
+EBPF_PER_SECOND = {
+    "ebpf_exporter_block_rq_size_bytes_count": [('devno="1792",operation="read"', 12800)],
+    "ebpf_exporter_block_rq_size_bytes_sum": [('devno="1792",operation="read"', 12800 * 4096)],
+    "ebpf_exporter_block_bio_splits_total": [('devno="1792",operation="read"', 12700)],
+    "ebpf_exporter_block_cgroup_admissions_total": [
+        ('cgroup="postgresql.service",cgroup_id="61",devno="1792",parent="system.slice"', 0),
+        (f'cgroup="{DOCKER}",cgroup_id="81",devno="1792",parent="system.slice"', 0),
+        ('cgroup="other",cgroup_id="0",devno="1792",parent=""', 0),
+        ('cgroup="/",cgroup_id="1",devno="65024",parent="/"', 0),  # no device of the host's
+    ],
+    "ebpf_exporter_block_cgroup_bio_bytes_total": [
+        ('cgroup_id="61",devno="1792",operation="read"', 40 << 20),
+        ('cgroup_id="81",devno="1792",operation="read"', 9 << 20),
+        ('cgroup_id="0",devno="1792",operation="read"', 1 << 20),
+        ('cgroup_id="90",devno="1792",operation="read"', 1 << 10),  # admitted while read
+        ('cgroup_id="1",devno="65024",operation="read"', 1 << 20),
+    ],
+    "ebpf_exporter_block_cgroup_splits_total": [
+        ('cgroup_id="61",devno="1792",operation="read"', 11684),
+        ('cgroup_id="81",devno="1792",operation="read"', 889),
+        ('cgroup_id="0",devno="1792",operation="read"', 127),
+    ],
+}
+
+
+def _ebpf_text(seconds):
+    """The exposition text of EBPF_PER_SECOND's counters after `seconds` (admissions stay 1)."""
+    lines = []
+    for metric, samples in EBPF_PER_SECOND.items():
+        kind = "summary" if "_size_bytes_" in metric else "counter"
+        lines.append(f"# TYPE {metric.removesuffix('_count').removesuffix('_sum')} {kind}")
+        lines += [f"{metric}{{{labels}}} {v * seconds if v else 1}" for labels, v in samples]
+    return "\n".join(lines) + "\n"
+
+
+def test_cgroup_label_shortens_container_scopes_as_the_rules_do():
+    from blockstack_exporter.doctor import cgroup_label
+
+    assert cgroup_label(DOCKER) == "docker 0123456789ab"
+    assert cgroup_label("cri-containerd-" + "ab" * 32 + ".scope") == "cri-containerd abababababab"
+    assert cgroup_label("libpod-" + "f" * 64 + ".scope") == "libpod ffffffffffff"
+    for kept in ("postgresql.service", "docker.service", "docker-0123.scope", "/", "other"):
+        assert cgroup_label(kept) == kept
+
+
+def test_top_cgroups_names_the_three_largest_shares():
+    from blockstack_exporter.doctor import top_cgroups
+
+    counts = {"backup.service": 7, "postgresql.service": 92, "other": 0.9, "cron.service": 0.1}
+    assert top_cgroups(counts) == "postgresql.service (92%), backup.service (7%), other (1%)"
+    assert top_cgroups({"a": 1, "b": 999, "c": 0}, n=5) == "b (100%), a (<1%)"
+    assert top_cgroups({"a": 0}) == top_cgroups({}) == ""
+
+
+def test_parse_ebpf_names_each_cgroup_by_its_admission():
+    from blockstack_exporter.doctor import parse_ebpf
+
+    counters = parse_ebpf(_ebpf_text(10), {"1792": "loop0", "1793": "loop1"})
+    per_cgroup = {k: v for k, v in counters.items() if len(k) == 4}
+    assert per_cgroup == {
+        ("cgroup_bytes", "loop0", "read", "postgresql.service"): 400 << 20,
+        ("cgroup_bytes", "loop0", "read", "docker 0123456789ab"): 90 << 20,
+        ("cgroup_bytes", "loop0", "read", "other"): 10 << 20,
+        ("cgroup_bytes", "loop0", "read", "cgroup id 90"): 10 << 10,
+        ("cgroup_collapse", "loop0", "read", "postgresql.service"): 116840,
+        ("cgroup_collapse", "loop0", "read", "docker 0123456789ab"): 8890,
+        ("cgroup_collapse", "loop0", "read", "other"): 1270,
+    }
+    assert counters[("splits", "loop0", "read")] == 127000  # the device's own, not summed in
+
+
+def test_the_collapse_names_whose_io_it_splits():
+    """--interval --ebpf: the collapse finding names the cgroups with the most refused merges and
+    split-off pieces on the device, with their shares (the page's "Mostly from"), and the lineup
+    the cgroups with the most bytes under each device."""
+    from blockstack_exporter import doctor as d
+
+    h = checks.Host()
+    for name, lower in (("loop1", ["loop0"]), ("loop0", [])):
+        h.devices[name] = {"kind": "loop", "name": name}
+        h.lower[name] = lower
+    names = {"1792": "loop0", "1793": "loop1"}
+    disk = {"loop1": (1000, 0, 1000 * 1024, 0, 0, 0), "loop0": (128000, 0, 128000 * 8, 0, 0, 0)}
+    zero = {n: (0,) * 6 for n in disk}
+    rows = d.lineup(
+        d.Sample(h, {}, [], zero, d.parse_ebpf(_ebpf_text(5), names), 0.0),
+        d.Sample(h, {}, [], disk, d.parse_ebpf(_ebpf_text(15), names), 10.0),
+        10.0,
+    )
+    assert rows["loop0"]["read"]["cgroups"]["postgresql.service"] == {
+        "kbps": 40 * 1024,
+        "collapse_ps": 11684,
+    }
+    (found,) = d.collapse_findings(h, rows, knobs.load(required=d.INTERVAL_KNOBS))
+    assert (found.device, found.severity) == ("loop0", "critical")
+    assert found.what == (
+        "requests split: loop0 reads 8-sector requests at 12800/s, mostly from "
+        "postgresql.service (92%), docker 0123456789ab (7%), other (1%)"
+    )
+    table = d._lineup_table(h, ["loop1", "loop0"], rows, ebpf=True)
+    (loop0,) = [i for i, line in enumerate(table) if line.split()[0] == "loop0"]
+    assert table[loop0 + 1].split() == [
+        "bytes",
+        "from",
+        "postgresql.service",
+        "(80%),",
+        "docker",
+        "0123456789ab",
+        "(18%),",
+        "other",
+        "(2%)",
+    ]
+    # without cgroup counters (an older block_io) the finding and the lineup are as before
+    plain = {k: v for k, v in d.parse_ebpf(_ebpf_text(15), names).items() if len(k) == 3}
+    rows = d.lineup(d.Sample(h, {}, [], zero, {}, 0.0), d.Sample(h, {}, [], disk, plain, 1.0), 1.0)
+    assert rows["loop0"]["read"]["cgroups"] == {}
+    assert [line.split()[0] for line in d._lineup_table(h, ["loop0"], rows, ebpf=True)] == [
+        "device",
+        "loop0",
+    ]

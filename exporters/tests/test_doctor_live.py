@@ -4,10 +4,12 @@ lower), healthy and then with each sick setting in turn. Every setting is restor
 loop device and mount removed on exit, also on failure (blockstack_lab.loop's context managers)."""
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from exporter_testlib import Scraped
@@ -139,7 +141,9 @@ def test_interval_shows_each_layers_requests_and_the_collapse(pair):
 def test_ebpf_adds_splits_to_the_lineup(pair, tmp_path):
     """With the real ebpf_exporter (block_io: bio splits, refused merges) the lineup shows the
     pieces split off the upper's requests at the lower device (max_sectors_kb=4), and the doctor
-    names the collapse critical on that evidence, as the page does."""
+    names the collapse critical on that evidence, as the page does, and whose I/O it splits: the
+    reader's block cgroup (the upper's loop worker charges its I/O to the cgroup of the bio it
+    serves)."""
     from blockstack_deploy.stack import EBPF_CONFIG_DIR, EBPF_EXPORTER
     from blockstack_testsupport import procs
 
@@ -163,6 +167,7 @@ def test_ebpf_adds_splits_to_the_lineup(pair, tmp_path):
             )
         )
         es.enter_context(loop.sysfs_setting(dev, "queue/max_sectors_kb", "4"))
+        cgroup = es.enter_context(block_cgroup(READER_CGROUP))
         reader = subprocess.Popen(
             [
                 "timeout",
@@ -172,6 +177,7 @@ def test_ebpf_adds_splits_to_the_lineup(pair, tmp_path):
                 f"while :; do dd if={updev} of=/dev/null bs=1M iflag=direct 2>/dev/null; done",
             ],
             start_new_session=True,
+            preexec_fn=None if cgroup is None else functools.partial(join_cgroup, cgroup),
         )
         es.callback(reader.wait, 30)
         es.callback(os.killpg, reader.pid, 9)
@@ -190,3 +196,49 @@ def test_ebpf_adds_splits_to_the_lineup(pair, tmp_path):
         collapse
     )
     assert collapse["fix"].endswith(f"/sys/block/{lower}/queue/max_sectors_kb")
+    if cgroup is not None:
+        assert f"mostly from {READER_CGROUP} (" in collapse["what"], collapse["what"]
+        assert low["cgroups"][READER_CGROUP]["collapse_ps"] > 0.5 * low["splits_ps"], low
+    else:
+        assert "mostly from " in collapse["what"], collapse["what"]
+
+
+READER_CGROUP = "blockstack-doctor-live"
+
+
+@contextlib.contextmanager
+def block_cgroup(name):
+    """A new block cgroup `name` (cgroup v1's blkio hierarchy, or v2 with the io controller on
+    for the root's children), removed on exit; None where there is neither."""
+    root = "/sys/fs/cgroup"
+    if os.path.isdir(os.path.join(root, "blkio")):
+        root = os.path.join(root, "blkio")
+    else:
+        try:
+            with open(os.path.join(root, "cgroup.subtree_control")) as f:
+                if "io" not in f.read().split():
+                    root = None
+        except FileNotFoundError:
+            root = None
+    if root is None:
+        yield None
+        return
+    path = os.path.join(root, name)
+    os.mkdir(path)
+    try:
+        yield path
+    finally:
+        for _ in range(50):  # the reader's processes leave it as they exit
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            os.rmdir(path)
+
+
+def join_cgroup(path):
+    """Moves the calling process into the cgroup at `path` (cgroup.procs: 0 is the writer)."""
+    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+        f.write("0")

@@ -22,6 +22,7 @@ counter and the split counter show the contrast.
 import argparse
 import contextlib
 import dataclasses
+import json
 import sys
 import tempfile
 import time
@@ -76,6 +77,38 @@ SNAPSHOT_READS = (
     f"while :; do echo 1 > /proc/sys/vm/drop_caches; "
     f"dd if={MNT_SNAP}/data of=/dev/null bs=1M status=none; done"
 )
+# Two services read the file through the snapshot at once, each in its own cgroup (v2, which
+# virtme-ng mounts, the io and memory controllers enabled), at 3:1 by fio's own rate limits: the
+# collapse page names both in that proportion. Direct reads, from the device every pass.
+CGROUPS = "/sys/fs/cgroup"
+READERS = {"db.service": "1200k", "backup.service": "400k"}
+CGROUP_SETUP = (
+    f"echo '+io +memory' > {CGROUPS}/cgroup.subtree_control && "
+    f"mkdir -p {' '.join(f'{CGROUPS}/{name}' for name in [*READERS, 'writer.service'])}"
+)
+
+
+def in_cgroup(name, cmd):
+    """A guest shell command that runs cmd in cgroup `name`."""
+    return f"echo $$ > {CGROUPS}/{name}/cgroup.procs && exec {cmd}"
+
+
+def snapshot_reader(name):
+    return in_cgroup(
+        name,
+        f"fio --name={name} --filename={MNT_SNAP}/data --rw=read --bs=1M --direct=1 "
+        f"--rate={READERS[name]} --time_based --runtime=7200 --status-interval=5 "
+        "--output-format=json",
+    )
+
+
+# Buffered writes by writer.service to the jbd2 loop device's ext4, flushed by the kernel's
+# writeback (a `sync` from the root cgroup): the block cgroup charges them to writer.service.
+WRITEBACK_MIB = 16
+WRITEBACK = in_cgroup(
+    "writer.service",
+    f"dd if=/dev/zero of={JBD2_MNT}/writeback bs=1M count={WRITEBACK_MIB} status=none",
+)
 
 
 @dataclasses.dataclass
@@ -107,6 +140,7 @@ class Outcome:
     doctor: dict = dataclasses.field(
         default_factory=dict
     )  # "healthy"/"sick" -> (exit status, JSON report)
+    fio_shares: dict = dataclasses.field(default_factory=dict)  # {cgroup: share of bytes read}
     phases: dict = dataclasses.field(default_factory=vm.Phases)  # seconds per phase after the boot
 
 
@@ -245,8 +279,9 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
         phases.end("exporters")
         view = running.enter_context(serving(host_stack(guest, workdir, t)))
         phases.end("servers")
-        running.enter_context(guest.background(SNAPSHOT_READS))
+        readers = {n: running.enter_context(guest.background(snapshot_reader(n))) for n in READERS}
         observe_healthy_reads(guest, view, out, t, snap, say)
+        observe_writeback(guest, view, out, say)
         phases.end("reads seen")
         if healthy:
             hold_healthy(view, out, t, dm, snap, say)
@@ -269,6 +304,8 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
             f"{hit[0].annotations.get('summary')}"
         )
         say(f"    description: {' '.join(hit[0].annotations.get('description', '').split())}")
+        out.fio_shares = fio_shares(readers)
+        say(f"vm: fio's bytes read per cgroup: {out.fio_shares}")
         phases.end("page")
         time.sleep(t.linger)
         observe_collapse(guest, view, out, doctor, onset, dm, snap, say)
@@ -282,6 +319,7 @@ def snapshot_with_origin_writes(guest, say):
     guest.probe_ebpf_configs()  # meanwhile
     dm = build_snapshot(guest)
     guest.run(ORIGIN_WRITES, timeout=600)
+    guest.run(CGROUP_SETUP)
     say(
         f"vm: vg0/lv (ext4, {DATA_MIB} MiB file) and vg0/snap (4 KiB chunks) on nvme0n1, "
         f"{COW_MIB} MiB written to the origin since: "
@@ -311,7 +349,7 @@ def observe_healthy_reads(guest, view, out, t, snap, say):
     )
     out.facts = exporter_facts(view)
     out.configs, out.ebpf_status = guest.ebpf_configs(), guest.ebpf_status()
-    jbd2_dev = guest.run(JBD2_WRITES, timeout=300).stdout.split()[-1]
+    jbd2_dev = out.facts["jbd2_dev"] = guest.run(JBD2_WRITES, timeout=300).stdout.split()[-1]
     out.facts["jbd2_waits"] = (
         procs.wait_until(
             f"jbd2 credit waits on {jbd2_dev} in Prometheus",
@@ -372,6 +410,52 @@ def observe_collapse(guest, view, out, doctor, onset, dm, snap, say):
     out.facts["dm_names"] = dm
     say(f"vm: sick lineup (nomerges=2): {_lineup(out.sick_lineup)}")
     out.facts["scrapes"] = scrape_health(view)
+
+
+def observe_writeback(guest, view, out, say):
+    """Into out.facts["writeback"]: {cgroup: bytes written} to the jbd2 loop device while
+    writer.service's buffered writes are flushed by a sync from the root cgroup."""
+    query = (
+        "sum by (cgroup) (last_over_time(ebpf_exporter_block_cgroup_bio_bytes_total"
+        f'{{host="{view.host}",operation="write"}}[1m])'
+        " * on (devno, cgroup_id) group_left (cgroup) max by (devno, cgroup_id, cgroup)"
+        " (ebpf_exporter_block_cgroup_admissions_total)"
+        " * on (devno) group_left () max by (devno) (blockstack_device_number_info"
+        f'{{device="{out.facts["jbd2_dev"]}"}}))'
+    )
+
+    def written():
+        return {
+            r["metric"].get("cgroup"): float(r["value"][1]) for r in view.prometheus.query(query)
+        }
+
+    before = written()
+    guest.run(WRITEBACK, timeout=300)
+    guest.run("sync", timeout=300)
+
+    def grown():
+        now = written()
+        delta = {c: n - before.get(c, 0.0) for c, n in now.items()}
+        return delta if delta.get("writer.service", 0) >= WRITEBACK_MIB << 20 else None
+
+    try:
+        out.facts["writeback"] = procs.wait_until("writer.service's writeback", grown, 60, 2)
+    except TimeoutError:
+        now = written()
+        out.facts["writeback"] = {c: n - before.get(c, 0.0) for c, n in now.items()}
+    say(f"vm: bytes written to {out.facts['jbd2_dev']} by cgroup: {out.facts['writeback']}")
+
+
+def fio_shares(readers):
+    """{cgroup: share of the bytes the readers read} from each fio's last JSON status."""
+    read = {}
+    for name, job in readers.items():
+        output = job.poll()[1]
+        start = output.rfind("{", 0, output.rfind('"fio version"'))
+        status = json.JSONDecoder().raw_decode(output[start:])[0]
+        read[name] = status["jobs"][0]["read"]["io_bytes"]
+    total = sum(read.values()) or 1
+    return {name: n / total for name, n in read.items()}
 
 
 def collapse_pages(view, onset):

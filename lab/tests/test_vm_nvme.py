@@ -16,6 +16,7 @@ lost its "Snapshot vg0/snap" sentence. Each test boots its own guest and checks 
 is left behind."""
 
 import os
+import re
 import subprocess
 import time
 
@@ -43,6 +44,15 @@ def _qemu_of(directory):
 
 def _kernels():
     return ALL_KERNELS if os.environ.get("BLOCKSTACK_VM_KERNELS") == "all" else KERNELS
+
+
+def page_shares(description):
+    """{cgroup: share} from the page's "Mostly from db.service (75%), backup.service (25%)."."""
+    listed = description.partition("Mostly from ")[2]
+    return {
+        m[1]: float(m[2]) / 100
+        for m in re.finditer(r"(\S+(?: [0-9a-f]{12})?) \(([0-9.]+)%\)", listed)
+    }
 
 
 def findings(doctor, check):
@@ -94,6 +104,18 @@ def test_nvme_incident(kernel, healthy, tmp_path):
     rate, sectors = o.sick_lineup["nvme0n1"]["read"]
     assert sectors <= 16, o.sick_lineup
     assert o.page_seconds <= PAGE_SECONDS, o.page_seconds
+
+    # whose I/O: both services reading the snapshot, each named on the page with its share of the
+    # refused merges within 10 points of its share of the bytes fio read (3:1 by fio's rates)
+    named = page_shares(page.annotations["description"])
+    for reader, share in o.fio_shares.items():
+        assert abs(named.get(reader, 0) - share) <= 0.10, (named, o.fio_shares)
+    # and writeback is charged to the cgroup that wrote the pages, not to the flusher or `sync`
+    wb = o.facts["writeback"]
+    assert wb.get("writer.service", 0) >= vm_scenarios.WRITEBACK_MIB << 20, wb
+    assert wb["writer.service"] > 4 * max(
+        (n for c, n in wb.items() if c != "writer.service"), default=0
+    ), wb
 
     # what the exporters in the guest report of the stack
     f, dm = o.facts, o.facts["dm_names"]
