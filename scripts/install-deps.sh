@@ -13,6 +13,7 @@ packages=(
   chromium fonts-liberation                                     # the dashboard's browser test and screenshot (playwright drives it)
   dpkg-dev lintian                                              # make deb: dpkg-shlibdeps, and its test's lintian
   python3-prometheus-client python3-yaml python3-bcrypt         # the Debian package's Python libraries (its test runs on them)
+  podman runc mmdebstrap                                        # the chart's image and its pod, run as the kubelet would (charts/)
 )
 missing=()
 for p in "${packages[@]}"; do
