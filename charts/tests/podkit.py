@@ -203,9 +203,9 @@ class Pod:
             check=False,
         )
 
-    def start(self, name):
+    def start(self, name, security=None):
         container = self.container(name)
-        podman(*self.argv(container, detach=True))
+        podman(*self.argv(container, security=security, detach=True))
         self.started.append(f"{self.name}-{name}")
 
     def exec(self, name, *argv, timeout=60):
