@@ -14,7 +14,7 @@
 #   localhost/blockstack-merges-exporters:VERSION
 #
 # Reproducible: SOURCE_DATE_EPOCH is the last commit's time (as packaging/build-deb.sh's), so
-# the same package versions give the same tarball. Cached by its inputs: the package's sha256,
+# the same package versions give the same tarball. Cached by its inputs: the package's contents,
 # this script and the apt sources (the key); a second run with the same key only checks that
 # podman has the image with that key (its label blockstack.image-key). Beside the tarball:
 # NAME.packages (package, version, installed size in KiB).
@@ -30,7 +30,10 @@ IMAGE=localhost/blockstack-merges-exporters:$VERSION
 PODMAN=(podman --runtime runc --cgroup-manager=cgroupfs)
 
 SOURCES=$("$PY" -c 'from blockstack_lab.debian_host import sources; print("\n".join(sources()))')
-KEY=$({ sha256sum <"$DEB"; sha256sum <"$0"; echo "$SOURCES"; } | sha256sum | cut -c1-16)
+# The package by its contents (control and md5sums), not its bytes: `make deb` rewrites it with new
+# file times each run, and the image is rebuilt only when something in it changed.
+KEY=$({ dpkg-deb --ctrl-tarfile "$DEB" | tar -xO ./control ./md5sums; sha256sum <"$0"; echo "$SOURCES"; } |
+      sha256sum | cut -c1-16)
 NAME=$OUT/blockstack-merges-exporters-$VERSION-$KEY
 if [ "$("${PODMAN[@]}" image inspect --format '{{ index .Labels "blockstack.image-key" }}' "$IMAGE" 2>/dev/null)" = "$KEY" ]; then
   echo ">> $IMAGE is current (key $KEY)"
@@ -41,7 +44,9 @@ start=$(date +%s)
 if [ ! -s "$NAME.tar" ]; then
   echo ">> mmdebstrap bookworm with $(basename "$DEB") into $NAME.tar"
   SOURCE_DATE_EPOCH=$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || date +%s)
-  export SOURCE_DATE_EPOCH
+  # PYTHONHASHSEED: the postinst makes the service users in the order of a Python set
+  # (privileges.ensure_users), their uids in that order
+  export SOURCE_DATE_EPOCH PYTHONHASHSEED=0
   printf '%s\n' "$SOURCES" | mmdebstrap --variant=essential --mode=root --format=tar --quiet \
     --include="$DEB" --include=dmsetup \
     --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
