@@ -102,7 +102,10 @@ def test_init_container_installs_the_profile(pod):
     assert podkit.load_json(installed) == podkit.load_json(PROFILE)
 
 
-def test_ebpf_exporter_attaches_and_counts_loop_io(pod):
+def test_ebpf_exporter_attaches_and_counts_a_collapse(pod):
+    """A loop-lab collapse: max_sectors_kb 4 and nomerges 2 on a loop device read in 1 MiB
+    direct reads; ebpf_exporter counts every 4 KiB request and every piece split off, and
+    blockstack-exporter reports the settings that caused it."""
     st = podkit.proc_status(pod.pid("ebpf-exporter"))
     assert st["Uid"].split()[0] == "0"
     assert st["CapBnd"] == caps_mask(*CAPS)
@@ -112,35 +115,51 @@ def test_ebpf_exporter_attaches_and_counts_loop_io(pod):
     status = open(os.path.join(pod.paths["run"], "ebpf-status.tsv")).read()
     assert re.search(r"^block\tblock_io", status, re.M), status
     assert "fanotify not available" in pod.logs("ebpf-exporter")  # refused, not needed (below)
-    with loop.attached(64 << 20) as dev:
+    mib = 32
+    with (
+        loop.attached(64 << 20) as dev,
+        loop.sysfs_setting(dev, "queue/max_sectors_kb", 4),
+        loop.sysfs_setting(dev, "queue/nomerges", 2),
+    ):
         rdev = os.stat(dev).st_rdev
         devno = str(encode_dev(os.major(rdev), os.minor(rdev)))
 
-        def read_bytes():
+        def counts():
             text = pod.http_get(9435, via="blockstack-exporter")
-            return sum(
-                s.value
-                for s in samples(text)
-                if s.name == "ebpf_exporter_block_rq_size_bytes_sum"
-                and s.labels.get("devno") == devno
-                and s.labels.get("operation") == "read"
-            )
+            got = {"requests": 0, "bytes": 0, "splits": 0}
+            for s in samples(text):
+                if s.labels.get("devno") != devno or s.labels.get("operation") != "read":
+                    continue
+                if s.name == "ebpf_exporter_block_rq_size_bytes_count":
+                    got["requests"] += s.value
+                elif s.name == "ebpf_exporter_block_rq_size_bytes_sum":
+                    got["bytes"] += s.value
+                elif s.name == "ebpf_exporter_block_bio_splits_total":
+                    got["splits"] += s.value
+            return got
 
-        before = read_bytes()
+        before = counts()
         subprocess.run(
-            ["dd", f"if={dev}", "of=/dev/null", "bs=1M", "count=32", "iflag=direct"],
+            ["dd", f"if={dev}", "of=/dev/null", "bs=1M", f"count={mib}", "iflag=direct"],
             check=True,
             capture_output=True,
             timeout=60,
         )
+        want = {"requests": mib * 256, "bytes": mib << 20, "splits": mib * 255}
         # block_io flushes each CPU's counts FLUSH_HZ times a second, but this machine's
         # hypervisor runs an idle CPU's timer only when the CPU runs again (ebpf_testlib.settle):
         # each scrape here starts processes, which wakes them
-        end, after = time.monotonic() + 15, before
-        while after - before < 32 << 20 and time.monotonic() < end:
+        end = time.monotonic() + 15
+        while True:
+            after = counts()
+            delta = {k: after[k] - before[k] for k in want}
+            if all(delta[k] >= want[k] for k in want) or time.monotonic() > end:
+                break
             time.sleep(0.5)
-            after = read_bytes()
-    assert after - before >= 32 << 20, f"{dev} (devno {devno}): {before} -> {after} bytes read"
+        settings = pod.http_get(9363, via="blockstack-exporter")
+    assert all(delta[k] >= want[k] for k in want), f"{dev} (devno {devno}): {delta}, want {want}"
+    assert f'blockstack_queue_max_sectors_bytes{{device="{loop.name(dev)}"}} 4096.0' in settings
+    assert f'blockstack_queue_nomerges{{device="{loop.name(dev)}"}} 2.0' in settings
 
 
 def test_blockstack_exporter_reports_the_stack(pod):
