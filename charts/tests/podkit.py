@@ -17,6 +17,8 @@ one per container, each field mapped to the podman option that asks runc for the
                                               differ in detail; all refuse bpf() without
                                               CAP_SYS_ADMIN)
     volumes: emptyDir                         a directory of the test's, shared by the containers
+                                              (medium Memory: a tmpfs of its sizeLimit mounted
+                                              there, as the kubelet mounts it)
              hostPath                         the path itself (the test renders kubeletRoot into
                                               a directory of its own)
              configMap                        the rendered ConfigMap's data written to files
@@ -24,7 +26,7 @@ one per container, each field mapped to the podman option that asks runc for the
     the pod's network namespace               the first container's (--network none: loopback
                                               only), joined by the others (--network container:)
 
-Runtime flags this machine needs: runc (crun refuses the hybrid cgroup hierarchy), cgroupfs, and
+Podman runs on this host (Local) or in a VM-lab guest (InGuest). Runtime flags this machine needs: runc (crun refuses the hybrid cgroup hierarchy), cgroupfs, and
 explicit ulimits (podman's defaults fail with EPERM here).
 """
 
@@ -77,10 +79,47 @@ def render(values=(), kube_version="1.33.5"):
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
-def podman(*args, timeout=120, check=True):
-    r = subprocess.run(
-        [*PODMAN, *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
+class Local:
+    """Where podman runs: this host."""
+
+    podman = PODMAN
+
+    @staticmethod
+    def run(argv, timeout):
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+class InGuest:
+    """Where podman runs: a VM-lab guest (blockstack_lab.vm.Guest), its storage on the guest's
+    /tmp (vfs: the guest's root is the host's, read-only); the pod's files in the guest's
+    directory, which host and guest share at the same path."""
+
+    podman = [
+        "podman",
+        "--root",
+        "/tmp/podman/root",
+        "--runroot",
+        "/tmp/podman/run",
+        "--storage-driver",
+        "vfs",
+        "--runtime",
+        "runc",
+        "--cgroup-manager=cgroupfs",
+    ]
+
+    def __init__(self, guest):
+        self.guest = guest
+
+    def run(self, argv, timeout):
+        r = self.guest.run(list(argv), check=False, timeout=timeout)
+        return subprocess.CompletedProcess(argv, r.rc, r.stdout, r.stderr)
+
+
+LOCAL = Local()
+
+
+def podman(*args, timeout=120, check=True, host=LOCAL):
+    r = host.run([*host.podman, *args], timeout=timeout)
     if check and r.returncode != 0:
         raise AssertionError(f"podman {' '.join(args)}: exit {r.returncode}\n{r.stderr}")
     return r
@@ -93,13 +132,15 @@ def image_present():
 class Pod:
     """The DaemonSet's pod of `documents` (render()), its volumes under `workdir`."""
 
-    def __init__(self, documents, workdir, name, kubelet_root):
+    def __init__(self, documents, workdir, name, kubelet_root, host=LOCAL):
         self.docs = documents
         self.kubelet_root = kubelet_root
+        self.host = host
         self.workdir = workdir
         self.name = name
         self.spec = self.kind("DaemonSet")["spec"]["template"]["spec"]
         self.started = []
+        self.mounts = []
         self.runs = 0
         self.volumes = {v["name"]: v for v in self.spec.get("volumes", [])}
         self.paths = {}
@@ -117,6 +158,12 @@ class Pod:
             path = os.path.join(self.workdir, "emptydir", name)
             os.makedirs(path, exist_ok=True)
             os.chmod(path, 0o777)  # the kubelet's emptyDir mode
+            if volume["emptyDir"].get("medium") == "Memory":  # a tmpfs, as the kubelet mounts it
+                size = volume["emptyDir"].get("sizeLimit", "1Mi").replace("Mi", "m")
+                argv = ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0777", "tmpfs", path]
+                r = self.host.run(argv, timeout=30)
+                assert r.returncode == 0, r.stderr
+                self.mounts.append(path)
             return path
         if "hostPath" in volume:
             path = volume["hostPath"]["path"]
@@ -191,7 +238,7 @@ class Pod:
     def run(self, name, command=None, security=None, timeout=180):
         """One container to completion (an init container, a check): CompletedProcess."""
         self.runs += 1
-        return podman(
+        return self.podman(
             *self.argv(
                 self.container(name),
                 command,
@@ -205,11 +252,14 @@ class Pod:
 
     def start(self, name, security=None):
         container = self.container(name)
-        podman(*self.argv(container, security=security, detach=True))
+        self.podman(*self.argv(container, security=security, detach=True))
         self.started.append(f"{self.name}-{name}")
 
+    def podman(self, *args, timeout=120, check=True):
+        return podman(*args, timeout=timeout, check=check, host=self.host)
+
     def exec(self, name, *argv, timeout=60):
-        return podman("exec", f"{self.name}-{name}", *argv, timeout=timeout)
+        return self.podman("exec", f"{self.name}-{name}", *argv, timeout=timeout)
 
     def http_get(self, port, via):
         """GET http://127.0.0.1:PORT/metrics inside the pod's network namespace (from the
@@ -222,27 +272,41 @@ class Pod:
         return self.exec(via, "python3", "-c", code).stdout
 
     def pid(self, name):
-        r = podman("inspect", "--format", "{{.State.Pid}}", f"{self.name}-{name}")
+        r = self.podman("inspect", "--format", "{{.State.Pid}}", f"{self.name}-{name}")
         return int(r.stdout.strip())
 
+    def status(self, name):
+        """{field: value} of the container's first process's /proc/PID/status."""
+        r = self.host.run(["cat", f"/proc/{self.pid(name)}/status"], timeout=30)
+        return dict(line.split(":\t", 1) for line in r.stdout.splitlines() if ":\t" in line)
+
     def logs(self, name):
-        r = podman("logs", f"{self.name}-{name}", check=False)
+        r = self.podman("logs", f"{self.name}-{name}", check=False)
         return r.stdout + r.stderr
 
     def stop(self):
         for c in reversed(self.started):
-            podman("rm", "-f", "-t", "2", c, check=False)
+            self.podman("rm", "-f", "-t", "2", c, check=False)
         self.started = []
+        for path in reversed(self.mounts):
+            self.host.run(["umount", path], timeout=30)
+        self.mounts = []
+
+    def read(self, volume, name):
+        """A file of a volume, as the host running podman sees it."""
+        r = self.host.run(["cat", os.path.join(self.paths[volume], name)], timeout=30)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
 
 
 @contextlib.contextmanager
-def pod(values=(), name="bsm-chart-test"):
-    """The chart rendered with `values` and the kubelet's root in a directory of the test's;
-    yields a Pod whose init containers have run; every container removed on exit."""
-    with tempfile.TemporaryDirectory(prefix="bsm-chart-") as workdir:
+def pod(values=(), name="bsm-chart-test", host=LOCAL, directory=None):
+    """The chart rendered with `values` and the kubelet's root in a directory of the test's (in
+    `directory`); yields a Pod whose init containers have run; every container removed on exit."""
+    with tempfile.TemporaryDirectory(prefix="bsm-chart-", dir=directory) as workdir:
         kubelet = os.path.join(workdir, "kubelet")
         docs = render([f"seccomp.kubeletRoot={kubelet}", *values])
-        p = Pod(docs, workdir, f"{name}-{os.getpid()}", kubelet)
+        p = Pod(docs, workdir, f"{name}-{os.getpid()}", kubelet, host)
         try:
             for c in p.spec.get("initContainers", []):
                 r = p.run(c["name"])
@@ -250,12 +314,6 @@ def pod(values=(), name="bsm-chart-test"):
             yield p
         finally:
             p.stop()
-
-
-def proc_status(pid):
-    """{field: value} of /proc/PID/status."""
-    with open(f"/proc/{pid}/status") as f:
-        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
 
 
 def load_json(path):

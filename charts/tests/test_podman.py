@@ -106,13 +106,13 @@ def test_ebpf_exporter_attaches_and_counts_a_collapse(pod):
     """A loop-lab collapse: max_sectors_kb 4 and nomerges 2 on a loop device read in 1 MiB
     direct reads; ebpf_exporter counts every 4 KiB request and every piece split off, and
     blockstack-exporter reports the settings that caused it."""
-    st = podkit.proc_status(pod.pid("ebpf-exporter"))
+    st = pod.status("ebpf-exporter")
     assert st["Uid"].split()[0] == "0"
     assert st["CapBnd"] == caps_mask(*CAPS)
     assert st["CapEff"] == "0" * 16  # all dropped once attached (--capabilities.keep=none)
     assert st["NoNewPrivs"] == "1"
     assert st["Seccomp"] == "2"  # filtered by the profile
-    status = open(os.path.join(pod.paths["run"], "ebpf-status.tsv")).read()
+    status = pod.read("run", "ebpf-status.tsv")
     assert re.search(r"^block\tblock_io", status, re.M), status
     assert "fanotify not available" in pod.logs("ebpf-exporter")  # refused, not needed (below)
     mib = 32
@@ -163,7 +163,7 @@ def test_ebpf_exporter_attaches_and_counts_a_collapse(pod):
 
 
 def test_blockstack_exporter_reports_the_stack(pod):
-    st = podkit.proc_status(pod.pid("blockstack-exporter"))
+    st = pod.status("blockstack-exporter")
     assert st["Uid"].split()[0] == "65534"
     assert st["CapBnd"] == st["CapEff"] == "0" * 16
     with loop.attached(64 << 20) as dev:
@@ -183,7 +183,7 @@ def test_blockstack_exporter_reports_the_stack(pod):
 
 
 def test_node_exporter_reports_loop_devices(pod):
-    st = podkit.proc_status(pod.pid("node-exporter"))
+    st = pod.status("node-exporter")
     assert st["Uid"].split()[0] == "65534"
     assert st["CapBnd"] == st["CapEff"] == "0" * 16
     with loop.attached(64 << 20) as dev:
@@ -194,7 +194,7 @@ def test_node_exporter_reports_loop_devices(pod):
 def test_dm_helper_holds_only_what_device_mapper_needs(pod):
     """Privileged as a container (nothing else opens /dev/mapper/control in Kubernetes), its
     process holds CAP_SYS_ADMIN alone where the kernel has device-mapper, nothing where not."""
-    st = podkit.proc_status(pod.pid("dm-helper"))
+    st = pod.status("dm-helper")
     with open("/proc/devices") as f:
         has_dm = "device-mapper" in f.read().split() and os.path.exists("/dev/mapper/control")
     want = caps_mask("SYS_ADMIN") if has_dm else "0" * 16
@@ -254,7 +254,7 @@ def test_ablation(pod):
     """Each capability and each seccomp allowance taken away in turn: the check fails where it
     must, select-configs.sh falls back or loads nothing, and the table in docs/kubernetes.md is
     what was measured."""
-    status = open(os.path.join(pod.paths["run"], "ebpf-status.tsv")).read()
+    status = pod.read("run", "ebpf-status.tsv")
     names = ",".join(
         line.split("\t")[1] for line in status.splitlines() if line.split("\t")[1] != "-"
     )
