@@ -404,7 +404,7 @@ bench-kernels: deps vm-deps venv ebpf-build
 	@$(VPY) lab/bench/bench_kernels.py
 
 ## test-vm-long: the VM scenarios too long for make test (pytest -m vm_long: the LVM2 and ext4 write-ups; root, 10-20 min)
-test-vm-long: deps vm-deps venv ebpf-build
+test-vm-long: deps vm-deps venv ebpf-build helm chart chart-image
 	@$(PYTEST) -m vm_long
 
 ## test-vm: the VM tier alone (pytest -m vm: the NVMe incident on 5.10 and sid, a 6.1 guest for thin/crypt/md/multipath; root, ~15 min quiet)
