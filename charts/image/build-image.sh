@@ -44,9 +44,7 @@ start=$(date +%s)
 if [ ! -s "$NAME.tar" ]; then
   echo ">> mmdebstrap bookworm with $(basename "$DEB") into $NAME.tar"
   SOURCE_DATE_EPOCH=$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || date +%s)
-  # PYTHONHASHSEED: the postinst makes the service users in the order of a Python set
-  # (privileges.ensure_users), their uids in that order
-  export SOURCE_DATE_EPOCH PYTHONHASHSEED=0
+  export SOURCE_DATE_EPOCH
   printf '%s\n' "$SOURCES" | mmdebstrap --variant=essential --mode=root --format=tar --quiet \
     --include="$DEB" --include=dmsetup \
     --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \

@@ -130,7 +130,7 @@ def ensure_users():
         grp.getgrnam(GROUP)
     except KeyError:
         subprocess.run(["groupadd", "--system", GROUP], check=True, timeout=60)
-    for user, _, _ in set(IDENTITIES.values()):
+    for user, _, _ in sorted(set(IDENTITIES.values())):  # one order: uids alike on every host
         try:
             pwd.getpwnam(user)
         except KeyError:
