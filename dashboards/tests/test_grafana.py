@@ -449,8 +449,15 @@ def series_answered(b, since=0):
     queries the browser `b` sent after its `since`-th."""
     last = {}
     for q in b.queries[since:]:
+        title = q["request"].headers.get("x-panel-title") or ""
+        if (
+            "$device" in title
+        ):  # a panel repeated per device: the header has its title uninterpolated
+            exprs = " ".join(x.get("expr", "") for x in q["body"].get("queries", []))
+            device = re.search(r'device=~?"([^"]+)"', exprs)
+            title = title.replace("$device", device[1] if device else "")
         for ref, result in ((q.get("response") or {}).get("results") or {}).items():
-            last[q["request"].headers.get("x-panel-title"), ref] = len(result.get("frames") or [])
+            last[title, ref] = len(result.get("frames") or [])
     out = {}
     for (title, _), frames in last.items():
         out[title] = out.get(title, 0) + frames
@@ -480,10 +487,9 @@ def defects(b, states, panels, since=0):
         if panel["type"] != "timeseries" or state["no_data"]:
             continue
         legend = b.legend(title)
-        if len(legend) != answered.get(panel["title"], 0):
-            problems.append(
-                f"{title}: {len(legend)} legend rows for {answered.get(panel['title'])} series"
-            )
+        series = answered.get(title, answered.get(panel["title"], 0))
+        if len(legend) != series:
+            problems.append(f"{title}: {len(legend)} legend rows for {series} series")
         hidden = b.legend_hidden(title)
         if hidden:
             problems.append(
