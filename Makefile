@@ -10,6 +10,8 @@ BUILD        := .build
 EBPF_EXPORTER_VERSION := v2.5.1
 LIBBPF_SYS_VERSION    := 1.5.1+v1.5.1
 EBPF_EXPORTER := $(BUILD)/bin/ebpf_exporter
+LIBBPF_HEADERS := $(BUILD)/include/bpf/bpf_helpers.h
+EBPF_SCHEMA    := $(BUILD)/share/ebpf_exporter/config-schema.yaml
 
 # Every target with a `## target:` line (what make help lists) is a command, not a file.
 .PHONY: all $(shell sed -n 's/^## \([a-z0-9-]*\):.*/\1/p' $(firstword $(MAKEFILE_LIST)))
@@ -52,17 +54,16 @@ lock:
 
 ## ebpf-exporter: build cloudflare ebpf_exporter from the Go module proxy against a static libbpf 1.5 (cached)
 ebpf-exporter: $(EBPF_EXPORTER)
-$(EBPF_EXPORTER): scripts/build-ebpf-exporter.sh
+# libbpf and the schema first (the headers' target): both runs of the script share its scratch tree
+$(EBPF_EXPORTER): scripts/build-ebpf-exporter.sh $(LIBBPF_HEADERS) | deps
 	@echo ">> building ebpf_exporter $(EBPF_EXPORTER_VERSION)"
 	@EBPF_EXPORTER_VERSION=$(EBPF_EXPORTER_VERSION) LIBBPF_SYS_VERSION=$(LIBBPF_SYS_VERSION) \
 		scripts/build-ebpf-exporter.sh $(BUILD)
 	@touch $@  # the script may find it already built; make must see it fresh
 
 ## ebpf-headers: libbpf's headers and upstream's config schema, no Go build (cached)
-LIBBPF_HEADERS := $(BUILD)/include/bpf/bpf_helpers.h
-EBPF_SCHEMA    := $(BUILD)/share/ebpf_exporter/config-schema.yaml
 ebpf-headers: $(LIBBPF_HEADERS) $(EBPF_SCHEMA)
-$(LIBBPF_HEADERS) $(EBPF_SCHEMA): scripts/build-ebpf-exporter.sh
+$(LIBBPF_HEADERS) $(EBPF_SCHEMA) &: scripts/build-ebpf-exporter.sh | deps
 	@EBPF_EXPORTER_VERSION=$(EBPF_EXPORTER_VERSION) LIBBPF_SYS_VERSION=$(LIBBPF_SYS_VERSION) \
 		scripts/build-ebpf-exporter.sh $(BUILD) headers
 	@touch $@
@@ -80,7 +81,7 @@ ebpf-build: $(EBPF_EXPORTER) ebpf-objects
 # (an upgrade test's previous build). packaging/build-deb.sh stages each tree and runs dpkg-deb.
 VERSION      := $(shell cat VERSION)
 DEB_REVISION := 1
-deb: ebpf-build
+deb: deps ebpf-build
 	@echo ">> building the Debian packages $(VERSION)-$(DEB_REVISION)"
 	@packaging/build-deb.sh $(BUILD)/deb $(VERSION) $(DEB_REVISION)
 
@@ -89,8 +90,26 @@ grafana: venv
 	@$(VPY) -m blockstack_deploy.grafana
 
 ## test: every test (unit, golden, live on loop devices, real servers, the linters, the VM tier beside the rest)
-test: deps vm-deps venv ebpf-build thanos grafana upstream-servers linters helm k8s-schemas chart chart-image
-	@PYTEST=$(PYTEST) scripts/run-tests.sh
+# scripts/run-tests.sh builds test-inputs and test-vm-start in one `make -j` (what waits on the
+# network beside what compiles), then runs the tests.
+test:
+	@PYTEST=$(PYTEST) MAKE=$(MAKE) scripts/run-tests.sh
+
+# What make test runs, and which of its tests needs each:
+#   deps vm-deps venv   every test; vm-deps: the VM tier (QEMU, the kernels, the Debian host's image)
+#   ebpf-build          the BPF tests, the stack's tests, the VM tier (ebpf_exporter, the objects)
+#   grafana             dashboards/tests/test_grafana*.py, the 24 h peaks
+#   thanos              deploy/tests/fleet (Thanos sidecar and Query)
+#   upstream-servers    the cases parametrized servers="upstream" (Prometheus 3, Alertmanager 0.31)
+#   linters             the `linters` tests (pint, dashboard-linter, go-jsonnet's mixin checks)
+#   helm k8s-schemas chart   charts/tests/test_chart.py (helm lint, kubeconform)
+#   chart-image         charts/tests/test_podman.py (the chart's pod under podman)
+## test-inputs: build everything make test needs, nothing run (make -j test-inputs overlaps the builds)
+test-inputs: deps vm-deps venv ebpf-build grafana thanos upstream-servers linters helm k8s-schemas chart chart-image
+
+## test-vm-start: the VM tier of make test in the background, its output in .build/test-vm/log (scripts/run-tests.sh)
+test-vm-start: deps vm-deps venv ebpf-build
+	@PYTEST=$(PYTEST) scripts/run-tests.sh --start-vm
 
 ## test-unit: the fast tier: every static check and unit test; no root, no servers, no Go build, under a minute
 UNIT := not root and not servers and not built and not linters and not vm
@@ -377,7 +396,7 @@ soak: deps venv ebpf-build
 ## --- the VM lab (lab/README.md "VM lab"): Debian's 5.10, 6.1, 6.12 and sid's newest under QEMU/TCG with emulated NVMe ----------
 
 ## vm-deps: QEMU, busybox, LVM2 and Debian's kernels: 6.1 and 6.12 from apt, bullseye's 5.10 and sid's newest through the lab's own apt configuration (virtme-ng comes with make venv); the Debian host's image (make debian-image)
-vm-deps: venv
+vm-deps: deps venv
 	@scripts/install-vm.sh
 	@$(VPY) -m blockstack_lab.debian_host image repo
 

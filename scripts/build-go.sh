@@ -26,7 +26,7 @@
 #   NAME=.     the module's root package (dashboard-linter's main is at its root)
 #
 # Results, all under BUILD_DIR: bin/NAME for each NAME=PACKAGE; src/BASENAME-build/ (scratch: the
-# wrapper module). Idempotent: a NAME is skipped when bin/NAME reports --version and `go version -m`
+# wrapper module); .go-compile.lock (one compile at a time, below). Idempotent: a NAME is skipped when bin/NAME reports --version and `go version -m`
 # shows MODULE@VERSION built with these tags; the script exits at once when all are.
 # Go's module and build caches stay where Go puts them by default (GOMODCACHE, GOCACHE). The
 # toolchain is GO_TOOLCHAIN (default go1.26.10, the one Thanos v0.42 needs; the proxy serves it).
@@ -103,6 +103,23 @@ UP_GO=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$UP_GOMOD" | head -n1)
 } >"$MOD_DIR/go.mod"
 install -m 0644 "$UP_DIR/go.sum" "$MOD_DIR/go.sum"
 [ -z "$SUM" ] || printf '%s %s %s\n%s %s/go.mod %s\n' "$MOD" "$MOD_VERSION" "${SUM%,*}" "$MOD" "$MOD_VERSION" "${SUM#*,}" >>"$MOD_DIR/go.sum"
+
+# Every module the packages need, downloaded before the lock below (network, not CPU).
+pkgs=()
+for spec in "${todo[@]}"; do
+  if [ "${spec#*=}" = . ]; then pkgs+=("$MOD"); else pkgs+=("$MOD/${spec#*=}"); fi
+done
+(cd "$MOD_DIR" && GOFLAGS=-mod=mod CGO_ENABLED=0 go list -tags "$TAGS" -deps "${pkgs[@]}" >/dev/null)
+
+# One Go compile at a time (make -j runs several of these scripts at once): `go build` keeps both
+# cores busy on a large module by itself, and two builds at once compile the dependencies they
+# share twice, where one after the other the second finds them in GOCACHE. Downloads, apt, pip,
+# the kernels and the images go on beside it. (ebpf_exporter's build takes no part: it is the
+# VM tier's input, first in line.)
+exec 9>"$BUILD/.go-compile.lock"
+waited=$(date +%s)
+flock 9
+[ $(($(date +%s) - waited)) -lt 2 ] || echo ">> $MOD: waited $(($(date +%s) - waited)) s for another Go build"
 
 V=github.com/prometheus/common/version
 for spec in "${todo[@]}"; do
