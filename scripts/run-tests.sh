@@ -48,9 +48,14 @@ rm -f "$state/pid" "$state/rc"
 # Each line of the build's output is stamped with the seconds since it began (the step table of
 # BENCHMARKS.md "Test and build times" is read off them): a step's ">> building X" is its start,
 # lines are passed on as they come (-Oline), never held back to a step's end.
-echo ">> building what the tests need (make -j${BUILD_JOBS:-4} test-inputs test-vm-start)"
+# The VM tier's inputs first in line. Jobs: a Go build waiting for the compile lock
+# (scripts/build-go.sh) holds one of make's slots, so there are enough for every Go build to wait
+# while apt, pip, the kernels and the images still get theirs (with -j4, four Go builds held all
+# four and the VM tier's inputs waited 5 min for a slot).
+jobs=${BUILD_JOBS:-12}
+echo ">> building what the tests need (make -j$jobs test-vm-start test-inputs)"
 start=$EPOCHSECONDS
-$make --no-print-directory -j"${BUILD_JOBS:-4}" -Oline test-inputs test-vm-start 2>&1 |
+$make --no-print-directory -j"$jobs" -Oline test-vm-start test-inputs 2>&1 |
   while IFS= read -r line; do printf '[%4d s] %s\n' $((EPOCHSECONDS - start)) "$line"; done
 if [ "${PIPESTATUS[0]}" -ne 0 ]; then
   stop_vm
