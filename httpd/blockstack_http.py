@@ -31,8 +31,19 @@ gets:
   client has already closed (a client that only shut down its sending side looks the same).
 - Errors of a client's connection (reset, broken pipe, a write that timed out) are one log line,
   never a traceback; anything else is a bug and keeps its traceback.
+
+What a handler gets for its answer and a request's body (Handler.reply, Handler.read_body):
+- reply(): the status line, Content-Type, Content-Length, the handler's own headers and the body
+  (none to a HEAD), written within reply_seconds; the connection ends after it.
+- read_body(): the body whole, or Refused with the answer's status: 415 for another Content-Type
+  than the one asked, 411 without Content-Length, 400 for one that is not decimal digits (a
+  negative one too), 413 past the handler's max_body, 408 when the body did not arrive within the
+  request's time, 400 when the client ended it short of its Content-Length. A body refused for
+  its type or size is read and dropped first (drain()), so that the client reads the answer, not
+  a reset.
 """
 
+import contextlib
 import http.client
 import io
 import logging
@@ -55,6 +66,12 @@ MAX_CONNECTIONS = 1024  # a waiting connection is a thread with little memory of
 REPLY_SECONDS = (
     30.0  # a socket write of the answer may wait this long (a client that stops reading)
 )
+MAX_BODY = 1 << 20  # bytes of a request body read_body takes (a handler's max_body)
+CHUNK = 1 << 16  # a body is read this much at a time: memory follows what arrived, not its header
+# A refused request's body read and dropped at most (as the gate drained before): beyond it the
+# connection is closed, and the client may see a reset instead of the answer.
+DRAIN_MAX = 8 << 20
+TEXT = "text/plain; charset=utf-8"  # the content type of a reply unless told
 MAX_LINE = 8192  # bytes of one header line (Prometheus and Alertmanager send a few hundred)
 MAX_HEADERS = 100  # http.client's own limit
 
@@ -107,15 +124,24 @@ class _DeadlineReader(io.RawIOBase):
         return self.sock.recv_into(buf)
 
 
+class Refused(Exception):
+    """A request body not taken (Handler.read_body): the status and the reason to answer with."""
+
+    def __init__(self, status, reason):
+        super().__init__(status, reason)
+        self.status, self.reason = status, reason
+
+
 class Handler(BaseHTTPRequestHandler):
     """One request per connection, checked as the module says. A subclass defines do_GET etc. as
     with http.server; a handler that reads a body for a method in body_methods calls arrived() once
     the body is in (until then its connection may be closed to make room, and its body must arrive
-    within the request time too)."""
+    within the request time too): read_body() does both."""
 
     protocol_version = "HTTP/1.0"
     body_methods = ()
     reply_seconds = REPLY_SECONDS
+    max_body = MAX_BODY
 
     def setup(self):
         super().setup()
@@ -170,6 +196,70 @@ class Handler(BaseHTTPRequestHandler):
         """The request is whole: from now on its connection is never closed to make room."""
         self.server.arrived(self.connection)
         self.connection.settimeout(self.reply_seconds)
+
+    def reply(self, status, body=b"", content_type=TEXT, headers=()):
+        """The answer: body (bytes, or text sent as UTF-8) with its Content-Type and Content-Length
+        and `headers` ((name, value) pairs), the body left out for a HEAD."""
+        if isinstance(body, str):
+            body = body.encode()
+        self.connection.settimeout(self.reply_seconds)  # also after a body that came late
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers:
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def read_body(self, content_type=None):
+        """The request's body (a bytearray), whole and arrived(), or Refused (the module says
+        which status for what); content_type: the one the request must have (e.g. application/json,
+        parameters such as charset aside)."""
+        if content_type and self.headers.get_content_type() != content_type:
+            self.drain()
+            raise Refused(415, f"Content-Type {content_type} required\n")
+        length = self._length()
+        if length is None:
+            self.arrived()  # nothing more is read: its answer is not closed to make room
+            if "Content-Length" not in self.headers:
+                raise Refused(411, "Content-Length required\n")
+            raise Refused(400, "bad Content-Length\n")
+        if length > self.max_body:
+            self.drain()
+            raise Refused(413, f"body larger than {self.max_body} bytes\n")
+        try:
+            body = self._receive(length, keep=True)
+        except TimeoutError:
+            raise Refused(408, "body not received in time\n") from None
+        if len(body) < length:  # the client ended it: nothing is done for it
+            raise Refused(400, "body shorter than Content-Length\n")
+        self.arrived()
+        return body
+
+    def drain(self):
+        """Read and drop the announced body (at most DRAIN_MAX bytes, within the request's time), so
+        that a client refused reads its answer, not a reset; then the request counts as arrived."""
+        with contextlib.suppress(OSError):  # late or reset: the answer is tried all the same
+            self._receive(min(self._length() or 0, DRAIN_MAX), keep=False)
+        self.arrived()
+
+    def _length(self):
+        """The Content-Length, or None when missing or not decimal digits."""
+        text = self.headers.get("Content-Length", "").strip()
+        return int(text) if re.fullmatch(r"[0-9]{1,18}", text) else None
+
+    def _receive(self, length, keep):
+        """Up to length bytes of the body (fewer if the client ends it), CHUNK at a time."""
+        body = bytearray()
+        while length > 0:
+            chunk = self.rfile.read(min(length, CHUNK))
+            if not chunk:
+                break
+            length -= len(chunk)
+            if keep:
+                body += chunk
+        return body
 
     def client_gone(self):
         """True when the client already closed its side (an aborted request): nothing to do for it."""

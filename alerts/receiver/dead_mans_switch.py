@@ -20,8 +20,9 @@ as healthchecks.io's check UUID). No ping for --timeout seconds (counted from it
 a pager never heard from is down) and it pages once: one JSON line appended to --file
 ({"at", "state": "down", "silent_seconds", "last_ping"}) with the page receiver's durable write,
 and --command run with SWITCH_STATE, SWITCH_SUMMARY in its environment; the first ping after that
-is the resolve (state "up"). A POST's body is read and ignored (413 past MAX_BODY, 400 for a bad
-Content-Length; one cut off is no ping). GET /status answers the state as JSON, GET /healthz "ok".
+is the resolve (state "up"). A POST's body is read (blockstack_http's read_body: 411 without
+Content-Length, 400 for a bad one, 413 past MAX_BODY) and ignored; one refused, late or cut off is
+no ping. GET /status answers the state as JSON, GET /healthz "ok".
 """
 
 import argparse
@@ -108,45 +109,31 @@ class Switch:
 class Handler(blockstack_http.Handler):
     server_version = "blockstack-dead-mans-switch/1"
     body_methods = ("POST",)  # whole once its body is read
+    max_body = MAX_BODY
 
     def do_GET(self):
         path = self.path.split("?")[0]
         if path.startswith("/ping/"):
             if not hmac.compare_digest(path[len("/ping/") :].encode(), self.server.token):
-                return self._reply(404, b"not found\n")
+                return self.reply(404, b"not found\n")
             self.server.switch.ping()
-            return self._reply(200, b"ok\n")
+            return self.reply(200, b"ok\n")
         if path == "/status":
-            return self._reply(
+            return self.reply(
                 200, json.dumps(self.server.switch.status()).encode() + b"\n", "application/json"
             )
         if path in ("/", "/healthz"):
-            return self._reply(200, b"ok\n")
-        self._reply(404, b"not found\n")
+            return self.reply(200, b"ok\n")
+        self.reply(404, b"not found\n")
 
     do_HEAD = do_GET  # healthchecks.io takes any of them
 
     def do_POST(self):
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            self.arrived()
-            return self._reply(400, b"bad Content-Length\n")
-        if not 0 <= length <= MAX_BODY:
-            self.arrived()
-            return self._reply(413, b"body too large\n")
-        if len(self.rfile.read(length)) < length:
-            return  # cut off: no ping
-        self.arrived()
+            self.read_body()  # read and ignored
+        except blockstack_http.Refused as refused:  # cut off, late or refused: no ping
+            return self.reply(refused.status, refused.reason)
         self.do_GET()
-
-    def _reply(self, code, body, content_type="text/plain"):
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
 
     def log_message(self, fmt, *args):
         pass  # every minute a ping: the events are the log

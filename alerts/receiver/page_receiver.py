@@ -35,8 +35,9 @@ What it takes and what it refuses:
   nested too deeply to decode, or is not a webhook notification (an object with string
   `receiver` and `status` and a list of `alerts`, each an object with string `status` and
   string-valued `labels`). Alertmanager does not retry a 4xx: the error is in its log.
-- 411 without Content-Length, 413 past MAX_BODY (1 MiB: ~700 alerts of ~1.5 KB in one group;
-  `max_alerts` on the webhook config keeps Alertmanager below it).
+- The body as blockstack_http's read_body takes it: 411 without Content-Length, 400 for a bad
+  one, 413 past MAX_BODY (1 MiB: ~700 alerts of ~1.5 KB in one group; `max_alerts` on the webhook
+  config keeps Alertmanager below it), 408 for a body late, 400 for one cut short.
 - The connections are httpd/blockstack_http.py's (its docstring says what they get): each
   (HTTP/1.0, one request) must arrive whole, body included, within --request-timeout seconds, or
   it is dropped (408 when the headers came); 400 for a malformed request line or header, no
@@ -238,61 +239,39 @@ class Heartbeat:
 
 class Handler(blockstack_http.Handler):
     server_version = "blockstack-page-receiver/2"
-    body_methods = ("POST",)  # a POST is whole once _read has its body
+    body_methods = ("POST",)  # a POST is whole once read_body has its body
     reply_seconds = REPLY_TIMEOUT
+    max_body = MAX_BODY
 
     def do_GET(self):
         path = urllib.parse.urlsplit(self.path).path
         if path in ("/", "/healthz"):
-            self._reply(200, b"ok\n")
+            self.reply(200, b"ok\n")
         elif path == "/metrics":
-            self._reply(200, self.server.metrics().encode(), "text/plain; version=0.0.4")
+            self.reply(200, self.server.metrics().encode(), "text/plain; version=0.0.4")
         else:
-            self._reply(404, b"not found\n")
+            self.reply(404, b"not found\n")
 
     def do_POST(self):
         code, answer = self._post()
         self.server.count(self.path, code)
-        self._reply(code, answer)
+        self.reply(code, answer)
 
     def _post(self):
         path = urllib.parse.urlsplit(self.path).path
         if path not in self.server.paths and path != WATCHDOG_PATH:
             return 404, b"not a webhook path\n"
-        refused = None
         if not self.server.authorized(self.headers.get("Authorization", "")):
-            refused = 401, b"Authorization: Bearer <token> required\n"
-        elif (self.headers.get("Content-Type") or "").split(";")[
-            0
-        ].strip().lower() != "application/json":
-            refused = 415, b"Content-Type application/json required\n"
-        if refused:
-            length = self.headers.get("Content-Length", "").strip()
-            if re.fullmatch(r"[0-9]{1,7}", length) and int(length) <= MAX_BODY:
-                with contextlib.suppress(OSError):
-                    self._read(
-                        int(length), keep=False
-                    )  # so that the client reads our answer, not a reset
-            return refused
+            self.drain()
+            return 401, b"Authorization: Bearer <token> required\n"
         with self.server.slots:  # a worker: at most --workers bodies read and held at once
-            return self._take(path)
+            try:
+                body = self.read_body("application/json")
+            except blockstack_http.Refused as refused:
+                return refused.status, refused.reason
+            return self._write(path, body)
 
-    def _take(self, path):
-        if "Content-Length" not in self.headers:
-            return 411, b"Content-Length required\n"
-        if not re.fullmatch(r"[0-9]{1,18}", self.headers["Content-Length"].strip()):
-            return 400, b"bad Content-Length\n"
-        length = int(self.headers["Content-Length"])
-        if length > MAX_BODY:
-            with contextlib.suppress(TimeoutError):
-                self._read(length, keep=False)  # so that the client reads our answer, not a reset
-            return 413, b"body larger than %d bytes\n" % MAX_BODY
-        try:
-            body = self._read(length)
-        except TimeoutError:
-            return 408, b"body not received in time\n"
-        if len(body) < length:
-            return 400, b"body shorter than Content-Length\n"
+    def _write(self, path, body):
         with self.server.lock:  # one notification decoded and written at a time
             try:
                 record = {"received_at": time.time(), "path": path, "notification": decode(body)}
@@ -313,28 +292,6 @@ class Handler(blockstack_http.Handler):
             if heartbeat:
                 self.server.heartbeat.written(record["received_at"])
         return 200, b"ok\n"
-
-    def _read(self, length, keep=True):
-        """The body, 64 KiB at a time: memory grows with what was received, not with what was announced."""
-        body = bytearray()
-        while length > 0:
-            chunk = self.rfile.read(min(length, 1 << 16))
-            if not chunk:
-                break
-            length -= len(chunk)
-            if keep:
-                body += chunk
-        if length == 0:
-            self.arrived()
-        return body
-
-    def _reply(self, code, body, content_type="text/plain"):
-        self.connection.settimeout(REPLY_TIMEOUT)
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def log_message(self, fmt, *args):
         sys.stderr.write("%s %s\n" % (self.address_string(), fmt % args))

@@ -12,9 +12,10 @@ host, password = its push secret; the file holds sha256 of each secret: they are
 secrets, so a slow hash would buy nothing), and every alert in it labelled `host` = that host (a
 host cannot raise, or resolve early, another host's alerts). The gate forwards it to its
 Alertmanager with the admin password and relays the answer. Anything else: 401 without a valid
-credential, 403 with one (silences, reads, other hosts' alerts), 415 for a Content-Type other than
-application/json, 411 without Content-Length, 413 past MAX_BODY, 400 for a body that is not a JSON
-list of alerts or is shorter than its Content-Length. Alertmanager's own web config cannot restrict
+credential, 403 with one (silences, reads, other hosts' alerts), 400 for a body that is not a JSON
+list of alerts, and what blockstack_http's read_body refuses: 415 for a Content-Type other than
+application/json, 411 without Content-Length, 400 for a bad one, 413 past MAX_BODY, 408 for a body
+late, 400 for one shorter than its Content-Length. Alertmanager's own web config cannot restrict
 a user to one path, hence this program.
 
 `GET /-/healthy` answers 200 without credentials (the gate's own health, nothing forwarded). The
@@ -88,10 +89,11 @@ class Gate(blockstack_http.Handler):
     server_version = "blockstack-alert-gate"
     sys_version = ""
     body_methods = ("POST",)  # a POST is whole once its body is read (arrived())
+    max_body = MAX_BODY
 
     def do_GET(self):
         if self.path == "/-/healthy":
-            return self.answer(200, "OK\n")
+            return self.reply(200, "OK\n")
         self.refuse()
 
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = do_GET
@@ -103,31 +105,18 @@ class Gate(blockstack_http.Handler):
         if host is None:
             self.drain()
             return self.unauthorized()
-        if self.headers.get_content_type() != "application/json":
-            self.drain()
-            return self.answer(415, "application/json only\n")
         try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            self.arrived()
-            return self.answer(411, "Content-Length required\n")
-        if not 0 <= length <= MAX_BODY:
-            self.drain()
-            return self.answer(413, "too large\n")
-        body = self.rfile.read(
-            length
-        )  # within the request's time, or TimeoutError: closed unanswered
-        self.arrived()
-        if len(body) < length:  # cut off: nothing is forwarded
-            return self.answer(400, "body shorter than Content-Length\n")
+            body = self.read_body("application/json")  # cut off, late or refused: nothing forwarded
+        except blockstack_http.Refused as refused:
+            return self.reply(refused.status, refused.reason)
         try:
             alerts = json.loads(body)
             foreign = {str(a.get("labels", {}).get("host")) for a in alerts} - {host}
         except (ValueError, AttributeError, TypeError):
-            return self.answer(400, "expected a JSON list of alerts\n")
+            return self.reply(400, "expected a JSON list of alerts\n")
         if foreign:
             self.log_message("refused %s's push of alerts for %s", host, ", ".join(sorted(foreign)))
-            return self.answer(403, f"{host} may push only alerts labelled host={host}\n")
+            return self.reply(403, f"{host} may push only alerts labelled host={host}\n")
         self.forward(body)
 
     def authenticated(self):
@@ -137,27 +126,17 @@ class Gate(blockstack_http.Handler):
         return host
 
     def unauthorized(self):
-        self.answer(
-            401, "unauthorized\n", {"WWW-Authenticate": 'Basic realm="blockstack alert gate"'}
+        self.reply(
+            401,
+            "unauthorized\n",
+            headers=[("WWW-Authenticate", 'Basic realm="blockstack alert gate"')],
         )
 
     def refuse(self):
         """Anything but a push: 401 without a valid host credential, 403 with one."""
         self.drain()
         if self.authenticated() is not None:
-            self.answer(403, f"only POST {PUSH_PATH}\n")
-
-    def drain(self):
-        """Read and drop a body refused (up to MAX_BODY), so that the client reads our answer, not a reset."""
-        try:
-            length = min(int(self.headers.get("Content-Length", "0")), MAX_BODY)
-        except ValueError:
-            length = 0
-        try:
-            self.rfile.read(max(length, 0))
-        except OSError:  # late or reset: the answer is tried all the same
-            pass
-        self.arrived()
+            self.reply(403, f"only POST {PUSH_PATH}\n")
 
     def forward(self, body):
         req = urllib.request.Request(
@@ -171,24 +150,11 @@ class Gate(blockstack_http.Handler):
         )
         try:
             with urllib.request.urlopen(req, timeout=20) as r:
-                self.answer(r.status, r.read().decode(errors="replace"))
+                self.reply(r.status, r.read())
         except urllib.error.HTTPError as e:
-            self.answer(e.code, e.read().decode(errors="replace"))
+            self.reply(e.code, e.read())
         except OSError as e:
-            self.answer(502, f"alertmanager unreachable: {e}\n")
-
-    def answer(self, status, text, headers=None):
-        data = text.encode()
-        self.send_response(status)
-        for k, v in {
-            "Content-Type": "text/plain; charset=utf-8",
-            "Content-Length": str(len(data)),
-            **(headers or {}),
-        }.items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+            self.reply(502, f"alertmanager unreachable: {e}\n")
 
     def log_request(self, code="-", size="-"):
         if str(code) not in ("200", "202"):  # refusals and failures only

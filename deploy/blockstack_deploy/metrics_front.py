@@ -67,7 +67,7 @@ class Front(blockstack_http.Handler):
 
     def do_GET(self):
         if self.path.split("?", 1)[0] not in PATHS:
-            return self.answer(404, b"only /metrics\n", "text/plain; charset=utf-8")
+            return self.reply(404, b"only /metrics\n")
         if self.client_gone():  # an aborted request: nobody to scrape the exporter for
             return
         conn = UnixConnection(self.server.socket_path, timeout=EXPORTER_SECONDS)
@@ -81,32 +81,21 @@ class Front(blockstack_http.Handler):
             r = conn.getresponse()
             body = r.read()
         except (OSError, http.client.HTTPException) as e:
-            return self.answer(
-                502, f"exporter unreachable: {e}\n".encode(), "text/plain; charset=utf-8"
-            )
+            return self.reply(502, f"exporter unreachable: {e}\n")
         finally:
             conn.close()
-        self.answer(
+        encoding = r.getheader("Content-Encoding")
+        self.reply(
             r.status,
             body,
             r.getheader("Content-Type", "text/plain"),
-            r.getheader("Content-Encoding"),
+            [("Content-Encoding", encoding)] if encoding else (),
         )
 
     def do_other(self):
-        self.answer(404, b"only GET /metrics\n", "text/plain; charset=utf-8")
+        self.reply(404, b"only GET /metrics\n")
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = do_other
-
-    def answer(self, status, body, content_type, encoding=None):
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        if encoding:
-            self.send_header("Content-Encoding", encoding)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
 
     def log_request(self, code="-", size="-"):
         if str(code) != "200":

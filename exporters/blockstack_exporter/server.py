@@ -169,41 +169,29 @@ class Handler(blockstack_http.Handler):
         raise AttributeError(name)
 
     def _not_allowed(self):
-        self._reply(405, b"Method Not Allowed\n", "text/plain; charset=utf-8", [("Allow", "GET")])
-
-    def _reply(self, code, body, content_type, headers=()):
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in headers:
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        self.reply(405, b"Method Not Allowed\n", headers=[("Allow", "GET")])
 
     def do_GET(self):
         path = urlsplit(self.path).path
         if path == "/":
-            return self._reply(200, LANDING, "text/html; charset=utf-8")
+            return self.reply(200, LANDING, "text/html; charset=utf-8")
         if path != "/metrics":
-            return self._reply(404, b"Not Found\n", "text/plain; charset=utf-8")
+            return self.reply(404, b"Not Found\n")
         exporter = self.server.exporter
         deadline = exporter.deadline_for(self.headers.get("X-Prometheus-Scrape-Timeout-Seconds"))
         if self.client_gone():  # an aborted request: no collection
             return
         flight, families = exporter.families(deadline)
         if flight is None:
-            return self._reply(
-                503, b"collection in flight did not finish in time\n", "text/plain; charset=utf-8"
-            )
+            return self.reply(503, b"collection in flight did not finish in time\n")
         if families is None:
-            return self._reply(500, b"collection failed\n", "text/plain; charset=utf-8")
+            return self.reply(500, b"collection failed\n")
         body, content_type = exporter.body(flight, self.headers.get("Accept"))
         headers = []
         if gzip_accepted(self.headers.get("Accept-Encoding")):
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
             headers.append(("Content-Encoding", "gzip"))
-        self._reply(200, body, content_type, headers)
+        self.reply(200, body, content_type, headers)
 
 
 class Server(blockstack_http.Server):
