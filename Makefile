@@ -396,13 +396,14 @@ soak: deps venv ebpf-build
 ## --- the VM lab (lab/README.md "VM lab"): Debian's 5.10, 6.1, 6.12 and sid's newest under QEMU/TCG with emulated NVMe ----------
 
 ## vm-deps: QEMU, busybox, LVM2 and Debian's kernels: 6.1 and 6.12 from apt, bullseye's 5.10 and sid's newest through the lab's own apt configuration (virtme-ng comes with make venv); the Debian host's image (make debian-image)
-vm-deps: deps venv
+vm-deps: vm-packages debian-image
+
+## vm-packages: QEMU, busybox, LVM2 and the four kernels alone (scripts/install-vm.sh; no venv needed, so make -j runs it beside pip)
+vm-packages: deps
 	@scripts/install-vm.sh
-	@$(VPY) -m blockstack_lab.debian_host image repo
 
 ## debian-image: the VM lab's Debian 12 host (lab/blockstack_lab/debian_host.py): its image by mmdebstrap and its local apt repo, cached in .build/debian (root; ~30 s to 2 min the first time, a second after)
-debian-image: venv
-	@scripts/install-vm.sh
+debian-image: vm-packages venv
 	@$(VPY) -m blockstack_lab.debian_host image repo
 
 ## vm-lab: the NVMe incident on a real LVM snapshot over emulated NVMe, on each kernel of VM_KERNELS (root, 6-11 min per kernel)
