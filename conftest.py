@@ -13,6 +13,8 @@ import time
 import pytest
 from hypothesis import settings
 
+from blockstack_testsupport.clock import seconds, wait_until
+
 # Property tests check results, not speed: hypothesis' default 200 ms deadline per example made them
 # fail as "flaky" whenever the 2-core machine was busy with the servers and VM tests beside them.
 settings.register_profile("blockstack", deadline=None)
@@ -66,9 +68,11 @@ class HttpAbuse:
 
     @staticmethod
     def raw(port, data, timeout=10, end=False):
-        """Everything a server sends back for `data` on a connection of its own, until it closes;
-        end: the sending side is shut down after data (a request cut off by its client: servers
-        that look for an aborted request take this one for one too)."""
+        """Everything a server sends back for `data` on a connection of its own, until it closes
+        (at most `timeout` seconds, stretched by the tests' clock); end: the sending side is shut
+        down after data (a request cut off by its client: servers that look for an aborted
+        request take this one for one too)."""
+        timeout = seconds(timeout)
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
             try:
                 s.sendall(data)
@@ -102,13 +106,14 @@ class HttpAbuse:
         return count
 
     def wait_closed(self, sockets, count, seconds=20):
-        """Wait until the server has closed at least count of the sockets (at most `seconds`)."""
-        deadline = time.monotonic() + seconds
-        while self.closed(sockets) < count:
-            assert time.monotonic() < deadline, (
-                f"the server closed fewer than {count} connections in {seconds} s"
-            )
-            time.sleep(0.05)
+        """Wait until the server has closed at least count of the sockets (at most `seconds`,
+        stretched by the tests' clock)."""
+        wait_until(
+            f"the server closing {count} of the connections",
+            lambda: self.closed(sockets) >= count,
+            seconds,
+            0.05,
+        )
 
     @staticmethod
     def timed(request, times=10):

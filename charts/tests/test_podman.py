@@ -9,6 +9,7 @@ without it the test fails when the table differs from what it measured).
 Needs root (podman, loop devices), the image (`make chart-image`) and helm (`make helm`).
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from blockstack_exporter.collectors.stack import encode_dev
 from blockstack_lab import loop
+from blockstack_testsupport.clock import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.built]
 
@@ -67,12 +69,10 @@ def pod():
 
 
 def wait_for(condition, pod, container, timeout=120):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.5)
-    pytest.fail(f"{container} did not start in {timeout} s:\n{pod.logs(container)[-3000:]}")
+    try:
+        wait_until(f"{container} to start", condition, timeout, 0.5)
+    except TimeoutError as e:
+        pytest.fail(f"{e}:\n{pod.logs(container)[-3000:]}")
 
 
 def samples(text):
@@ -149,13 +149,15 @@ def test_ebpf_exporter_attaches_and_counts_a_collapse(pod):
         # block_io flushes each CPU's counts FLUSH_HZ times a second, but this machine's
         # hypervisor runs an idle CPU's timer only when the CPU runs again (ebpf_testlib.settle):
         # each scrape here starts processes, which wakes them
-        end = time.monotonic() + 15
-        while True:
+        delta = {}
+
+        def counted():
             after = counts()
-            delta = {k: after[k] - before[k] for k in want}
-            if all(delta[k] >= want[k] for k in want) or time.monotonic() > end:
-                break
-            time.sleep(0.5)
+            delta.update((k, after[k] - before[k]) for k in want)
+            return all(delta[k] >= want[k] for k in want)
+
+        with contextlib.suppress(TimeoutError):
+            wait_until(f"{dev}'s reads in ebpf_exporter's counts", counted, 15, 0.5)
         settings = pod.http_get(9363, via="blockstack-exporter")
     assert all(delta[k] >= want[k] for k in want), f"{dev} (devno {devno}): {delta}, want {want}"
     assert f'blockstack_queue_max_sectors_bytes{{device="{loop.name(dev)}"}} 4096.0' in settings

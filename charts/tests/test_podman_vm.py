@@ -9,16 +9,17 @@ Marker vm_long (`make test-vm-long`): a boot, the image imported into the guest 
 TCG), about 3 minutes in all. Needs `make vm-deps`, `make chart-image`, `make helm`.
 """
 
+import contextlib
 import glob
 import os
 import re
-import time
 
 import podkit
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from blockstack_exporter.collectors.stack import encode_dev
+from blockstack_testsupport.clock import wait_until
 
 pytestmark = [pytest.mark.vm, pytest.mark.vm_long, pytest.mark.root, pytest.mark.built]
 
@@ -54,9 +55,8 @@ def test_pod_on_debian_6_1(guest):
     with podkit.pod(values, "bsm-vm", host=podkit.InGuest(guest), directory=guest.dir) as p:
         for c in ("ebpf-exporter", "dm-helper", "blockstack-exporter", "node-exporter"):
             p.start(c)
-        end = time.monotonic() + 300  # select-configs.sh probes each variant under TCG
-        while "Listening on" not in p.logs("ebpf-exporter") and time.monotonic() < end:
-            time.sleep(2)
+        with contextlib.suppress(TimeoutError):  # select-configs.sh probes each variant under TCG
+            wait_until("ebpf-exporter", lambda: "Listening on" in p.logs("ebpf-exporter"), 300, 2)
         assert "Listening on" in p.logs("ebpf-exporter"), p.logs("ebpf-exporter")[-3000:]
         status = p.read("run", "ebpf-status.tsv")
         assert re.search(r"^block\tblock_io_immediate\t", status, re.M), status

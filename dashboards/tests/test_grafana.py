@@ -34,6 +34,7 @@ from blockstack_lab import dashboard_lab
 from blockstack_lab.api import request
 from blockstack_lab.grafana_browser import Browser
 from blockstack_rules import knobs
+from blockstack_testsupport.clock import seconds
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
@@ -110,7 +111,7 @@ def visit(lab):
             # only) (the queries recorded before the choice stay: if the stack was already the first
             # option nothing is queried again, else the API test takes each query's last, sent after
             # it)
-            b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + 60)
+            b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + seconds(60))
             opened = time.monotonic()
             b.choose_variable("Stack (top device)", lab.upper)
             assert b.variable_value("Stack (top device)") == lab.upper
@@ -352,7 +353,7 @@ def test_every_panel_in_the_browser(lab, visit):
         assert not b.failed, f"failed requests: {b.failed}"
         foreign = b.foreign_requests()
         assert not foreign, f"the page asked hosts other than 127.0.0.1: {foreign}"
-        assert visit.seconds < 120
+        assert visit.seconds < seconds(120)
         screenshot(b, f"grafana-dashboard-{lab.stack.servers}.png")
     except BaseException:
         screenshot(b, f"grafana-dashboard-{lab.stack.servers}-FAILED.png")
@@ -522,7 +523,7 @@ def peaks(b, lab, titles):
         for title in titles:
             panel = b.panel(title)
             panel.scroll_into_view_if_needed()
-            b.wait_loaded(panel, time.monotonic() + 60)
+            b.wait_loaded(panel, time.monotonic() + seconds(60))
             row = b.legend(title).get(f"L1 {lab.lower} read")
             assert row, f"{title} at {name}: no line L1 {lab.lower} read: {sorted(b.legend(title))}"
             out[name, title] = _number(row[1])
@@ -676,7 +677,7 @@ def queried_datasources(b, lab, uid):
             "refresh": "",
         },
     )
-    b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + 60)
+    b.wait_loaded(b.panel("Firing alerts"), time.monotonic() + seconds(60))
     assert not b.failed, f"failed requests: {b.failed}"
     return {
         query["datasource"]["uid"]

@@ -17,6 +17,7 @@ import pytest
 from ebpf_testlib import settle
 
 from blockstack_lab import loop
+from blockstack_testsupport.clock import seconds, wait_until
 
 pytestmark = [pytest.mark.root]
 
@@ -87,19 +88,18 @@ def cgroup_parent(name):
 
 
 def remove_tree(path):
-    deadline = time.monotonic() + 30
     for directory, _, _ in sorted(os.walk(path), key=lambda w: -w[0].count("/")):
-        while os.path.isdir(directory):
-            with open(os.path.join(directory, "cgroup.procs")) as f:
-                for pid in f.read().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), 9)
-            try:
+
+        def removed():  # its processes killed, then EBUSY until they have left
+            if os.path.isdir(directory):
+                with open(os.path.join(directory, "cgroup.procs")) as f:
+                    for pid in f.read().split():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), 9)
                 os.rmdir(directory)
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+            return True
+
+        wait_until(f"{directory} removed", removed, 30, 0.1)
 
 
 def in_cgroup(cgroup, argv):
@@ -205,7 +205,7 @@ def test_two_cgroups_at_once_are_each_charged_their_own_bios_and_pieces(exporter
 
 
 CHURN = 1000  # short-lived cgroups
-CHURN_SECONDS = 240  # the bound on the churn loop
+CHURN_SECONDS = seconds(240)  # the bound on the churn loop
 
 
 def test_1000_short_lived_cgroups_keep_the_series_within_the_budget(exporter, device):
@@ -234,14 +234,23 @@ def test_1000_short_lived_cgroups_keep_the_series_within_the_budget(exporter, de
                         "--size=64m",
                         "--rate=8m",
                         "--time_based",
-                        f"--runtime={CHURN_SECONDS + 60}",
+                        f"--runtime={CHURN_SECONDS + 60:.0f}",
                     ],
                 ),
                 stdout=subprocess.DEVNULL,
             )
+
+        def busy_named():  # each takes a free slot at its first bio
+            scrape = exporter.scrape()
+            slots = {
+                (ls.get("parent"), ls["cgroup"])
+                for ls, _ in scrape.series(ADMISSIONS)
+                if ls.get("devno") == devno
+            }
+            return {(os.path.basename(parent), name) for name in busy} <= slots and scrape
+
         try:
-            time.sleep(2)
-            before = exporter.scrape()
+            before = wait_until("both busy cgroups in named slots", busy_named, 60, 0.2)
             evictions_before = before.value(EVICTIONS, devno=devno)
             started = time.monotonic()
             pace = 4.2 * window / CHURN  # over 4 windows: a slot held by a gone cgroup halves

@@ -6,6 +6,7 @@ stat(2)'s st_rdev) are its own I/O even while other work runs on the machine. Ev
 kit's context managers, also when an assertion fails; every wait is bounded.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from ebpf_testlib import FLUSH_PERIOD, delta, diskstats, running_exporter, settle
 
 from blockstack_lab import fio, loop
+from blockstack_testsupport.clock import wait_until
 
 pytestmark = [pytest.mark.root]
 
@@ -24,19 +26,48 @@ RUNTIME = 2  # seconds of fio per workload
 TOLERANCE = 0.05  # agreement required with diskstats / iostat
 
 
+# How long a test waits for the periodic flush: on a quiet machine every observation is in the
+# maps one settle() after the last I/O; under CI's load (the VM tier's QEMU beside the tests) a
+# timer tick can come late, and a flush missed is made up one period later. A flush that never
+# comes fails all the same.
+FLUSH_DEADLINE = 10 * FLUSH_PERIOD
+
+
+def flushed(exporter, before, dev, caught_up):
+    """Delta(before, a scrape) once caught_up(that Delta) holds: each settle() lets every CPU's
+    periodic flush run once, and a late one is waited for until FLUSH_DEADLINE (the tests' clock).
+    Past it, the last Delta: the test's own assertions say what is missing."""
+    last = []
+
+    def in_the_maps():
+        settle()
+        last[:] = [Delta(before, exporter.scrape(), devno(dev))]
+        return caught_up(last[0])
+
+    with contextlib.suppress(TimeoutError):
+        wait_until("the I/O in the exported maps", in_the_maps, FLUSH_DEADLINE, interval=0)
+    return last[0]
+
+
 def measure(exporter, dev, args, runtime=RUNTIME):
     """Run fio on dev; return (exporter scrape deltas helper, diskstats delta, fio report). Both
     scrapes come when every observation of the I/O before them is in the exported maps (udev's
-    probing of a new device included), so request counts equal diskstats' exactly."""
+    probing of a new device included), so request counts equal diskstats' exactly: the second
+    once every request diskstats counted meanwhile is."""
     name = loop.name(dev)
     subprocess.run(["udevadm", "settle", "--timeout=10"], check=False, timeout=30)
     settle()
     before, disk_before = exporter.scrape(), diskstats(name)
     report = fio.run([f"--filename={dev}", *args], runtime=runtime, name="ebpf-live")
-    disk_after = diskstats(name)
-    settle()
-    after = exporter.scrape()
-    return Delta(before, after, devno(dev)), delta(disk_after, disk_before), report
+    disk = delta(diskstats(name), disk_before)
+
+    def every_request(d):
+        return all(
+            d.hist("ebpf_exporter_block_rq_size_bytes", operation=op)[0] >= disk[op + "s"]
+            for op in ("read", "write")
+        )
+
+    return flushed(exporter, before, dev, every_request), disk, report
 
 
 def devno(path):
@@ -239,9 +270,10 @@ def test_request_size_agrees_with_iostat(exporter, device, nomerges):
             "--output-format=json",
             *fio.SEQ_BATCHED_READ,
         ]
+        reads = diskstats(name)["reads"]
         fio_proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
         try:
-            time.sleep(0.5)
+            wait_until("fio reading", lambda: diskstats(name)["reads"] > reads, 10, 0.05)
             rareq_sz = iostat_rareq_sz(name, 2)
             assert fio_proc.wait(timeout=60) == 0
         finally:
@@ -390,27 +422,22 @@ def assert_exact(d, disk):
     assert disk["reads"] - 1 <= service <= disk["reads"], (service, disk["reads"])
 
 
-# How long the test below waits for the periodic flush: on a quiet machine every read is in the
-# maps one settle() after the last; under CI's load (the VM tier's QEMU beside the tests) a timer
-# tick can come late, and a flush missed is made up one period later. A flush that never comes
-# fails all the same.
-FLUSH_DEADLINE = 10 * FLUSH_PERIOD
-
-
 def test_histograms_are_exported_after_the_periodic_flush_exactly(exporter, device):
     """block_io counts histograms per CPU and flushes every CPU's pending counts every
     FLUSH_PERIOD (README.md, Cost): a few reads, too few to fill a slot, all reach the exported
     maps through that flush alone, exactly as many as diskstats counted, never more."""
     before, disk = few_reads(exporter, device)
     start = time.monotonic()
-    while True:
-        settle()
-        try:
-            assert_exact(Delta(before, exporter.scrape(), devno(device)), disk)
-            break
-        except AssertionError:
-            if time.monotonic() - start > FLUSH_DEADLINE:
-                raise
+
+    def every_read(d):
+        requests, _ = d.hist("ebpf_exporter_block_rq_size_bytes", operation="read")
+        bios, _ = d.hist("ebpf_exporter_block_bio_size_bytes", operation="read")
+        service, _ = d.hist(
+            "ebpf_exporter_block_rq_latency_seconds", operation="read", stage="service"
+        )
+        return requests >= disk["reads"] and bios >= FEW_READS and service >= disk["reads"] - 1
+
+    assert_exact(flushed(exporter, before, device, every_read), disk)
     print(f"all in the maps {time.monotonic() - start:.2f} s after the last read")
 
 

@@ -24,6 +24,7 @@ from blockstack_exporter.collectors.dm import (
     parse_thin_pool_table,
 )
 from blockstack_exporter.fs import ParseError
+from blockstack_testsupport.clock import seconds
 
 DM_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "dm")
 DM_ONLY = ("--collector.disable-defaults", "--collector.dm")
@@ -389,7 +390,7 @@ def test_dmsetup_hanging_is_killed_at_the_timeout(fake, monkeypatch):
     monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
     start = time.monotonic()
     r = fake("nvme-incident", timeout=0.5, also=["jbd2"])
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < seconds(5)
     assert r.success("dm") == 0 and r.errors("dm") == 1 and r.success("jbd2") == 1
     (pid,) = [int(c.split()[0]) for c in fake.calls()]
     with pytest.raises(ProcessLookupError):
@@ -400,7 +401,7 @@ def test_status_hanging_keeps_the_tables(fake, monkeypatch):
     monkeypatch.setenv("FAKE_DMSETUP_MODE", "hang")
     monkeypatch.setenv("FAKE_DMSETUP_ONLY", "status")
     monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
-    r = fake("nvme-incident", timeout=0.5)
+    r = fake("nvme-incident", timeout=seconds(0.5))  # table answers within it, status hangs
     assert r.success("dm") == 1 and r.errors("dm") == 1  # the timeout, reported once
     snap = dict(device="dm-3", name="secvol-tmp_backup1")
     assert r.get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
@@ -411,7 +412,7 @@ def test_status_hanging_keeps_the_tables(fake, monkeypatch):
 def test_table_timing_out_keeps_the_last_table_of_the_same_devices(fake, monkeypatch):
     """On a loaded VM a `dmsetup table` past the deadline made blockstack_dm_snapshot_info blink
     out for a scrape, and a page's description lost its snapshot sentence."""
-    registry = fake.registry("nvme-incident", flags=["--collector.dm.timeout=0.5"])
+    registry = fake.registry("nvme-incident", flags=[f"--collector.dm.timeout={seconds(0.5)}"])
     snap = dict(device="dm-3", name="secvol-tmp_backup1")
     assert Scraped(registry).get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
     monkeypatch.setenv("FAKE_DMSETUP_MODE", "hang")
@@ -428,7 +429,7 @@ def test_table_timing_out_keeps_the_last_table_of_the_same_devices(fake, monkeyp
 def test_table_timing_out_after_the_devices_changed_fails_the_collector(
     fake, monkeypatch, tmp_path
 ):
-    registry = fake.registry("nvme-incident", flags=["--collector.dm.timeout=0.5"])
+    registry = fake.registry("nvme-incident", flags=[f"--collector.dm.timeout={seconds(0.5)}"])
     assert Scraped(registry).success("dm") == 1
     monkeypatch.setenv("FAKE_DMSETUP_MODE", "hang")
     monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")

@@ -9,13 +9,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from exporter_testlib import Scraped
 
 from blockstack_exporter.main import build_registry, parse_args
 from blockstack_lab import loop
+from blockstack_testsupport.clock import wait_until
 
 pytestmark = [pytest.mark.root]
 
@@ -225,17 +225,15 @@ def block_cgroup(name):
         return
     path = os.path.join(root, name)
     os.mkdir(path)
+
+    def removed():  # EBUSY until the reader's processes have left it as they exit
+        os.rmdir(path)
+        return True
+
     try:
         yield path
     finally:
-        for _ in range(50):  # the reader's processes leave it as they exit
-            try:
-                os.rmdir(path)
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            os.rmdir(path)
+        wait_until(f"{path} removed", removed, 5, 0.1)
 
 
 def join_cgroup(path):

@@ -12,6 +12,7 @@ from exporter_testlib import EXPORTER, Scraped
 
 from blockstack_lab import loop
 from blockstack_testsupport import procs
+from blockstack_testsupport.clock import seconds
 
 pytestmark = [pytest.mark.root]
 
@@ -94,10 +95,12 @@ LOOP_CTL_ADD, LOOP_CTL_REMOVE = 0x4C80, 0x4C81
 
 def _loop_control(request, number):
     """LOOP_CTL_ADD or LOOP_CTL_REMOVE of loopNUMBER; False if the number is taken (EEXIST) or
-    the device stays busy (EBUSY: udev probing a device just detached) for three seconds."""
+    the device stays busy (EBUSY: udev probing a device just detached) for three seconds (the
+    tests' clock)."""
     fd = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    deadline = time.monotonic() + seconds(3)
     try:
-        for _ in range(30):
+        while True:
             try:
                 fcntl.ioctl(fd, request, number)
                 return True
@@ -106,8 +109,9 @@ def _loop_control(request, number):
                     return False
                 if e.errno != errno.EBUSY:
                     raise
-                time.sleep(0.1)
-        return False
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
     finally:
         os.close(fd)
 

@@ -30,6 +30,7 @@ import pytest
 
 from blockstack_lab import debian_host, vm_scenarios
 from blockstack_lab.debian_host import DebianHost
+from blockstack_testsupport.clock import wait_until
 
 pytestmark = [pytest.mark.vm_long, pytest.mark.root]
 
@@ -82,17 +83,6 @@ class Steps(dict):
             json.dump(self, f, indent=1)
 
 
-def wait(what, predicate, timeout, interval=3):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(interval)
-
-
 def units(host):
     return host.run(f"cat {STATE}/units.list").stdout.split()
 
@@ -108,8 +98,8 @@ def all_active(host, timeout=300, servers=SERVER_PORTS):
         return states if all(s == "active" for s in states.values()) else None
 
     try:
-        wait("every unit active", active, timeout)
-    except AssertionError:
+        wait_until("every unit active", active, timeout, 3)
+    except TimeoutError:
         print(
             host.run(
                 "systemctl --no-pager status 'blockstack-*' | tail -60; journalctl -n 60 --no-pager",
@@ -120,17 +110,18 @@ def all_active(host, timeout=300, servers=SERVER_PORTS):
     answered = {}
     for name, port in EXPORTER_PORTS.items():
         try:  # ebpf_exporter loads its programs first: minutes under TCG
-            body = wait(
+            body = wait_until(
                 f"{name} on {port}",
                 lambda: host.run(f"curl -sf http://127.0.0.1:{port}/metrics", check=False).stdout,
                 EXPORTER_TIMEOUT,
+                3,
             )
-        except AssertionError:
+        except TimeoutError:
             print(host.run("journalctl -n 80 --no-pager -u 'blockstack-*'", check=False).stdout)
             raise
         answered[name] = len(body.splitlines())
     for name, port in servers.items():
-        code = wait(
+        code = wait_until(
             f"{name} on {port}",
             lambda: (
                 host.run(
@@ -144,6 +135,7 @@ def all_active(host, timeout=300, servers=SERVER_PORTS):
                 ).stdout.strip()
             ),
             120,
+            3,
         )
         answered[name] = code
     return names, answered
@@ -208,10 +200,11 @@ def test_package_on_a_debian_host(debs):
         tsdb = re.search(
             r"--storage\.tsdb\.path=(\S+)", host.run("systemctl cat blockstack-prometheus").stdout
         )[1]
-        wait(
+        wait_until(
             "Prometheus' TSDB written",
             lambda: host.run(f"ls {tsdb}/wal", check=False).stdout.strip(),
             120,
+            3,
         )
         host.run(
             f"echo kept > {STATE}/pages/upgrade-marker"
@@ -242,7 +235,7 @@ def test_package_on_a_debian_host(debs):
             assert not collapse_pages(host, "firing"), "paged at nomerges=0"
             host.run("echo 2 > /sys/block/nvme0n1/queue/nomerges")
             onset = time.monotonic()
-            fired = wait(
+            fired = wait_until(
                 "BlockStackMergeCollapse on nvme0n1",
                 lambda: collapse_pages(host, "firing"),
                 PAGE_TIMEOUT,
@@ -255,7 +248,9 @@ def test_package_on_a_debian_host(debs):
             )
             host.run("echo 0 > /sys/block/nvme0n1/queue/nomerges")
             fix = time.monotonic()
-            wait("the page resolved", lambda: collapse_pages(host, "resolved"), PAGE_TIMEOUT, 10)
+            wait_until(
+                "the page resolved", lambda: collapse_pages(host, "resolved"), PAGE_TIMEOUT, 10
+            )
             steps.end(
                 "nomerges=0: resolved",
                 fix_to_resolved=round(time.monotonic() - fix, 1),
