@@ -107,6 +107,10 @@ test:
 ## test-inputs: build everything make test needs, nothing run (make -j test-inputs overlaps the builds)
 test-inputs: deps vm-deps venv ebpf-build grafana thanos upstream-servers linters helm k8s-schemas chart chart-image
 
+## test-early: the inputs of make test's early tests, all but those marked built or linters (scripts/run-tests.sh starts them once these are done)
+test-early: deps venv ebpf-build grafana
+	@scripts/run-tests.sh --early-ready
+
 ## test-vm-start: the VM tier of make test in the background, its output in .build/test-vm/log (scripts/run-tests.sh)
 test-vm-start: deps vm-deps venv ebpf-build
 	@PYTEST=$(PYTEST) scripts/run-tests.sh --start-vm
