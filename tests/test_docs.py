@@ -135,7 +135,7 @@ def test_make_targets_in_the_docs_exist():
 
 
 def test_readme_kernel_table_is_what_the_matrix_loads():
-    """README's kernel table names, per kernel, the BPF programs that the VM tier asserts
+    """docs/kernels.md's kernel table names, per kernel, the BPF programs that the VM tier asserts
     select-configs.sh chooses there (vm_scenarios.EXPECTED_CONFIGS); ebpf-configs/README.md's
     table the same."""
     from blockstack_lab.vm_scenarios import EXPECTED_CONFIGS
@@ -151,7 +151,7 @@ def test_readme_kernel_table_is_what_the_matrix_loads():
                 rows["sid" if m[1] == "7.2" else m[1]] = set(named)
         return rows
 
-    for path, columns in (("README.md", [2]), ("ebpf-configs/README.md", [1, 2])):
+    for path, columns in (("docs/kernels.md", [2]), ("ebpf-configs/README.md", [1, 2])):
         rows = programs(path, columns)
         assert set(rows) == set(EXPECTED_CONFIGS), (path, rows)
         for kernel, configs in EXPECTED_CONFIGS.items():

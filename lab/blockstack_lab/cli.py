@@ -32,7 +32,7 @@ from blockstack_deploy.stack import COMPONENTS, REPO
 from blockstack_deploy.supervisor import Supervisor
 from blockstack_testsupport import procs
 
-from . import corpus, report, scenarios
+from . import corpus, pipeline, report, scenarios
 from .lab import LAB_ROOT, Lab, Terminated, install_signal_handlers, signals_deferred, sweep_stale
 from .view import StackView
 
@@ -97,14 +97,17 @@ def lab_stack(state, keep=False):
 
 
 def run(names, state, no_stack=False, keep=False, timing=None, say=say):
-    """Run the scenarios; returns the Checks."""
+    """The lab's run; returns every Check. Its prerequisites, the stack (`make up` in `state`, or
+    none), the lab's devices (lab.Lab), then each scenario and corpus case in order
+    (pipeline.run; a case: its devices, its workload, the wait for the pages, the evidence, the
+    verdict); on leaving, also after a failure, the lab undone and the stack stopped (lab_stack)."""
     problems = missing_requirements(with_stack=not no_stack)
     if problems:
         raise SystemExit("cannot run the lab: " + "; ".join(problems))
     with contextlib.ExitStack() as es:
         view = None if no_stack else es.enter_context(lab_stack(state, keep))
         lab = es.enter_context(Lab(say=say))
-        return corpus.run(scenarios.Runner(lab, view, timing, say=say), names)
+        return pipeline.run(scenarios.Runner(lab, view, timing, say=say), corpus.plan(names))
 
 
 def main(argv=None):

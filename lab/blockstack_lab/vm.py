@@ -587,8 +587,8 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
 
     def ebpf_configs(self, timeout=1200):
         """The ebpf_exporter configs the guest's kernel loads, comma-separated ("" if none:
-        ebpf_exporter is then not started), from ebpf-configs/select-configs.sh run there: the
-        README's kernel table."""
+        ebpf_exporter is then not started), from ebpf-configs/select-configs.sh run there (docs/kernels.md's kernel
+        table)."""
         if self._ebpf_configs is None:
             self.probe_ebpf_configs()
             rc, output = self._probe.wait(timeout)

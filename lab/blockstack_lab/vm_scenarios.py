@@ -37,7 +37,7 @@ from .view import StackView
 MNT_ORIGIN, MNT_SNAP = "/tmp/blockstack-lv", "/tmp/blockstack-snap"
 DATA_MIB = 200
 SERVERS = ("receiver", "alertmanager", "prometheus")  # on the host
-# What ebpf-configs/select-configs.sh chooses on each kernel of the matrix (the README's kernel
+# What ebpf-configs/select-configs.sh chooses on each kernel of the matrix (docs/kernels.md's kernel
 # table, which tests/test_docs.py holds to this): block_io needs bpf_loop() (5.17), fexit on jbd2
 # needs BTF for modules (5.11) and a kernel that allows trampolines, jbd2_credit_wait the 6.2+
 # ext4 tracepoints.

@@ -2,7 +2,7 @@
 Debian's own kernels booted under QEMU/TCG (blockstack_lab/vm.py, vm_scenarios.py), with the
 exporters in the guest and Prometheus (the project's rules), Alertmanager and the page receiver on
 the host: snapshot reads at nomerges=0 without a page, then nomerges=2 pages once. Every set of
-BPF programs loads, as the variant the README's kernel table names (vm_scenarios.EXPECTED_CONFIGS),
+BPF programs loads, as the variant docs/kernels.md's table names (vm_scenarios.EXPECTED_CONFIGS),
 and counts: missed merges at nomerges=2 and not at 0, splits, jbd2 credit waits.
 blockstack-doctor, run in the guest in each state, names the snapshot's settings by their LVM
 names and nomerges=2 on nvme0n1.
@@ -84,7 +84,7 @@ def test_nvme_incident(kernel, healthy, tmp_path):
         f"{o.facts}"
     )
 
-    # every set of BPF programs loads, as the variant the README's kernel table names
+    # every set of BPF programs loads, as the variant docs/kernels.md's table names
     assert o.configs == vm_scenarios.EXPECTED_CONFIGS[kernel], o.ebpf_status
     assert o.facts["jbd2_waits"] >= 100, o.facts  # 300 synchronous writes, a handle each at least
 
