@@ -116,6 +116,10 @@ done
 # share twice, where one after the other the second finds them in GOCACHE. Downloads, apt, pip,
 # the kernels and the images go on beside it. (ebpf_exporter's build takes no part: it is the
 # VM tier's input, first in line.)
+# At a low priority (GO_BUILD_NICE, default 10): make test runs these beside the VM tier and the
+# tests (scripts/run-tests.sh), whose timing counts, and beside ebpf_exporter's build, which both
+# wait for; the compile takes what they leave.
+NICE=${GO_BUILD_NICE:-10}
 exec 9>"$BUILD/.go-compile.lock"
 waited=$(date +%s)
 flock 9
@@ -128,7 +132,7 @@ for spec in "${todo[@]}"; do
   [ "${spec#*=}" != . ] || pkg=$MOD
   bin="$BUILD/bin/$out"
   echo ">> go build $pkg@$MOD_VERSION (tags $TAGS) with $GOTOOLCHAIN -> bin/$out"
-  (cd "$MOD_DIR" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -tags "$TAGS" \
+  (cd "$MOD_DIR" && GOFLAGS=-mod=mod CGO_ENABLED=0 nice -n "$NICE" go build -trimpath -tags "$TAGS" \
     -ldflags "-s -w -X $V.Version=$VERSION -X $V.Branch=HEAD -X $V.BuildUser=blockstack-merges" \
     -o "$bin.tmp" "$pkg")
   mv "$bin.tmp" "$bin"
