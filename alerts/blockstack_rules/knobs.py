@@ -71,13 +71,49 @@ def render(text, knobs, name="template"):
         raise ValueError(f"{name}: unknown knob ${{{e.args[0]}}} (not in {CONFIG.name})") from None
 
 
+def queue_settings_info(indent=" " * 10):
+    """host_device:blockstack_queue_settings:info's expression: one label per queue setting whose
+    row in the exporter's table (blockstack_exporter/settings.py) has info_label, in the file's
+    unit. Imported here, not at the top: blockstack_exporter imports this package (its knobs),
+    and only the rules' rendering needs the exporter's table."""
+    from blockstack_exporter import settings
+
+    rows = [s for s in settings.QUEUE if s.info_label]
+    labels = [s.file for s in rows]
+    counts = [
+        f'count_values by (host, device) ("{s.file}", {s.name}{{${{blockstack_selector}}}}'
+        + (f" / {s.scale})" if s.scale != 1 else ")")
+        for s in rows
+    ]
+    joined = [counts[0]]
+    for label, count in zip(labels[1:], counts[1:]):
+        joined += [f"  * on (host, device) group_left ({label})", count]
+    unknown = ", ".join(f'"{label}", "unknown", "", "")' for label in labels)
+    lines = [
+        f"max by (host, device, {', '.join(labels)}) (",
+        *("    " + line for line in joined),
+        "  or on (host, device)",
+        "    " + "label_replace(" * len(labels),
+        "      host_device:blockstack_stack:info,",
+        "    " + unknown,
+        ")",
+    ]
+    return ("\n" + indent).join(lines)
+
+
+def template_text(path):
+    """A rule template's text with its parts made from the exporter's tables filled in
+    (${queue_settings_info}); its knobs are still to render."""
+    return path.read_text().replace("${queue_settings_info}", queue_settings_info())
+
+
 def rule_files(knobs, **overrides):
     """{output path: text} for every rule template; overrides replace knobs (the fleet test's
     short host-down `for:`)."""
     values = Knobs({**knobs, **overrides})
     out = {}
     for template in sorted(TEMPLATES.glob("*.rules.yml.in")):
-        text = render(template.read_text(), values, template.name)
+        text = render(template_text(template), values, template.name)
         yaml.safe_load(text)  # fail here, not in promtool, on broken YAML
         header = (
             f"# GENERATED from alerts/src/{template.name} with the knobs of alerts/config.yml.\n"

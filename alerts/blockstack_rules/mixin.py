@@ -237,7 +237,7 @@ def groups_jsonnet(real, marked, notes, k, used, indent):
 
 def render_part(template, field, k, used):
     """(jsonnet file text, the groups as rendered) of one rule template."""
-    text = (knobs.TEMPLATES / template).read_text()
+    text = knobs.template_text(knobs.TEMPLATES / template)
     rendered = knobs.render(text, k, template)
     real = yaml.safe_load(rendered)
     marked = yaml.safe_load(knobs.render(text, {name: MARK.format(name) for name in k}, template))

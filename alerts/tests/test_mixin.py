@@ -111,7 +111,9 @@ def test_config_holds_the_knobs_the_rules_read():
     k = knobs.load()
     read = set()
     for template, _, _ in mixin.PARTS:
-        read |= set(re.findall(r"\$\{([a-z0-9_]+)\}", (knobs.TEMPLATES / template).read_text()))
+        read |= set(
+            re.findall(r"\$\{([a-z0-9_]+)\}", knobs.template_text(knobs.TEMPLATES / template))
+        )
     text = (MIXIN / "config.libsonnet").read_text()
     declared = dict(re.findall(r"^    ([a-z][a-z0-9_]*): (.+),(?:  //.*)?$", text, re.M))
     assert read <= set(declared) <= set(k), read ^ set(declared)
@@ -265,7 +267,7 @@ def test_config_overrides_move_the_rules_as_the_knobs_do():
     )
     for template, field, _ in mixin.PARTS:
         expected = yaml.safe_load(
-            knobs.render((knobs.TEMPLATES / template).read_text(), {**k, **overrides})
+            knobs.render(knobs.template_text(knobs.TEMPLATES / template), {**k, **overrides})
         )
         assert m[field] == expected, field
         assert m[field] != repo_rules(template[: -len(".in")]), (

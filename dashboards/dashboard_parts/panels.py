@@ -574,16 +574,23 @@ def ext4_option_ranks():
 
 
 def ext4_panels(k):
-    sel = f"{k['blockstack_selector']}, {SEL}"
-    # the incident's options first, marked: the query ranks them (EXT4_INCIDENT_OPTIONS), every
-    # other option 1, and the table sorts by the rank
-    by = "max by (host, device, mountpoint, option, value)"
-    ranked = [
-        f'{by} (blockstack_ext4_option_info{{{sel}, option=~"{"|".join(group)}"}}) * {rank}'
-        for rank, group in ext4_option_ranks()
+    return [
+        ext4_options_panel(k),
+        ext4_journal_panel(k),
+        jbd2_wait_panel(k),
+        jbd2_wait_peak_panel(k),
+        jbd2_transactions_panel(k),
+        jbd2_phases_panel(k),
     ]
-    rank_query = "\n  or ".join(ranked + [f"{by} (blockstack_ext4_option_info{{{sel}}})"])
-    options = (
+
+
+def _stack_selector(k):
+    return f"{k['blockstack_selector']}, {SEL}"
+
+
+def ext4_options_panel(k):
+    """Each ext4 filesystem's effective mount options, the incident's first."""
+    return (
         table.Panel()
         .title("ext4 effective mount options")
         .datasource(DS)
@@ -600,7 +607,7 @@ def ext4_panels(k):
             "random buffered writes fell from 20,026 to 315 IOPS on a 128 MiB journal; the fixes "
             "were dioread_lock, nodelalloc (disables dioread_nolock) or a 1 GiB journal."
         )
-        .with_target(table_q(rank_query))
+        .with_target(table_q(_ext4_options_query(k)))
         .with_transformation(
             organize(
                 exclude=["Time", "host"],
@@ -617,46 +624,68 @@ def ext4_panels(k):
         .no_value("No ext4 filesystem on this stack")
         # a value-less option's cell empty, not the panel's empty state
         .override_by_name("value", [prop("noValue", "")])
-        .override_by_name(
-            "ext4 incident",
-            [
-                prop(
-                    "mappings",
-                    [
-                        {
-                            "type": "range",
-                            "options": {
-                                "from": 2,
-                                "to": 1000,
-                                "result": {"text": "yes", "index": 0},
-                            },
-                        },
-                        {"type": "value", "options": {"1": {"text": "", "index": 1}}},
-                    ],
-                ),
-                prop("custom.width", 110),
-            ],
-        )
-        .override_by_name(
-            "option",
-            [
-                mappings(
-                    {
-                        "dioread_nolock": ("dioread_nolock", INFO),
-                        "dioread_lock": ("dioread_lock", "green"),
-                        "nodelalloc": ("nodelalloc", "green"),
-                    }
-                ),
-                color_cells(),
-                # the other options uncoloured (the cells would take the default thresholds' green)
-                prop(
-                    "thresholds",
-                    {"mode": "absolute", "steps": [{"value": None, "color": "transparent"}]},
-                ),
-            ],
-        )
+        .override_by_name("ext4 incident", _ext4_incident_cells())
+        .override_by_name("option", _ext4_option_cells())
     )
-    journal = stat_panel(
+
+
+def _ext4_options_query(k):
+    """The effective options, the incident's ranked above the others."""
+    sel = _stack_selector(k)
+    # the incident's options first, marked: the query ranks them (EXT4_INCIDENT_OPTIONS), every
+    # other option 1, and the table sorts by the rank
+    by = "max by (host, device, mountpoint, option, value)"
+    ranked = [
+        f'{by} (blockstack_ext4_option_info{{{sel}, option=~"{"|".join(group)}"}}) * {rank}'
+        for rank, group in ext4_option_ranks()
+    ]
+    return "\n  or ".join(ranked + [f"{by} (blockstack_ext4_option_info{{{sel}}})"])
+
+
+def _ext4_incident_cells():
+    """The rank column: "yes" for an option of the ext4 incident, empty for the others."""
+    return [
+        prop(
+            "mappings",
+            [
+                {
+                    "type": "range",
+                    "options": {
+                        "from": 2,
+                        "to": 1000,
+                        "result": {"text": "yes", "index": 0},
+                    },
+                },
+                {"type": "value", "options": {"1": {"text": "", "index": 1}}},
+            ],
+        ),
+        prop("custom.width", 110),
+    ]
+
+
+def _ext4_option_cells():
+    """The option column: dioread_nolock blue, its fixes green, the others uncoloured."""
+    return [
+        mappings(
+            {
+                "dioread_nolock": ("dioread_nolock", INFO),
+                "dioread_lock": ("dioread_lock", "green"),
+                "nodelalloc": ("nodelalloc", "green"),
+            }
+        ),
+        color_cells(),
+        # the other options uncoloured (the cells would take the default thresholds' green)
+        prop(
+            "thresholds",
+            {"mode": "absolute", "steps": [{"value": None, "color": "transparent"}]},
+        ),
+    ]
+
+
+def ext4_journal_panel(k):
+    """Each ext4 filesystem's journal size, blue below ext4_journal_good_bytes."""
+    sel = _stack_selector(k)
+    return stat_panel(
         "ext4 journal size",
         "Size of each ext4 filesystem's internal journal. Healthy under fsync-heavy writers: "
         "large enough that handles rarely wait for credits (the ext4 incident was fixed by "
@@ -669,7 +698,11 @@ def ext4_panels(k):
         thresholds=steps((None, INFO), (k["ext4_journal_good_bytes"], HEALTHY)),
         no_value="No ext4 filesystem on this stack",
     )
-    wait = heat(
+
+
+def jbd2_wait_panel(k):
+    """The heatmap of jbd2 credit waits (ebpf_exporter)."""
+    return heat(
         "jbd2 credit wait",
         "Time tasks wait for journal credits when starting a handle (add_transaction_credits), "
         "all ext4 filesystems of the stack. Healthy: the mass below 10 us (ext4 incident with "
@@ -686,10 +719,14 @@ def ext4_panels(k):
         repeat=False,
         cell_unit="ops",
     )
+
+
+def jbd2_wait_peak_panel(k):
+    """jbd2 credit wait p99 and average, each point its interval's peak."""
     jbd2_rate = ebpf_rate(
         k, "ebpf_exporter_jbd2_credit_wait_seconds_bucket", window=k["jbd2_rate_window"]
     )
-    wait_p99 = ts(
+    return ts(
         "jbd2 credit wait p99 / average, peak per interval",
         "p99 (drawn only below the histogram's top bucket) and average credit wait per filesystem "
         f"device over {k['jbd2_rate_window']} windows, as the rules, each point the highest within "
@@ -718,7 +755,12 @@ def ext4_panels(k):
         log=10,
         interval=k["jbd2_rate_window"],
     )
-    tx = ts(
+
+
+def jbd2_transactions_panel(k):
+    """jbd2 transactions committed and requested per second."""
+    sel = _stack_selector(k)
+    return ts(
         "jbd2 transactions per second",
         "Journal transactions committed per second, and how many of them were requested (fsync "
         "and friends) rather than timer-driven (every commit= seconds, 5 by default). Healthy: "
@@ -741,7 +783,12 @@ def ext4_panels(k):
         "ops",
         min=0,
     )
-    phases = ts(
+
+
+def jbd2_phases_panel(k):
+    """jbd2 transaction phases' averages since mount."""
+    sel = _stack_selector(k)
+    return ts(
         "jbd2 transaction phases (average since mount)",
         "Average time a transaction spends in each phase since mount (/proc/fs/jbd2/DEV/info), "
         "and the average commit time. Healthy: waiting, request_delay and locked near 0 ms. Sick: "
@@ -763,4 +810,3 @@ def ext4_panels(k):
         h=12,
         min=0,
     )
-    return [options, journal, wait, wait_p99, tx, phases]

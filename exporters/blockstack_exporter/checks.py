@@ -18,7 +18,14 @@ The exporter evaluates the checks whose `needs` is "scrape".
 """
 
 from .devices import layers
-from .settings import BY_FILE
+from .settings import (
+    MAX_HW_SECTORS_KB,
+    MAX_SECTORS_KB,
+    NOMERGES,
+    READ_AHEAD_KB,
+    ROTATIONAL,
+    SCHEDULER,
+)
 
 SEVERITIES = ("critical", "warning", "info")
 KIB = 1024
@@ -111,10 +118,12 @@ class Host:
         self.ext4 = {}
         self.jbd2 = {}
         # the doctor's: {setting: value} of lvm.conf; the first sample's Host and the seconds
-        # between; {(metric, device): per-second rate} from ebpf_exporter
+        # between; {(metric, device): per-second rate} from ebpf_exporter; the interval's
+        # lineup (lineup.lineup)
         self.lvm_conf = None
         self.previous, self.elapsed = None, None
         self.ebpf = None
+        self.lineup = None
 
     # --- the stack ---------------------------------------------------------------------------
     def above(self, name):
@@ -206,19 +215,20 @@ def udev_spec(owner, attr, value):
     return [{"how": "udev", "device": owner, "attr": attr, "value": str(value)}]
 
 
-def _in_file(owner, attr, value):
-    """'/sys/block/sda/queue/max_sectors_kb = 4': a queue setting as its file reads it."""
-    return f"/sys/block/{owner}/queue/{attr} = {BY_FILE[attr].in_file(value):.0f}"
+def _in_file(owner, setting, value):
+    """'/sys/block/sda/queue/max_sectors_kb = 4': a queue setting (a settings.py row) as its file
+    reads it."""
+    return f"/sys/block/{owner}/queue/{setting.file} = {setting.shown(value)}"
 
 
-def queue_fix(owner, attr, value):
-    """A Finding's fix, persist line and spec that write value to a queue attribute, now and
-    by a udev rule: a setting's (settings.py) in base units, the scheduler's by name."""
-    text = f"{BY_FILE[attr].in_file(value):.0f}" if attr in BY_FILE else value
+def queue_fix(owner, setting, value):
+    """A Finding's fix, persist line and spec that write value (in base units; the scheduler's by
+    name) to a queue setting (a settings.py row), now and by a udev rule."""
+    text = setting.shown(value)
     return {
-        "fix": f"echo {text} > /sys/block/{owner}/queue/{attr}",
-        "persist": _udev(owner, attr, text),
-        "spec": udev_spec(owner, attr, text),
+        "fix": f"echo {text} > /sys/block/{owner}/queue/{setting.file}",
+        "persist": _udev(owner, setting.file, text),
+        "spec": udev_spec(owner, setting.file, text),
     }
 
 
@@ -235,7 +245,7 @@ def nomerges_beneath_stack(host, k):
     """The alert's predicate: nomerges != 0 on a device that sits beneath another one."""
     beneath = {low for lows in host.lower.values() for low in lows}
     for name in sorted(beneath):
-        value = host.queue.get(name, {}).get("nomerges")
+        value = host.queue.get(name, {}).get(NOMERGES.file)
         if not value:
             continue
         owner = host.queue_owner(name)
@@ -246,11 +256,10 @@ def nomerges_beneath_stack(host, k):
             "warning",
             f"merging restricted (nomerges={value:.0f}) beneath {above}",
             [
-                _in_file(owner, "nomerges", value)
-                + " (0 all merges, 1 one-hit merges only, 2 none)",
+                _in_file(owner, NOMERGES, value) + " (0 all merges, 1 one-hit merges only, 2 none)",
                 f"directly above {name}: {above}",
             ],
-            **queue_fix(owner, "nomerges", 0),
+            **queue_fix(owner, NOMERGES, 0),
         )
 
 
@@ -258,7 +267,7 @@ def nomerges_elsewhere(host, k):
     """nomerges != 0 on a disk or a device nothing is stacked on (a partition's is its disk's)."""
     beneath = {low for lows in host.lower.values() for low in lows}
     for name in sorted(host.devices):
-        value = host.queue.get(name, {}).get("nomerges")
+        value = host.queue.get(name, {}).get(NOMERGES.file)
         if not value or name in beneath or host.devices[name].get("kind") == "partition":
             continue
         mounted = (
@@ -270,8 +279,8 @@ def nomerges_elsewhere(host, k):
             "info",
             f"merging restricted (nomerges={value:.0f}): sequential I/O submitted in small pieces "
             "reaches the driver unmerged",
-            [_in_file(name, "nomerges", value) + mounted],
-            **queue_fix(name, "nomerges", 0),
+            [_in_file(name, NOMERGES, value) + mounted],
+            **queue_fix(name, NOMERGES, 0),
         )
 
 
@@ -280,7 +289,7 @@ def max_sectors_low(host, k):
     ratio, floor = k["max_sectors_max_ratio"], k["max_sectors_floor_bytes"]
     for name in sorted(host.queue):
         q = host.queue[name]
-        cur, hw = q.get("max_sectors_kb"), q.get("max_hw_sectors_kb")
+        cur, hw = q.get(MAX_SECTORS_KB.file), q.get(MAX_HW_SECTORS_KB.file)
         if cur is None or hw is None or not (cur < ratio * hw and cur < floor):
             continue
         owner = host.queue_owner(name)
@@ -291,12 +300,12 @@ def max_sectors_low(host, k):
             f"max_sectors_kb {cur / KIB:.0f} is far below the hardware's {hw / KIB:.0f}: every "
             "larger request is split",
             [
-                _in_file(owner, "max_sectors_kb", cur),
-                _in_file(owner, "max_hw_sectors_kb", hw),
+                _in_file(owner, MAX_SECTORS_KB, cur),
+                _in_file(owner, MAX_HW_SECTORS_KB, hw),
                 f"thresholds: below {ratio:g} x max_hw_sectors_kb and below {floor / KIB:.0f} KiB "
                 "(alerts/config.yml)",
             ],
-            **queue_fix(owner, "max_sectors_kb", max_sectors_target(hw)),
+            **queue_fix(owner, MAX_SECTORS_KB, max_sectors_target(hw)),
         )
 
 
@@ -311,10 +320,10 @@ def max_sectors_below_upper(host, k):
     for upper in sorted(host.devices):
         if host.devices[upper].get("kind") not in ("dm", "md"):
             continue
-        sends = host.queue.get(upper, {}).get("max_sectors_kb")
+        sends = host.queue.get(upper, {}).get(MAX_SECTORS_KB.file)
         for name in host.lower.get(upper, ()):
             q = host.queue.get(name, {})
-            cur, hw = q.get("max_sectors_kb"), q.get("max_hw_sectors_kb")
+            cur, hw = q.get(MAX_SECTORS_KB.file), q.get(MAX_HW_SECTORS_KB.file)
             if sends is None or cur is None or hw is None or not (cur < sends and cur < hw):
                 continue
             owner = host.queue_owner(name)
@@ -325,10 +334,10 @@ def max_sectors_below_upper(host, k):
                 f"max_sectors_kb {cur / KIB:.0f} is below the {sends / KIB:.0f} KiB requests "
                 f"{host.label(upper)} sends it: each is split",
                 [
-                    _in_file(owner, "max_sectors_kb", cur) + f" (max_hw_sectors_kb {hw / KIB:.0f})",
-                    _in_file(upper, "max_sectors_kb", sends),
+                    _in_file(owner, MAX_SECTORS_KB, cur) + f" (max_hw_sectors_kb {hw / KIB:.0f})",
+                    _in_file(upper, MAX_SECTORS_KB, sends),
                 ],
-                **queue_fix(owner, "max_sectors_kb", min(sends, hw)),
+                **queue_fix(owner, MAX_SECTORS_KB, min(sends, hw)),
             )
 
 
@@ -340,19 +349,17 @@ def read_ahead_below_lower(host, k):
     for name in sorted(host.devices):
         if host.devices[name].get("kind") not in ("dm", "md"):
             continue
-        mine = host.queue.get(name, {}).get("read_ahead_kb")
+        mine = host.queue.get(name, {}).get(READ_AHEAD_KB.file)
         lower = {
-            low: host.queue[low]["read_ahead_kb"]
+            low: host.queue[low][READ_AHEAD_KB.file]
             for low in host.lower.get(name, ())
-            if "read_ahead_kb" in host.queue.get(low, {})
+            if READ_AHEAD_KB.file in host.queue.get(low, {})
         }
         if mine is None or not lower or mine >= max(lower.values()):
             continue
         target = max(lower.values())
-        evidence = [_in_file(name, "read_ahead_kb", mine)]
-        evidence += [
-            _in_file(host.queue_owner(low), "read_ahead_kb", v) for low, v in lower.items()
-        ]
+        evidence = [_in_file(name, READ_AHEAD_KB, mine)]
+        evidence += [_in_file(host.queue_owner(low), READ_AHEAD_KB, v) for low, v in lower.items()]
         evidence.append(
             f"the kernel's default: {KERNEL_READ_AHEAD // KIB} KiB (VM_READAHEAD_PAGES)"
         )
@@ -368,7 +375,7 @@ def read_ahead_below_lower(host, k):
             f"read-ahead {mine / KIB:.0f} KiB, below the {target / KIB:.0f} KiB of the device "
             "beneath: sequential reads through it are read ahead in smaller pieces",
             evidence,
-            **queue_fix(name, "read_ahead_kb", target),
+            **queue_fix(name, READ_AHEAD_KB, target),
         )
 
 
@@ -622,7 +629,7 @@ def scheduler_mismatch(host, k):
         if host.devices[name].get("kind") != "disk":
             continue  # partitions share their disk's queue; dm is bio-based; a loop device's backing decides
         q = host.queue.get(name, {})
-        sched, rot = q.get("scheduler"), q.get("rotational")
+        sched, rot = q.get(SCHEDULER.file), q.get(ROTATIONAL.file)
         if rot == 1 and sched == "none":
             advice, better = (
                 "a rotational disk without an I/O scheduler: requests are neither sorted nor merged "
@@ -643,9 +650,9 @@ def scheduler_mismatch(host, k):
             advice,
             [
                 f"/sys/block/{name}/queue/scheduler: [{sched}]",
-                _in_file(name, "rotational", rot),
+                _in_file(name, ROTATIONAL, rot),
             ],
-            **queue_fix(name, "scheduler", better),
+            **queue_fix(name, SCHEDULER, better),
         )
 
 
@@ -657,7 +664,7 @@ def crypt_workqueue(host, k):
         if "crypt" not in host.targets[name]:
             continue
         bottoms = host.bottoms(name)
-        if not bottoms or any(host.queue.get(b, {}).get("rotational") != 0 for b in bottoms):
+        if not bottoms or any(host.queue.get(b, {}).get(ROTATIONAL.file) != 0 for b in bottoms):
             continue
         flags = host.crypt_flags.get(name, set())
         missing = [f for f in ("no_read_workqueue", "no_write_workqueue") if f not in flags]
@@ -678,6 +685,13 @@ def crypt_workqueue(host, k):
             "(LUKS2), or no-read-workqueue,no-write-workqueue in /etc/crypttab",
             spec=[{"how": "crypt", "name": dm_name}],
         )
+
+
+def merge_collapse(host, k):
+    """The collapse judged on the doctor's interval: collapse.py, which builds on this module."""
+    from .collapse import merge_collapse as judge  # here, not at the top: collapse.py imports this
+
+    return judge(host, k)
 
 
 def lvm_autoextend_off(host, k):
@@ -894,6 +908,22 @@ CHECKS = (
         doc=(
             "classic snapshots or thin pools while lvm.conf's `*_autoextend_threshold` is 100 (the "
             "default: off); doctor only"
+        ),
+    ),
+    Check(
+        "merge_collapse",
+        merge_collapse,
+        "merge collapse over the interval",
+        NVME_WRITEUP,
+        needs="interval",
+        alert="BlockStackMergeCollapse",
+        severities=("critical", "info"),
+        doc=(
+            "`--interval` only, judged as the collapse rules judge it: critical on the page's "
+            "evidence, counted on the device's own requests by ebpf_exporter (`--ebpf`: merging "
+            "refused, or requests split into tiny pieces); info for the layered shape alone (small "
+            "requests where they reach a driver beneath a device sending large ones: the dashboard's "
+            "context, and another tenant's small I/O on a shared disk looks the same)"
         ),
     ),
 )

@@ -6,7 +6,7 @@ blockstack-exporter, an HTTP listener, holds none.
 
 It answers on a Unix socket in a directory only the exporter's group may enter (privileges.py).
 A request is one word, "table" or "status"; it runs `dmsetup table` or `dmsetup status --noflush`
-(dm.REQUESTS: nothing from the request reaches the command line) under DmCollector's bounds
+(dmsetup.REQUESTS: nothing from the request reaches the command line) under Dmsetup's bounds
 (timeout, output size, a hung dmsetup killed) and answers "ok\\n" and dmsetup's output, or
 "error REASON\\n" and the message; then it closes the connection. One request at a time.
 
@@ -22,7 +22,7 @@ import sys
 
 import blockstack_http
 
-from .collectors.dm import REQUESTS, DmCollector, DmsetupError
+from .collectors.dmsetup import REQUESTS, Dmsetup, DmsetupError
 
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, PR_CAP_AMBIENT_CLEAR_ALL = (
     47,
@@ -100,7 +100,7 @@ def main(argv=None):
     clear_ambient()
     serve(
         args.socket,
-        DmCollector(dmsetup=args.dmsetup, timeout=args.timeout, preexec_fn=raise_ambient),
+        Dmsetup(dmsetup=args.dmsetup, timeout=args.timeout, preexec_fn=raise_ambient),
     )
 
 

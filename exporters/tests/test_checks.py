@@ -181,7 +181,7 @@ def test_crypt_on_fast_devices_without_the_flags():
 
 
 def test_crypt_flags_never_take_the_key():
-    from blockstack_exporter.collectors.dm import crypt_flags
+    from blockstack_exporter.collectors.dm_parse import crypt_flags
 
     assert crypt_flags(
         "aes-xts-plain64 no_read_workqueue 0 8:19 32768 2 allow_discards no_write_workqueue"
@@ -200,11 +200,9 @@ def test_lvm_autoextend_only_with_lvm_conf():
 def test_every_check_is_documented():
     """docs/metrics.md's table of checks (make metrics-doc, kept current by test_metrics_doc.py)
     has a row for each, saying what it finds."""
-    from blockstack_exporter.doctor import MERGE_COLLAPSE
-
     with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "metrics.md")) as f:
         doc = f.read()
-    every = (*checks.CHECKS, MERGE_COLLAPSE)
+    every = checks.CHECKS
     missing = [c.id for c in every if not c.doc or f"| `{c.id}` |" not in doc]
     assert not missing, f"checks not in docs/metrics.md's table: {missing}"
 
@@ -214,7 +212,8 @@ def test_the_write_ups_iostat_lineup_is_a_collapse():
     3000 r/s of 8) as two diskstats samples 5 s apart: without eBPF the layered shape is info
     (the rules page on nothing else either); with nvme1n1's own requests refused merges
     (ebpf_exporter), the collapse is critical, fixed on nvme1n1."""
-    from blockstack_exporter.doctor import INTERVAL_KNOBS, Sample, collapse_findings, lineup
+    from blockstack_exporter.collapse import INTERVAL_KNOBS, collapse_findings
+    from blockstack_exporter.lineup import Sample, lineup
 
     h = host(
         {"dm-3": "dm", "dm-1": "dm", "dm-2": "dm", "nvme1n1": "disk"},

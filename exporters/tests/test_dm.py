@@ -14,7 +14,7 @@ from exporter_testlib import Scraped, registry_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockstack_exporter.collectors.dm import (
+from blockstack_exporter.collectors.dm_parse import (
     parse_line,
     parse_listing,
     parse_origin_table,

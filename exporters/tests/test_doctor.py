@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from blockstack_exporter import checks, knobs
-from blockstack_exporter.doctor import parse_diskstats, parse_lvm_conf
+from blockstack_exporter.sampling import parse_diskstats, parse_lvm_conf
 from blockstack_rules import knobs as deploy_knobs
 
 DOCTOR = os.path.join(os.path.dirname(sys.executable), "blockstack-doctor")
@@ -463,7 +463,8 @@ COLLAPSES = {
 def _collapse_case(devices, edges, disk, ebpf):
     """The doctor's merge_collapse findings on one interval of 10 s, and the promtool series of
     the same counters (5 s scrapes)."""
-    from blockstack_exporter.doctor import INTERVAL_KNOBS, Sample, collapse_findings, lineup
+    from blockstack_exporter.collapse import INTERVAL_KNOBS, collapse_findings
+    from blockstack_exporter.lineup import Sample, lineup
 
     h = checks.Host()
     for name, kind in devices.items():
@@ -647,7 +648,7 @@ def _ebpf_text(seconds):
 
 
 def test_cgroup_label_shortens_container_scopes_as_the_rules_do():
-    from blockstack_exporter.doctor import cgroup_label
+    from blockstack_exporter.ebpf_counters import cgroup_label
 
     assert cgroup_label(DOCKER) == "docker 0123456789ab"
     assert cgroup_label("cri-containerd-" + "ab" * 32 + ".scope") == "cri-containerd abababababab"
@@ -657,7 +658,7 @@ def test_cgroup_label_shortens_container_scopes_as_the_rules_do():
 
 
 def test_top_cgroups_names_the_three_largest_shares():
-    from blockstack_exporter.doctor import top_cgroups
+    from blockstack_exporter.lineup import top_cgroups
 
     counts = {"backup.service": 7, "postgresql.service": 92, "other": 0.9, "cron.service": 0.1}
     assert top_cgroups(counts) == "postgresql.service (92%), backup.service (7%), other (1%)"
@@ -666,7 +667,7 @@ def test_top_cgroups_names_the_three_largest_shares():
 
 
 def test_parse_ebpf_names_each_cgroup_by_its_admission():
-    from blockstack_exporter.doctor import parse_ebpf
+    from blockstack_exporter.ebpf_counters import parse_ebpf
 
     counters = parse_ebpf(_ebpf_text(10), {"1792": "loop0", "1793": "loop1"})
     per_cgroup = {k: v for k, v in counters.items() if len(k) == 4}
@@ -686,7 +687,10 @@ def test_the_collapse_names_whose_io_it_splits():
     """--interval --ebpf: the collapse finding names the cgroups with the most refused merges and
     split-off pieces on the device, with their shares (the page's "Mostly from"), and the lineup
     the cgroups with the most bytes under each device."""
-    from blockstack_exporter import doctor as d
+    from blockstack_exporter.collapse import INTERVAL_KNOBS, collapse_findings
+    from blockstack_exporter.ebpf_counters import parse_ebpf
+    from blockstack_exporter.lineup import Sample, lineup
+    from blockstack_exporter.report import _lineup_table
 
     h = checks.Host()
     for name, lower in (("loop1", ["loop0"]), ("loop0", [])):
@@ -695,22 +699,22 @@ def test_the_collapse_names_whose_io_it_splits():
     names = {"1792": "loop0", "1793": "loop1"}
     disk = {"loop1": (1000, 0, 1000 * 1024, 0, 0, 0), "loop0": (128000, 0, 128000 * 8, 0, 0, 0)}
     zero = {n: (0,) * 6 for n in disk}
-    rows = d.lineup(
-        d.Sample(h, {}, [], zero, d.parse_ebpf(_ebpf_text(5), names), 0.0),
-        d.Sample(h, {}, [], disk, d.parse_ebpf(_ebpf_text(15), names), 10.0),
+    rows = lineup(
+        Sample(h, {}, [], zero, parse_ebpf(_ebpf_text(5), names), 0.0),
+        Sample(h, {}, [], disk, parse_ebpf(_ebpf_text(15), names), 10.0),
         10.0,
     )
     assert rows["loop0"]["read"]["cgroups"]["postgresql.service"] == {
         "kbps": 40 * 1024,
         "collapse_ps": 11684,
     }
-    (found,) = d.collapse_findings(h, rows, knobs.load(required=d.INTERVAL_KNOBS))
+    (found,) = collapse_findings(h, rows, knobs.load(required=INTERVAL_KNOBS))
     assert (found.device, found.severity) == ("loop0", "critical")
     assert found.what == (
         "requests split: loop0 reads 8-sector requests at 12800/s, mostly from "
         "postgresql.service (92%), docker 0123456789ab (7%), other (1%)"
     )
-    table = d._lineup_table(h, ["loop1", "loop0"], rows, ebpf=True)
+    table = _lineup_table(h, ["loop1", "loop0"], rows, ebpf=True)
     (loop0,) = [i for i, line in enumerate(table) if line.split()[0] == "loop0"]
     assert table[loop0 + 1].split() == [
         "bytes",
@@ -724,10 +728,10 @@ def test_the_collapse_names_whose_io_it_splits():
         "(2%)",
     ]
     # without cgroup counters (an older block_io) the finding and the lineup are as before
-    plain = {k: v for k, v in d.parse_ebpf(_ebpf_text(15), names).items() if len(k) == 3}
-    rows = d.lineup(d.Sample(h, {}, [], zero, {}, 0.0), d.Sample(h, {}, [], disk, plain, 1.0), 1.0)
+    plain = {k: v for k, v in parse_ebpf(_ebpf_text(15), names).items() if len(k) == 3}
+    rows = lineup(Sample(h, {}, [], zero, {}, 0.0), Sample(h, {}, [], disk, plain, 1.0), 1.0)
     assert rows["loop0"]["read"]["cgroups"] == {}
-    assert [line.split()[0] for line in d._lineup_table(h, ["loop0"], rows, ebpf=True)] == [
+    assert [line.split()[0] for line in _lineup_table(h, ["loop0"], rows, ebpf=True)] == [
         "device",
         "loop0",
     ]

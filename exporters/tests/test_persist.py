@@ -12,8 +12,8 @@ import doctor_trees
 import pytest
 from test_doctor import NO_LVM_CONF, doctor, findings
 
-from blockstack_exporter import checks, persist
-from blockstack_exporter.doctor import parse_lvm_conf
+from blockstack_exporter import checks, persist, setters
+from blockstack_exporter.sampling import parse_lvm_conf
 
 KEYS = {
     "how",
@@ -355,13 +355,13 @@ def test_a_rule_reading_an_attribute_is_judged_on_sysfs(incident):
     ctx = persist.Context(os.path.join(root, "sys"), root)
     host = checks.Host()
     host.devices = {"nvme1n1": {"kind": "disk"}}
-    scan = persist.Scan(ctx)
+    scan = setters.Scan(ctx)
     spec = {"how": "udev", "device": "nvme1n1", "attr": "max_sectors_kb", "value": "256"}
     assert [(s.line, s.value) for s in scan.setters(host, spec)] == [
         (6, "4")
     ]  # rotational 0 in the tree
     _write(root, "/sys/class/block/nvme1n1/queue/rotational", "1\n")
-    assert persist.Scan(ctx).setters(host, spec) == []
+    assert setters.Scan(ctx).setters(host, spec) == []
 
 
 def test_tuneds_active_profile_is_named(incident):
@@ -392,11 +392,11 @@ def test_tuneds_active_profile_is_named(incident):
     host = checks.Host()
     host.devices = {"nvme1n1": {"kind": "disk"}}
     spec = {"how": "udev", "device": "nvme1n1", "attr": "scheduler", "value": "none"}
-    assert [(s.path, s.line, s.value) for s in persist.Scan(ctx).setters(host, spec)] == [
+    assert [(s.path, s.line, s.value) for s in setters.Scan(ctx).setters(host, spec)] == [
         ("/usr/lib/tuned/throughput-performance/tuned.conf", 6, "bfq")
     ]
     host.devices = {"sda": {"kind": "disk"}}
-    assert persist.Scan(ctx).setters(host, dict(spec, device="sda")) == []  # devices=!sd*
+    assert setters.Scan(ctx).setters(host, dict(spec, device="sda")) == []  # devices=!sd*
 
 
 def test_sysfsutils_is_named(incident):
@@ -427,7 +427,7 @@ def test_no_rules_no_setters_and_no_host_files_read(trees):
 
 
 def test_logical_lines_join_continuations():
-    assert persist._logical_lines('# c\n\nA=="1", \\\n  B="2"\nC="3"\n') == [
+    assert setters._logical_lines('# c\n\nA=="1", \\\n  B="2"\nC="3"\n') == [
         (3, 'A=="1",  B="2"'),
         (5, 'C="3"'),
     ]

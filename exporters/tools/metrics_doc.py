@@ -25,7 +25,7 @@ import yaml
 from exporter_testlib import FIXTURES, HOST_LOOP, registry_for
 from test_dm import SYSFS, build_sysfs
 
-from blockstack_exporter import checks, doctor
+from blockstack_exporter import checks
 from blockstack_exporter.collectors import ALL
 from blockstack_exporter.settings import KIB, SETTINGS
 
@@ -161,8 +161,8 @@ def column_cell(column):
 
 
 def checks_table():
-    """The values of blockstack_finding's check label: the table of checks (checks.py), and the
-    doctor's --interval check."""
+    """The values of blockstack_finding's check label: the table of checks (checks.py), the
+    doctor's --interval check among them."""
     out = [
         "The `check` label names a row of the table of checks (`blockstack_exporter/checks.py`;",
         "`blockstack-doctor` prints the same findings with evidence and fix):",
@@ -170,7 +170,7 @@ def checks_table():
         "| check | severity | finds | mirrors |",
         "| --- | --- | --- | --- |",
     ]
-    for c in (*checks.CHECKS, doctor.MERGE_COLLAPSE):
+    for c in checks.CHECKS:
         out.append(f"| `{c.id}` | {', '.join(c.severities)} | {cell(c.doc)} | {c.alert or ''} |")
     return out + [""]
 

@@ -14,12 +14,12 @@ from prometheus_client.core import GaugeMetricFamily
 
 from ..fs import ParseError, parse_uint
 from ..scrape import Reuse, reason_of
-from ..settings import SETTINGS
+from ..settings import QUEUE, SCHEDULER, SETTINGS
 
 # Every file this collector reads in queue/. The fixtures' capture (tests/capture_fixture.py), the
 # fuzzer's targets (tests/fuzzing.py) and the benchmark's tree (bench/bench_scrape.py) use this
-# list: a new setting is one row of SETTINGS.
-FILES = tuple(s.file for s in SETTINGS) + ("scheduler",)
+# list: a new setting is one row of the table (settings.QUEUE).
+FILES = tuple(s.file for s in QUEUE)
 
 
 def parse_scheduler(text):
@@ -78,14 +78,12 @@ class QueueCollector:
         for name, values, sched in per_device:
             read = {s.file: v for s, v in zip(SETTINGS, values) if v is not None}
             if sched is not None:
-                read["scheduler"] = sched
+                read[SCHEDULER.file] = sched
             if read:
                 self._part[name] = read
         families = [GaugeMetricFamily(s.name, s.help, labels=["device"]) for s in SETTINGS]
         scheduler = GaugeMetricFamily(
-            "blockstack_queue_scheduler_info",
-            "The active I/O scheduler of the device's queue (value always 1).",
-            labels=["device", "scheduler"],
+            SCHEDULER.name, SCHEDULER.help, labels=["device", SCHEDULER.file]
         )
         for name, values, sched in per_device:
             labels = [name]
@@ -136,7 +134,7 @@ class QueueCollector:
                 kept[filename] = value
             values.append(value)
         try:
-            sched = parse_scheduler(scrape.attributes.read_text(f"{queue}/scheduler"))
+            sched = parse_scheduler(scrape.attributes.read_text(f"{queue}/{SCHEDULER.file}"))
         except FileNotFoundError:
             sched = None
         except (OSError, ParseError) as e:
