@@ -148,9 +148,10 @@ def test_the_helper_runs_nothing_but_its_two_requests(helper):
         b"x" * 16,
     ):
         assert ask(sock, request).startswith(b"error command\nunknown request"), request
-    try:  # more than a request: read no further, answered or reset
+    try:  # more than a request: read no further, answered or reset (seen by the sending side as a
+        # broken pipe when the helper closed before the client's last write, else on the read)
         ask(sock, b"x" * 100000)
-    except ConnectionResetError:
+    except (ConnectionResetError, BrokenPipeError):
         pass
     assert helper.calls() == []
     assert ask(sock, b"table\n").startswith(b"ok\nsecvol-seclv-real: 0 ")  # and it still serves
