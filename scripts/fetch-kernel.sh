@@ -63,7 +63,12 @@ fetch() {
   release=$pin-amd64
   [ -f "$LAB_STATE/$name" ] && read -r previous previous_pin < "$LAB_STATE/$name"
   # a no-op when the pinned release, or the fallback taken for this pin, is installed
-  if installed "$release" || { [ "$previous_pin" = "$pin" ] && installed "$previous"; }; then
+  if installed "$release"; then
+    # the marker too (vm.py reads sid's release there), also when it was lost and the kernel stayed
+    [ "$previous" = "$release" ] || { mkdir -p "$LAB_STATE"; echo "$release $pin" > "$LAB_STATE/$name"; }
+    return 0
+  fi
+  if [ "$previous_pin" = "$pin" ] && installed "$previous"; then
     return 0
   fi
   started=$(date +%s)
