@@ -60,7 +60,8 @@ fail() {
 }
 mkdir -p "$state"
 rm -f "$state/pid" "$state/rc" "$state/early" "$state/build-rc"
-trap 'stop_vm; kill "$build" 2>/dev/null; exit 130' INT TERM
+build=
+trap 'stop_vm; [ -z "$build" ] || kill "$build" 2>/dev/null; exit 130' INT TERM
 
 # The VM tier's inputs first in line. Each line of the build's log is stamped with the seconds
 # since it began (BENCHMARKS.md's step table is read off them); a recipe line's output shows when
