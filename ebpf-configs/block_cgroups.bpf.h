@@ -326,6 +326,23 @@ static __always_inline bool cgroup_holds(u32 dev, u64 id)
     return false;
 }
 
+// Whether cgroup `id` holds a slot of device dev, adding `bytes` to that slot's score if so (the
+// batched counting's bytes of a cgroup's later bios, block_batched.bpf.h).
+static __always_inline bool cgroup_score(u32 dev, u64 id, u64 bytes)
+{
+    struct cgroup_table *t = bpf_map_lookup_elem(&cgroup_tables, &dev);
+    u32 i;
+
+    if (!t)
+        return false;
+    for (i = 0; i < CGROUP_SLOTS; i++)
+        if (t->id[i] == id) {
+            t->score[i] += bytes;
+            return true;
+        }
+    return false;
+}
+
 // The id an event of cgroup cg on device dev is counted under, without competing for a slot.
 static __always_inline u64 cgroup_named(u32 dev, struct cgroup *cg)
 {

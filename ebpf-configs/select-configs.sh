@@ -13,7 +13,8 @@
 # SELECT_CONFIGS_AS, if set, is a command prefix (blank-separated words) the checks run under: the
 # identity ebpf_exporter will have (deploy/blockstack_deploy/stack.py passes setpriv with its user
 # and capabilities), so that a config is chosen only if that identity can load and attach it (a
-# Debian kernel's perf_event_paranoid=3 refuses a CPU-wide perf event without CAP_SYS_ADMIN).
+# Debian kernel's perf_event_paranoid=3 refuses a CPU-wide perf event without CAP_SYS_ADMIN, and
+# libbpf finds a module's BTF, jbd2's for the fexit variant, only with CAP_SYS_ADMIN).
 # BTF_PATH, if set, is passed as --btf.path (an external BTF file for a kernel without
 # /sys/kernel/btf/vmlinux); the stack passes the same to ebpf_exporter.
 # Exit status 0 even when a set does not load: the caller decides (make up starts the rest).
@@ -21,8 +22,9 @@ set -euo pipefail
 
 CANDIDATES=(
   # Bio and request sizes, latency, merges, missed merges, splits: one program per tracepoint.
-  # block_io batches the histograms per CPU (flushed within 0.5 s; bpf_loop: Linux 5.17+);
-  # block_io_immediate updates them at each event (Linux 5.10+), at ~1.5x the BPF time per I/O.
+  # block_io batches the histograms per CPU (flushed within 0.5 s by a BPF timer; bpf_loop:
+  # Linux 5.17+); block_io_immediate updates them at each event (Linux 5.10+), at ~1.5x the BPF
+  # time per I/O.
   "block: block_io block_io_immediate"
   # fentry/fexit times add_transaction_credits exactly; the tracepoint variants bracket
   # start_this_handle: ext4_journal_start_sb/_inode (6.2+) or ext4_journal_start (5.10-6.1).

@@ -51,10 +51,17 @@ GROUP = "blockstack"
 FRONT = "blockstack-front"  # its group alone enters the exporters' socket directories
 
 
-def _before(major, minor):
-    """Whether this host's kernel is older than major.minor."""
-    m = re.match(r"(\d+)\.(\d+)", os.uname().release)
+def _before(major, minor, release=None):
+    """Whether this host's kernel (or the kernel `release`) is older than major.minor."""
+    m = re.match(r"(\d+)\.(\d+)", release or os.uname().release)
     return bool(m) and (int(m[1]), int(m[2])) < (major, minor)
+
+
+def _ebpf_capabilities(release=None):
+    """ebpf_exporter's capabilities on this host's kernel (or the kernel `release`: a VM lab
+    guest's). Before 5.11 BPF maps count against RLIMIT_MEMLOCK, which libbpf raises:
+    CAP_SYS_RESOURCE there."""
+    return ("bpf", "perfmon", *(("sys_resource",) if _before(5, 11, release) else ()))
 
 
 # (user, extra groups, capabilities) by kind of program (its name before the first "-")
@@ -62,12 +69,7 @@ IDENTITIES = {
     "node": ("blockstack-node", (), ()),
     "blockstack": ("blockstack-exporter", ("disk",), ()),
     "dm": ("blockstack-dm", (), ("sys_admin",)),  # dm_helper.py
-    # before 5.11 BPF maps count against RLIMIT_MEMLOCK, which libbpf raises: CAP_SYS_RESOURCE
-    "ebpf": (
-        "blockstack-ebpf",
-        (),
-        ("bpf", "perfmon", *(("sys_resource",) if _before(5, 11) else ())),
-    ),
+    "ebpf": ("blockstack-ebpf", (), _ebpf_capabilities()),
     "prometheus": ("blockstack-prometheus", (GROUP,), ()),
     "watcher": ("blockstack-prometheus", (GROUP,), ()),
     "sidecar": ("blockstack-prometheus", (GROUP,), ()),  # reads its Prometheus's TSDB
@@ -100,15 +102,22 @@ def device_mapper():
         return False
 
 
-def identity(program):
-    return IDENTITIES[program.split("-")[0]]
+def identity(program, release=None):
+    """(user, extra groups, capabilities) of a program; `release`: those it gets on another
+    kernel than this host's (a VM lab guest's, where ebpf_exporter's depend on it)."""
+    kind = program.split("-")[0]
+    user, groups, caps = IDENTITIES[kind]
+    if release and kind == "ebpf":
+        caps = _ebpf_capabilities(release)
+    return user, groups, caps
 
 
-def wrap(program, argv):
-    """argv run under the program's user and capabilities (unchanged when not root)."""
+def wrap(program, argv, release=None):
+    """argv run under the program's user and capabilities (unchanged when not root); `release`
+    as in identity()."""
     if not enabled():
         return list(argv)
-    user, groups, caps = identity(program)
+    user, groups, caps = identity(program, release)
     caps_list = ",".join(f"+{c}" for c in caps)
     prefix = [
         "setpriv",

@@ -143,9 +143,9 @@ def ebpf_status_file(cache):
 def _probe_identity():
     """The setpriv prefix that gives select-configs.sh's checks ebpf_exporter's own user and
     capabilities (privileges.wrap; nothing when not root): a config is chosen only if ebpf_exporter
-    can attach it as it will run. On Debian's and Ubuntu's kernels (perf_event_paranoid=3) a
-    CPU-wide perf event, block_io's flush timer, needs CAP_SYS_ADMIN, which ebpf_exporter is not
-    given: block_io_immediate is chosen there (docs/deploy.md, "Users and capabilities")."""
+    can attach it as it will run. jbd2's fexit variant needs module BTF, which libbpf opens only
+    with CAP_SYS_ADMIN, which ebpf_exporter is not given: a tracepoint variant is chosen there
+    (docs/deploy.md, "Users and capabilities")."""
     if not privileges.enabled():
         return []
     privileges.ensure_users()

@@ -29,11 +29,22 @@ A benchmark, not a test: it prints figures and asserts nothing. Needs root, fio,
    interrupts; not idle, not other processes) with a BPF program in their stack. Unlike the IOPS
    ratio it does not move with where the scheduler puts the loop's worker, so a run resolves a
    fraction of a per cent. Needs perf (Debian's linux-perf); skipped without it.
+
+Ours run as users run them (default): select-configs.sh probes the variants and our
+ebpf_exporter runs under the identity the Debian package, `make up` as root and the Helm chart
+give it (deploy/blockstack_deploy/privileges.py: its own user, CAP_BPF and CAP_PERFMON through
+setpriv, no CAP_SYS_ADMIN; every capability dropped once attached, --capabilities.keep as
+stack.py passes it), at the kernel's kernel.perf_event_paranoid as it is (Debian's kernels: 3,
+which refuses that identity a CPU-wide perf event). Upstream's biolatency and the floor run as
+root, as upstream's example is run. --as-root runs ours as root too (what it measured before).
+The header names the identity, the paranoid level and the variants chosen; --summary FILE
+writes the figures as JSON (lab/bench/bench_kernels.py reads it from its guests).
 """
 
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import shutil
@@ -45,6 +56,8 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from blockstack_deploy import privileges
+from blockstack_deploy.stack import ebpf_keep_capabilities
 from blockstack_lab import fio, loop
 from blockstack_testsupport import procs
 
@@ -55,11 +68,13 @@ CONFIG_DIR = os.path.join(BUILD, "ebpf-configs")
 SELECT = os.path.join(ROOT, "ebpf-configs", "select-configs.sh")
 UPSTREAM_DIR = os.path.join(BUILD, "ebpf-upstream")  # make -C ebpf-configs upstream
 BPF_STATS = "/proc/sys/kernel/bpf_stats_enabled"
+PARANOID = "/proc/sys/kernel/perf_event_paranoid"
 
 # Programs on the block tracepoints a read passes through (someone else's would skew the figures).
 BLOCK_PROGRAMS = {"block_bio_queue", "block_rq_insert", "block_rq_issue", "block_rq_complete"}
 # Programs run by a timer, not by I/O (block_io's per-CPU flush): counted as their whole run time
 # over a run divided by the run's I/Os.
+# (a perf_event program until 2026-11-27, a BPF timer's callback since: flush_costs())
 TIMER_PROGRAMS = {"flush_pending"}
 
 # 4 KiB random direct reads, one job, queue depth 16 (blockstack_lab.fio.RANDOM_4K_READ).
@@ -77,6 +92,59 @@ def run_fio(dev, runtime, ramp=0):
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """Who an ebpf_exporter of the benchmark runs as: a command prefix (setpriv) and the flags
+    that go with it; root by default."""
+
+    name: str = "root"
+    prefix: tuple = ()
+    flags: tuple = ()
+
+
+ROOT_IDENTITY = Identity()
+
+
+def production_identity():
+    """ebpf_exporter's identity in production (privileges.py, as `make up` as root, the Debian
+    package and the Helm chart give it): its user made if missing (privileges.ensure_users, as
+    the package does), its capabilities through setpriv (the prefix stack.py gives
+    select-configs.sh in SELECT_CONFIGS_AS), every one dropped once the programs are attached
+    (stack.ebpf_keep_capabilities, stack.py's --capabilities.keep)."""
+    if not privileges.enabled():
+        sys.exit("ebpf_exporter's own user needs root to switch to: run as root, or --as-root")
+    privileges.ensure_users()
+    user, _, caps = privileges.identity("ebpf")
+    keep = f"--capabilities.keep={ebpf_keep_capabilities(os.uname().release)}"
+    return Identity(
+        f"{user} ({', '.join('CAP_' + c.upper() for c in caps)}; {keep})",
+        tuple(privileges.wrap("ebpf", [])),
+        (keep,),
+    )
+
+
+def read_sysctl(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def select_configs(identity):
+    """(select-configs.sh's choice, its warnings: why variants before it did not load), probed
+    under `identity` (SELECT_CONFIGS_AS)."""
+    r = subprocess.run(
+        [SELECT, EXPORTER, CONFIG_DIR],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=dict(os.environ, SELECT_CONFIGS_AS=" ".join(identity.prefix)),
+    )
+    return r.stdout.strip(), [line for line in r.stderr.splitlines() if line.strip()]
+
+
 def rotated(sides, i):
     """The sides in round i's order: each round starts one later, so drift spreads over all."""
     order = list(sides)
@@ -84,12 +152,14 @@ def rotated(sides, i):
 
 
 @contextlib.contextmanager
-def exporter(names, config_dir=CONFIG_DIR):
+def exporter(names, config_dir=CONFIG_DIR, identity=ROOT_IDENTITY):
     port = procs.free_port()
     argv = [
+        *identity.prefix,
         EXPORTER,
         f"--config.dir={config_dir}",
         f"--config.names={names}",
+        *identity.flags,
         f"--web.listen-address=127.0.0.1:{port}",
     ]
     url = f"http://127.0.0.1:{port}/metrics"
@@ -123,16 +193,16 @@ def device(mode, size):
         yield dev
 
 
-def compare(mode, names, rounds, runtime, size):
+def compare(mode, names, rounds, runtime, size, ours_as=ROOT_IDENTITY):
     """IOPS with no programs (twice: the second run, "none again", shows what the method resolves),
-    with empty programs on our hooks (the floor: what any program there costs) and with ours,
-    interleaved, the order rotated each round; every run after a 1 s ramp that fio leaves out, so
-    that an exporter just started weighs on no figure. Returns ours / none."""
+    with empty programs on our hooks (the floor: what any program there costs) and with ours
+    (as `ours_as`), interleaved, the order rotated each round; every run after a 1 s ramp that fio
+    leaves out, so that an exporter just started weighs on no figure. Returns {side: ratio to none}."""
     sides = {
         "none": None,
         "none again": None,
-        "floor": (UPSTREAM_DIR, "floor"),
-        "ours": (CONFIG_DIR, names),
+        "floor": (UPSTREAM_DIR, "floor", ROOT_IDENTITY),
+        "ours": (CONFIG_DIR, names, ours_as),
     }
     iops = {side: [] for side in sides}
     with device(mode, size) as dev:
@@ -142,8 +212,8 @@ def compare(mode, names, rounds, runtime, size):
                 if sides[side] is None:
                     value = run_fio(dev, runtime, ramp=1)
                 else:
-                    config_dir, config_names = sides[side]
-                    with exporter(config_names, config_dir):
+                    config_dir, config_names, identity = sides[side]
+                    with exporter(config_names, config_dir, identity):
                         value = run_fio(dev, runtime, ramp=1)
                 iops[side].append(value)
                 print(f"  {mode} round {i + 1}/{rounds} {side:>10}: {value:10.0f} IOPS", flush=True)
@@ -159,13 +229,15 @@ def compare(mode, names, rounds, runtime, size):
         + ", ".join(f"{side} {statistics.median(v):.0f}" for side, v in iops.items()),
         flush=True,
     )
-    return ratios["ours"]
+    return ratios
 
 
-def loads(config_dir, names):
-    """Whether ebpf_exporter loads and attaches `names` from `config_dir` on this kernel."""
+def loads(config_dir, names, identity=ROOT_IDENTITY):
+    """Whether ebpf_exporter loads and attaches `names` from `config_dir` on this kernel, run as
+    `identity`."""
     r = subprocess.run(
         [
+            *identity.prefix,
             EXPORTER,
             f"--config.dir={config_dir}",
             f"--config.names={names}",
@@ -179,7 +251,8 @@ def loads(config_dir, names):
     )
     if r.returncode:
         print(
-            f"  {names} does not load here: {(r.stdout + r.stderr).strip().splitlines()[-1:]}",
+            f"  {names} does not load here as {identity.name}: "
+            f"{(r.stdout + r.stderr).strip().splitlines()[-1:]}",
             flush=True,
         )
     return r.returncode == 0
@@ -288,21 +361,56 @@ def diskstats_requests():
     return out
 
 
+def flush_costs(ids):
+    """{"config:flush_pending": (runs, ns)} of each config among the programs `ids` whose flush is a
+    BPF timer callback (block_batched.bpf.h): the kernel's per-program statistics leave a callback
+    out, so the flush counts its own runs and nanoseconds in its `flush_cost` map, summed here over
+    the CPUs. Counted as a timer program (TIMER_PROGRAMS)."""
+
+    def bpftool(*args):
+        out = subprocess.run(
+            ["bpftool", "-j", *args], check=True, capture_output=True, text=True, timeout=60
+        ).stdout
+        return json.loads(out)
+
+    configs = {}
+    for p in bpftool("prog", "show"):
+        if p["id"] in ids:
+            configs.setdefault(ids[p["id"]].split(":")[0], set()).update(p.get("map_ids", []))
+    costs = {}
+    for config, map_ids in configs.items():
+        for map_id in map_ids:
+            if bpftool("map", "show", "id", str(map_id)).get("name") != "flush_cost":
+                continue
+            runs = ns = 0
+            for entry in bpftool("map", "dump", "id", str(map_id)):
+                for per_cpu in entry.get("formatted", entry)["values"]:
+                    runs += per_cpu["value"]["runs"]
+                    ns += per_cpu["value"]["ns"]
+            costs[f"{config}:flush_pending"] = (runs, ns)
+    return costs
+
+
 def cost_run(dev, side, runtime):
     """One fio run with `side`'s programs attached (none: no exporter). Returns fio's I/Os, IOPS,
     {(config, program): (runs, ns)} counted by the kernel over the run, and diskstats deltas."""
-    config_dir, names = side
-    with exporter(names, config_dir) if names else contextlib.nullcontext() as url:
+    config_dir, names, identity = side
+    with exporter(names, config_dir, identity) if names else contextlib.nullcontext() as url:
         ids = program_ids(url) if url else {}
         before, disks_before = prog_stats(ids), diskstats_requests()
+        flush_before = flush_costs(ids)
         report = fio.run([f"--filename={dev}", *WORKLOAD], runtime=runtime, name="bench-ebpf")
         after, disks_after = prog_stats(ids), diskstats_requests()
+        flush_after = flush_costs(ids)
     ios = sum(job["read"]["total_ios"] for job in report["jobs"])
     delta = {
         ids[i]: (after[i][0] - before[i][0], after[i][1] - before[i][1])
         for i in after
         if i in before
     }
+    for name, (runs, ns) in flush_after.items():
+        b = flush_before.get(name, (0, 0))
+        delta[name] = (runs - b[0], ns - b[1])
     # a device detached and attached again in between starts from 0: no negative counts
     disks = {
         d: (
@@ -331,9 +439,10 @@ def disk_hooks(name):
     }
 
 
-def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None):
+def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None, ours_as=ROOT_IDENTITY):
     """BPF run time per I/O, from the kernel's own accounting (kernel.bpf_stats_enabled), for no
-    programs, upstream's examples/biolatency and all of ours, in interleaved runs on one device.
+    programs, upstream's examples/biolatency and all of ours (ours as `ours_as`, upstream's and the
+    floor as root), in interleaved runs on one device. Returns {side: ns per I/O}.
 
     The kernel counts each program's runs and run time over the whole machine, other people's I/O
     included (this VM is shared), so a program's time per run is measured (median over rounds) and
@@ -341,16 +450,16 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None):
     of one read, independent of what else runs. The raw figure (all runs / fio's I/Os) is printed
     beside it with the share of the machine's requests that were ours."""
     sides = {
-        "none": (None, None),
-        "upstream biolatency": (UPSTREAM_DIR, "biolatency"),
-        "ours": (CONFIG_DIR, names),
-        "floor (empty programs)": (UPSTREAM_DIR, "floor"),
+        "none": (None, None, ROOT_IDENTITY),
+        "upstream biolatency": (UPSTREAM_DIR, "biolatency", ROOT_IDENTITY),
+        "ours": (CONFIG_DIR, names, ours_as),
+        "floor (empty programs)": (UPSTREAM_DIR, "floor", ROOT_IDENTITY),
     }
     if "block_io" in names.split(","):  # block_io alone, with and without per-cgroup attribution
-        sides["block_io"] = (CONFIG_DIR, "block_io")
-        sides["block_io without cgroups"] = (UPSTREAM_DIR, "block_io_nocgroups")
+        sides["block_io"] = (CONFIG_DIR, "block_io", ours_as)
+        sides["block_io without cgroups"] = (UPSTREAM_DIR, "block_io_nocgroups", ours_as)
     if baseline:  # another build of our configs (e.g. main's), measured beside this one
-        sides["ours, --baseline build"] = (baseline, names)
+        sides["ours, --baseline build"] = (baseline, names, ours_as)
     if (
         disk
     ):  # sides that do not load on this kernel (upstream's biolatency before 5.11) are left out
@@ -419,7 +528,7 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None):
             f"{per_io['floor (empty programs)']:.0f} ns; upstream biolatency does not load on this kernel",
             flush=True,
         )
-        return None
+        return per_io
     ratio = per_io["ours"] / per_io["upstream biolatency"]
     floor = per_io["floor (empty programs)"]
     print(
@@ -444,7 +553,7 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None):
             f"{per_io['upstream biolatency']:.0f} ns/IO",
             flush=True,
         )
-    return ratio
+    return per_io
 
 
 # --- the BPF share of a read's CPU, from perf's stacks -------------------------------------------
@@ -477,23 +586,29 @@ def perf_shares(path):
     return total, io_path, bpf
 
 
-def cpu_share(mode, names, rounds, runtime, size):
+def cpu_share(mode, names, rounds, runtime, size, ours_as=ROOT_IDENTITY, disk=None, data_dir=BUILD):
     """The share of the I/O path's CPU spent in BPF programs (and what they call: clock reads, map
-    helpers, the tracepoint's dispatch into them), for the floor, upstream's biolatency and ours,
-    interleaved: perf record -a -g during each fio run, after a 1 s ramp. Returns ours' share."""
+    helpers, the tracepoint's dispatch into them), for the floor, upstream's biolatency and ours
+    (as `ours_as`; the others as root), interleaved: perf record -a -g during each fio run, after
+    a 1 s ramp; on a loop device of `mode`, or on the existing whole disk `disk`. perf.data goes
+    to `data_dir` (a guest's root is read-only). Returns {side: share}; a side that does not load
+    here (upstream's biolatency before 5.11) is left out."""
     sides = {
-        "floor": (UPSTREAM_DIR, "floor"),
-        "upstream biolatency": (UPSTREAM_DIR, "biolatency"),
-        "ours": (CONFIG_DIR, names),
+        "floor": (UPSTREAM_DIR, "floor", ROOT_IDENTITY),
+        "upstream biolatency": (UPSTREAM_DIR, "biolatency", ROOT_IDENTITY),
+        "ours": (CONFIG_DIR, names, ours_as),
     }
+    if disk:
+        sides = {side: v for side, v in sides.items() if loads(*v)}
     shares = {side: [] for side in sides}
     busy = []
-    data = os.path.join(BUILD, "bench-ebpf.perf.data")
-    with device(mode, size) as dev:
+    data = os.path.join(data_dir, "bench-ebpf.perf.data")
+    with whole_disk(disk) if disk else device(mode, size) as dev:
         run_fio(dev, 1)
         for i in range(rounds):
             for side in rotated(sides, i):
-                with exporter(sides[side][1], sides[side][0]):
+                config_dir, config_names, identity = sides[side]
+                with exporter(config_names, config_dir, identity):
                     with fio.background(
                         [f"--filename={dev}", *WORKLOAD], runtime=runtime + 2, name="bench-ebpf"
                     ):
@@ -535,7 +650,7 @@ def cpu_share(mode, names, rounds, runtime, size):
         "where the CPU is the bottleneck, near 100 %)",
         flush=True,
     )
-    return statistics.median(shares["ours"])
+    return {side: statistics.median(v) for side, v in shares.items()}
 
 
 # --- scale: ns per I/O against the number of devices in the maps ---------------------------------
@@ -616,14 +731,15 @@ def prefill(maps, first, last):
     return sum(len(k) for k in fake_keys(first, last).values())
 
 
-def scale_cost(names, sizes, rounds, runtime, size):
-    """ns per I/O of our programs (as bpf_cost measures it) with the maps holding the keys of 0,
-    100, 1,000, 4,000, 10,000 devices: a hash lookup should cost the same however full the map."""
+def scale_cost(names, sizes, rounds, runtime, size, ours_as=ROOT_IDENTITY):
+    """ns per I/O of our programs (as bpf_cost measures it, run as `ours_as`) with the maps holding
+    the keys of 0, 100, 1,000, 4,000, 10,000 devices: a hash lookup should cost the same however
+    full the map (the keys written by this process, as root)."""
     results = {n: [] for n in sizes}
     with device("direct-io", size) as dev, bpf_stats_enabled():
         stack, hooks = hooks_per_io(dev, "direct-io")
         for r in range(rounds):
-            with exporter(names) as url:
+            with exporter(names, identity=ours_as) as url:
                 ids = program_ids(url)
                 maps, filled, entries = metric_maps(ids), 0, 0
                 for n in sizes:
@@ -723,11 +839,25 @@ def main():
     parser.add_argument(
         "--share-rounds",
         type=int,
-        default=3,
-        help="rounds of the BPF CPU share per loop, 0 for none (default 3; needs perf)",
+        help="rounds of the BPF CPU share per loop (or on --disk), 0 for none (default 3, with "
+        "--disk 0; needs perf)",
+    )
+    parser.add_argument(
+        "--as-root",
+        action="store_true",
+        help="probe and run ours as root (default: as the Debian package and the Helm chart run "
+        "ebpf_exporter, its own user with CAP_BPF and CAP_PERFMON)",
+    )
+    parser.add_argument(
+        "--summary",
+        metavar="FILE",
+        help="write the figures to FILE as JSON: kernel, perf_event_paranoid, identity, configs, "
+        "ns per I/O per side, CPU shares",
     )
     args = parser.parse_args()
     size = args.size_mib << 20
+    if args.share_rounds is None:
+        args.share_rounds = 0 if args.disk else 3
 
     if (
         not args.disk
@@ -737,10 +867,36 @@ def main():
             check=True,
             timeout=300,
         )
-    names = subprocess.run(
-        [SELECT, EXPORTER, CONFIG_DIR], check=True, capture_output=True, text=True, timeout=600
-    ).stdout.strip()
-    print(f"our configs: {names}; upstream: {UPSTREAM_DIR}/biolatency", flush=True)
+    ours_as = ROOT_IDENTITY if args.as_root else production_identity()
+    paranoid = read_sysctl(PARANOID)
+    names, warnings = select_configs(ours_as)
+    summary = {
+        "release": os.uname().release,
+        "perf_event_paranoid": paranoid,
+        "unprivileged_bpf_disabled": read_sysctl("/proc/sys/kernel/unprivileged_bpf_disabled"),
+        "identity": ours_as.name,
+        "configs": names,
+        "select_warnings": warnings,
+    }
+    print(
+        f"kernel {summary['release']}: kernel.perf_event_paranoid {paranoid}, "
+        f"kernel.unprivileged_bpf_disabled {summary['unprivileged_bpf_disabled']}",
+        flush=True,
+    )
+    print(
+        f"identity: ours (select-configs.sh's probes and ebpf_exporter) as {ours_as.name}; "
+        "upstream biolatency and the floor as root",
+        flush=True,
+    )
+    for line in warnings:
+        print(f"  {line}", flush=True)
+    print(
+        f"our configs (chosen as {ours_as.name.split()[0]}): {names or 'none'}; "
+        f"upstream: {UPSTREAM_DIR}/biolatency",
+        flush=True,
+    )
+    if not names:
+        sys.exit(f"none of our configs loads here as {ours_as.name}")
     foreign = foreign_programs()
     if foreign:
         print(
@@ -750,24 +906,63 @@ def main():
         )
     started = time.monotonic()
     if args.disk:
-        bpf_cost(names, args.cost_rounds, args.runtime, size, args.disk, disk=args.disk)
-        print(f"({time.monotonic() - started:.0f} s)")
-        return 0
-    bpf_cost(names, args.cost_rounds, args.runtime, size, "direct-io", args.baseline)
-    if args.scale:
-        scale_cost(
-            names, [int(x) for x in args.scale.split(",")], args.scale_rounds, args.runtime, size
+        summary["ns_per_io"] = bpf_cost(
+            names, args.cost_rounds, args.runtime, size, args.disk, disk=args.disk, ours_as=ours_as
         )
-    if not args.cost_only:
-        for mode in ["page-cache", "direct-io"] if args.mode == "both" else [args.mode]:
-            compare(mode, names, args.rounds, args.runtime, size)
-        if args.share_rounds and not shutil.which("perf"):
-            print("perf not found (Debian's linux-perf): the BPF CPU share is skipped", flush=True)
-        elif args.share_rounds:
-            for mode in ["page-cache", "direct-io"] if args.mode == "both" else [args.mode]:
-                cpu_share(mode, names, args.share_rounds, args.runtime + 1, size)
-    print(f"({time.monotonic() - started:.0f} s)")
+        if args.share_rounds:
+            summary["cpu_share"] = shares(
+                [args.disk], names, args, size, ours_as, disk=args.disk, data_dir="/tmp"
+            )
+    else:
+        summary["ns_per_io"] = bpf_cost(
+            names,
+            args.cost_rounds,
+            args.runtime,
+            size,
+            "direct-io",
+            args.baseline,
+            ours_as=ours_as,
+        )
+        if args.scale:
+            scale_cost(
+                names,
+                [int(x) for x in args.scale.split(",")],
+                args.scale_rounds,
+                args.runtime,
+                size,
+                ours_as,
+            )
+        if not args.cost_only:
+            modes = ["page-cache", "direct-io"] if args.mode == "both" else [args.mode]
+            summary["iops_ratio"] = {
+                mode: compare(mode, names, args.rounds, args.runtime, size, ours_as)
+                for mode in modes
+            }
+            if args.share_rounds:
+                summary["cpu_share"] = shares(modes, names, args, size, ours_as)
+    summary["seconds"] = round(time.monotonic() - started)
+    print(f"({summary['seconds']} s)")
+    if args.summary:
+        with open(args.summary, "w") as f:
+            json.dump(summary, f, indent=1)
     return 0
+
+
+def shares(modes, names, args, size, ours_as, **kw):
+    """{mode: {side: BPF share of the I/O path's CPU}}, or {"skipped": why} without a working perf."""
+    if not shutil.which("perf"):
+        print("perf not found (Debian's linux-perf): the BPF CPU share is skipped", flush=True)
+        return {"skipped": "perf not found"}
+    try:
+        return {
+            mode: cpu_share(mode, names, args.share_rounds, args.runtime + 1, size, ours_as, **kw)
+            for mode in modes
+        }
+    except subprocess.CalledProcessError as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        why = f"{' '.join(e.cmd[:2])} failed: {err.strip()[-300:]}"
+        print(f"the BPF CPU share is skipped: {why}", flush=True)
+        return {"skipped": why}
 
 
 if __name__ == "__main__":

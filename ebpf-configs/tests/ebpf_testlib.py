@@ -27,13 +27,13 @@ CANNOT_LOAD = os.path.join(CONFIGS_SRC, "cannot-load.txt")
 EXPORTER_ENV = {"OTEL_TRACES_EXPORTER": "none"}
 
 
-def flush_hz():
-    """block_io's FLUSH_HZ: its histograms reach the exported maps within 1 / FLUSH_HZ s of an I/O."""
-    with open(os.path.join(CONFIGS_SRC, "block_io.bpf.c")) as f:
-        return int(re.search(r"^#define FLUSH_HZ (\d+)$", f.read(), re.M).group(1))
+def flush_period():
+    """block_io's FLUSH_NS in seconds: its histograms reach the exported maps within it of an I/O."""
+    with open(os.path.join(CONFIGS_SRC, "block_batched.bpf.h")) as f:
+        return int(re.search(r"^#define FLUSH_NS (\d+)ULL$", f.read(), re.M).group(1)) / 1e9
 
 
-FLUSH_PERIOD = 1 / flush_hz()
+FLUSH_PERIOD = flush_period()
 # What a scrape may lag behind the flush tick: the exporter reading the maps, the test's own
 # scheduling on a loaded machine.
 FLUSH_MARGIN = 0.1
@@ -41,9 +41,9 @@ FLUSH_MARGIN = 0.1
 
 def settle():
     """Waits until every histogram observation of I/O that has finished is in the exported maps
-    (block_io flushes each CPU's pending counts every FLUSH_PERIOD), with every CPU kept running
-    meanwhile: this machine's hypervisor delivers an idle vCPU's pinned timer only once the vCPU
-    runs again (2026-11-26: a cpu-clock perf event on an idle CPU 1 gave 0 samples in 4 s, and 2
+    (block_io flushes each CPU's pending counts FLUSH_PERIOD after its first one), with every CPU
+    kept running meanwhile: this machine's hypervisor delivers an idle vCPU's timer only once the
+    vCPU runs again (2026-11-26: a cpu-clock perf event on an idle CPU 1 gave 0 samples in 4 s, and 2
     a second as soon as a process ran there), so an idle CPU's last reads would wait for its next
     task, not for the flush."""
     spin = f"import time\nend = time.monotonic() + {FLUSH_PERIOD + FLUSH_MARGIN}\nwhile time.monotonic() < end: pass"

@@ -210,7 +210,7 @@ def test_variants_export_the_same_metrics(first, second):
 
 def test_histogram_help_states_the_flush_period():
     """block_io's HELP strings (and so docs/metrics.md) give the lag of its batched histograms;
-    a change of FLUSH_HZ must change them too."""
+    a change of FLUSH_NS (block_batched.bpf.h) must change them too."""
     for histogram in load_config("block_io")["metrics"]["histograms"]:
         assert f"within {FLUSH_PERIOD:g} s of the I/O" in histogram["help"], histogram["name"]
 

@@ -11,7 +11,7 @@ exporter itself has no such switch: this file is the benchmark's.
 import sys
 
 from blockstack_exporter import fs, scrape, server
-from blockstack_exporter.collectors import ALL, queue
+from blockstack_exporter.collectors import ALL, dm, queue
 from blockstack_exporter.main import main
 
 
@@ -82,6 +82,10 @@ def _without_devt_once():
     scrape.Scrape.devt = devt
 
 
+def _without_dm_table():
+    dm.KeptTable.serves = lambda self, devices, events: False  # `dmsetup table` every scrape
+
+
 # name -> (where the cache is, the patch that takes it out)
 REUSERS = {name: cls for name, cls in ALL.items() if name != "ebpf"}
 CACHES = {
@@ -95,6 +99,7 @@ CACHES = {
     "checked-once": ("scrape.py _check's _blockstack_dropped", _without_checked_once),
     "descriptors": ("fs.py AttributeReader kept descriptors", _without_attribute_descriptors),
     "devt-once": ("scrape.py Scrape._devts, for one scrape", _without_devt_once),
+    "dm-table": ("collectors/dm.py KeptTable, between device-mapper events", _without_dm_table),
 }
 
 

@@ -8,7 +8,10 @@ It answers on a Unix socket in a directory only the exporter's group may enter (
 A request is one word, "table" or "status"; it runs `dmsetup table` or `dmsetup status --noflush`
 (dmsetup.REQUESTS: nothing from the request reaches the command line) under Dmsetup's bounds
 (timeout, output size, a hung dmsetup killed) and answers "ok\\n" and dmsetup's output, or
-"error REASON\\n" and the message; then it closes the connection. One request at a time.
+"error REASON\\n" and the message; then it closes the connection. One request at a time. The
+request "events" runs nothing: it answers "ok\\n" and the token of device-mapper's events
+(dmsetup.ControlEvents, polled on /dev/mapper/control, which the exporter cannot open), by
+which the exporter knows when to ask for the table again.
 
 Capabilities: started with CAP_SYS_ADMIN in its permitted, inheritable and ambient sets
 (setpriv, systemd's AmbientCapabilities=), it clears its own ambient set and raises it again only
@@ -22,7 +25,7 @@ import sys
 
 import blockstack_http
 
-from .collectors.dmsetup import REQUESTS, Dmsetup, DmsetupError
+from .collectors.dmsetup import EVENTS, REQUESTS, Dmsetup, DmsetupError
 
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, PR_CAP_AMBIENT_CLEAR_ALL = (
     47,
@@ -48,11 +51,13 @@ def raise_ambient():
 
 def answer(dm, request):
     """The reply to one request (bytes)."""
+    if request == EVENTS:
+        return b"ok\n" + (dm.events() or "").encode()
     args = REQUESTS.get(request)
     if args is None:
         return (
             b"error command\nunknown request (expected one of: "
-            + " ".join(REQUESTS).encode()
+            + " ".join([*REQUESTS, EVENTS]).encode()
             + b")\n"
         )
     try:

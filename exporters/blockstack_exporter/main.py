@@ -26,6 +26,7 @@ def build_registry(args):
         dm_timeout=args.dmsetup_timeout,
         dm_helper=args.dm_helper,
         ebpf_status=args.ebpf_status_file,
+        dev=args.dev,
     )
     registry.register(BlockstackCollector(enabled, Paths(args.sysfs, args.procfs, args.dev)))
     registry.register(_BuildInfo())

@@ -43,7 +43,7 @@ class Doctor:
     def __init__(self, args, knob_values):
         self.args, self.knobs = args, knob_values
         every = collectors.build(
-            ALL, knob_values, dmsetup=args.dmsetup, dm_timeout=args.dmsetup_timeout
+            ALL, knob_values, dmsetup=args.dmsetup, dm_timeout=args.dmsetup_timeout, dev=args.dev
         )
         self.findings = every[-1]
         self.collector = BlockstackCollector(every, Paths(args.sysfs, args.procfs, args.dev))

@@ -14,6 +14,7 @@ from exporter_testlib import Scraped, registry_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from blockstack_exporter.collectors import dm
 from blockstack_exporter.collectors.dm_parse import (
     parse_line,
     parse_listing,
@@ -409,15 +410,18 @@ def test_status_hanging_keeps_the_tables(fake, monkeypatch):
     assert r.get("blockstack_dm_snapshot_state", **snap, state="valid") is None
 
 
-def test_table_timing_out_keeps_the_last_table_of_the_same_devices(fake, monkeypatch):
+def test_table_timing_out_keeps_the_last_table_of_the_same_devices(fake, monkeypatch, tmp_path):
     """On a loaded VM a `dmsetup table` past the deadline made blockstack_dm_snapshot_info blink
     out for a scrape, and a page's description lost its snapshot sentence."""
     registry = fake.registry("nvme-incident", flags=[f"--collector.dm.timeout={seconds(0.5)}"])
+    event = control_fifo(str(tmp_path / "root"))
     snap = dict(device="dm-3", name="secvol-tmp_backup1")
     assert Scraped(registry).get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
     monkeypatch.setenv("FAKE_DMSETUP_MODE", "hang")
     monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
+    event()  # the table is read again, and times out
     r = Scraped(registry)
+    assert commands(fake)[2] == "dmsetup table"
     assert r.success("dm") == 1 and r.errors("dm") >= 1  # counted all the same
     assert incident_snapshot_info(r) == 1
     assert r.get("blockstack_dm_snapshot_chunk_size_bytes", **snap) == 4096
@@ -635,4 +639,185 @@ def test_unchanged_output_is_not_parsed_again_but_still_counted(fake):
         return {k: v for k, v in r.samples.items() if k[0].startswith("blockstack_dm_")}
 
     assert dm_series(first) == dm_series(second) and len(dm_series(first)) > 5
-    assert len(fake.calls()) == 4  # both scrapes ran dmsetup table and status
+    # the status on both scrapes, the table once (nothing said it changed)
+    assert commands(fake) == ["dmsetup table"] + ["dmsetup status --noflush"] * 2
+
+
+# --- the table kept while nothing says it changed (dm.KeptTable) -----------------------------------
+
+
+def commands(fake):
+    """The dmsetup commands run so far, in order."""
+    return [c.split(" ", 1)[1] for c in fake.calls()]
+
+
+def control_fifo(root):
+    """A FIFO in place of ROOT/dev/mapper/control (--path.dev=ROOT/dev), polled as the control
+    node is: after an event (the function returned: a writer opens and closes it) a reader polls
+    readable (POLLHUP, fs/pipe.c pipe_poll) until it opens the FIFO anew, as dm_poll does once
+    dm_global_event_nr has moved."""
+    path = os.path.join(root, "dev", "mapper", "control")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.mkfifo(path)
+
+    def event():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+    return event
+
+
+class Host:
+    """A tree whose dm devices and dmsetup output a test changes between scrapes: sysfs from a
+    SYSFS-style description (build_sysfs), fake_dmsetup's fixtures in a directory of its own."""
+
+    def __init__(self, tmp_path, monkeypatch, sysfs, table, status=""):
+        self.root = build_sysfs(str(tmp_path / "root"), sysfs)
+        self.fixtures = tmp_path / "dmsetup"
+        self.fixtures.mkdir()
+        monkeypatch.setenv("FAKE_DMSETUP_FIXTURES", str(self.fixtures))
+        self.dmsetup(table, status)
+
+    def dmsetup(self, table=None, status=None):
+        """What fake_dmsetup prints from now on."""
+        for command, text in (("dmsetup_table", table), ("dmsetup_status_--noflush", status)):
+            if text is not None:
+                (self.fixtures / command).write_text(text)
+
+    def registry(self):
+        return registry_for(self.root, *DM_ONLY)
+
+    def add(self, line):
+        build_sysfs(self.root, line)
+
+    def remove(self, name, devno):
+        for link in (f"class/block/{name}", f"dev/block/{devno}"):
+            os.unlink(os.path.join(self.root, "sys", link))
+
+    def rename(self, name, new):
+        # in place, as sysfs shows it: the exporter keeps the attribute open
+        with open(os.path.join(self.root, "sys/devices/virtual/block", name, "dm/name"), "w") as f:
+            f.write(new + "\n")
+
+
+TWO_LVS = """
+    disk sda 8:0
+    dm   dm-0 253:0 vg-lv
+    dm   dm-1 253:1 vg-data
+"""
+TWO_TABLES = "vg-lv: 0 2048 linear 8:0 0\nvg-data: 0 2048 linear 8:0 2048\n"
+
+
+def target(r, device, name, kind):
+    return r.get("blockstack_dm_target_info", device=device, name=name, target=kind)
+
+
+@pytest.mark.parametrize("control", ["none", "fifo"])
+def test_a_second_scrape_runs_no_table_and_reads_the_snapshot_use_again(
+    fake, monkeypatch, tmp_path, control
+):
+    incident = os.path.join(DM_FIXTURES, "nvme-incident")
+    host = Host(
+        tmp_path,
+        monkeypatch,
+        SYSFS["nvme-incident"],
+        open(os.path.join(incident, "dmsetup_table")).read(),
+        open(os.path.join(incident, "dmsetup_status_--noflush")).read(),
+    )
+    if control == "fifo":  # a control node that saw no event: as none (the bound only)
+        control_fifo(host.root)
+    registry = host.registry()
+    snap = dict(device="dm-3", name="secvol-tmp_backup1")
+    assert Scraped(registry).get("blockstack_dm_snapshot_cow_used_bytes", **snap) == 208 * SECTOR
+    status = (host.fixtures / "dmsetup_status_--noflush").read_text()
+    host.dmsetup(status=status.replace("208/", "4096/"))  # the snapshot filling
+    r = Scraped(registry)
+    assert r.success("dm") == 1 and r.errors("dm") == 0
+    assert r.get("blockstack_dm_snapshot_cow_used_bytes", **snap) == 4096 * SECTOR  # fresh
+    assert incident_snapshot_info(r) == 1  # the table's facts, kept
+    assert commands(fake) == ["dmsetup table"] + ["dmsetup status --noflush"] * 2
+
+
+def test_without_a_snapshot_or_thin_pool_a_second_scrape_runs_no_dmsetup(
+    fake, monkeypatch, tmp_path
+):
+    host = Host(tmp_path, monkeypatch, TWO_LVS, TWO_TABLES)
+    registry = host.registry()
+    first, second = Scraped(registry), Scraped(registry)
+    assert target(first, "dm-1", "vg-data", "linear") == target(second, "dm-1", "vg-data", "linear")
+    assert second.success("dm") == 1 and commands(fake) == ["dmsetup table"]
+
+
+def add(host, event):
+    host.add("dm dm-2 253:2 vg-new")
+    host.dmsetup(TWO_TABLES + "vg-new: 0 1024 linear 8:0 4096\n")
+    return [("dm-2", "vg-new", "linear", 1)]
+
+
+def remove(host, event):
+    host.remove("dm-1", "253:1")
+    host.dmsetup(TWO_TABLES.split("\n")[0] + "\n")
+    return [("dm-1", "vg-data", "linear", None)]
+
+
+def rename(host, event):
+    host.rename("dm-1", "vg-renamed")
+    host.dmsetup(TWO_TABLES.replace("vg-data", "vg-renamed"))
+    return [("dm-1", "vg-data", "linear", None), ("dm-1", "vg-renamed", "linear", 1)]
+
+
+def reload(host, event):
+    """`dmsetup reload vg-data` + `resume` to a table of the same size on the same device: sysfs
+    shows nothing of it, the control node an event."""
+    host.dmsetup(
+        TWO_TABLES.replace("2048 linear 8:0 2048", "2048 crypt aes-xts-plain64 - 0 8:0 2048")
+    )
+    event()
+    return [("dm-1", "vg-data", "linear", None), ("dm-1", "vg-data", "crypt", 1)]
+
+
+@pytest.mark.parametrize("change", [add, remove, rename, reload])
+def test_a_table_change_shows_in_the_next_scrape(fake, monkeypatch, tmp_path, change):
+    host = Host(tmp_path, monkeypatch, TWO_LVS, TWO_TABLES)
+    event = control_fifo(host.root)
+    registry = host.registry()
+    assert target(Scraped(registry), "dm-1", "vg-data", "linear") == 1
+    expected = change(host, event)
+    r = Scraped(registry)
+    assert r.success("dm") == 1 and r.errors("dm") == 0
+    for device, name, kind, value in expected:
+        assert target(r, device, name, kind) == value, (device, name, kind)
+    assert commands(fake) == ["dmsetup table"] * 2
+    Scraped(registry)
+    assert commands(fake) == ["dmsetup table"] * 2  # and kept again after it
+
+
+def test_a_reload_nothing_signals_shows_once_the_table_is_the_bound_old(
+    fake, monkeypatch, tmp_path
+):
+    """Without a control node (a container without it, a test's tree) the same reload is seen
+    within TABLE_MAX_AGE."""
+    now = [1000.0]
+    monkeypatch.setattr(dm, "monotonic", lambda: now[0])
+    host = Host(tmp_path, monkeypatch, TWO_LVS, TWO_TABLES)
+    registry = host.registry()
+    Scraped(registry)
+    reload(host, lambda: None)
+    now[0] += dm.TABLE_MAX_AGE - 1
+    assert target(Scraped(registry), "dm-1", "vg-data", "linear") == 1  # not yet
+    now[0] += 1
+    assert target(Scraped(registry), "dm-1", "vg-data", "crypt") == 1
+    assert commands(fake) == ["dmsetup table"] * 2
+
+
+def test_a_control_node_that_always_polls_readable_reads_the_table_every_scrape(
+    fake, monkeypatch, tmp_path
+):
+    """As a kernel without dm_poll (before 4.14) answers, and any file that is not the control
+    node: every scrape is a change."""
+    host = Host(tmp_path, monkeypatch, TWO_LVS, TWO_TABLES)
+    os.makedirs(os.path.join(host.root, "dev", "mapper"))
+    open(os.path.join(host.root, "dev", "mapper", "control"), "w").close()
+    registry = host.registry()
+    for _ in range(3):
+        assert Scraped(registry).success("dm") == 1
+    assert commands(fake) == ["dmsetup table"] * 3

@@ -60,18 +60,20 @@ def helper(tmp_path):
         p.wait(10)
 
 
-def scrape(tmp_path, scenario, sock, timeout=5.0):
+def registry(tmp_path, scenario, sock, timeout=5.0):
     root = tmp_path / "root"
     tree = str(root) if root.exists() else build_sysfs(str(root), SYSFS[scenario])
-    return Scraped(
-        registry_for(
-            tree,
-            *DM_ONLY,
-            f"--collector.dm.helper={sock}",
-            f"--collector.dm.timeout={timeout}",
-            "--collector.dm.dmsetup=/nonexistent/dmsetup",
-        )
+    return registry_for(
+        tree,
+        *DM_ONLY,
+        f"--collector.dm.helper={sock}",
+        f"--collector.dm.timeout={timeout}",
+        "--collector.dm.dmsetup=/nonexistent/dmsetup",
     )  # the exporter runs no dmsetup
+
+
+def scrape(tmp_path, scenario, sock, timeout=5.0):
+    return Scraped(registry(tmp_path, scenario, sock, timeout))
 
 
 def test_the_helper_answers_what_dmsetup_would(tmp_path, helper):
@@ -83,6 +85,21 @@ def test_the_helper_answers_what_dmsetup_would(tmp_path, helper):
     assert r.get("blockstack_dm_snapshot_state", **snap, state="valid") == 1
     assert [c.split(" ", 1)[1] for c in helper.calls()] == [
         "dmsetup table",
+        "dmsetup status --noflush",
+    ]
+
+
+def test_the_helper_runs_the_table_again_only_when_its_events_say_so(tmp_path, helper):
+    """The exporter asks for the helper's event token every scrape (dm.KeptTable), the table
+    only when it changed or the devices did; the status every scrape (a snapshot)."""
+    sock = helper("nvme-incident")
+    exporter = registry(tmp_path, "nvme-incident", sock)
+    first, second = Scraped(exporter), Scraped(exporter)
+    assert incident_snapshot_info(first) == incident_snapshot_info(second) == 1
+    assert second.success("dm") == 1 and second.errors("dm") == 0
+    assert [c.split(" ", 1)[1] for c in helper.calls()] == [
+        "dmsetup table",
+        "dmsetup status --noflush",
         "dmsetup status --noflush",
     ]
 
@@ -153,5 +170,6 @@ def test_the_helper_runs_nothing_but_its_two_requests(helper):
         ask(sock, b"x" * 100000)
     except (ConnectionResetError, BrokenPipeError):
         pass
+    assert ask(sock, b"events\n").startswith(b"ok\n")  # its event token: runs nothing either
     assert helper.calls() == []
     assert ask(sock, b"table\n").startswith(b"ok\nsecvol-seclv-real: 0 ")  # and it still serves

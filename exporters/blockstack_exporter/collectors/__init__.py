@@ -23,11 +23,19 @@ ALL = {
 }
 
 
-def build(names, knobs=None, dmsetup="dmsetup", dm_timeout=5.0, dm_helper=None, ebpf_status=None):
+def build(
+    names,
+    knobs=None,
+    dmsetup="dmsetup",
+    dm_timeout=5.0,
+    dm_helper=None,
+    ebpf_status=None,
+    dev="/dev",
+):
     """The collectors named, in ALL's order (findings last), as the exporter's and the doctor's
-    flags configure them: knobs are the findings' thresholds (knobs.load)."""
+    flags configure them: knobs are the findings' thresholds (knobs.load), dev --path.dev."""
     options = {
-        "dm": {"dmsetup": dmsetup, "timeout": dm_timeout, "helper": dm_helper},
+        "dm": {"dmsetup": dmsetup, "timeout": dm_timeout, "helper": dm_helper, "dev": dev},
         "findings": {"knobs": knobs},
         "ebpf": {"status_file": ebpf_status},
     }

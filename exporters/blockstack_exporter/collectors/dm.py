@@ -3,11 +3,13 @@
 dmsetup.py runs it, dm_client.py asks the dm helper to (--collector.dm.helper), dm_parse.py
 parses what it prints; this module publishes it.
 
-Two commands per scrape, and only when sysfs shows dm devices (the second only when the
-table has a snapshot, snapshot-merge or thin-pool target):
+Two commands, and only when sysfs shows dm devices:
 
     dmsetup table                 NAME: START LENGTH TARGET ARGS...   (one line per target)
     dmsetup status --noflush      NAME: START LENGTH TARGET STATUS...
+
+The table only when it may have changed (KeptTable says how that is known); the status on every
+scrape whose table has a snapshot, snapshot-merge or thin-pool target, and never otherwise.
 
 When `dmsetup table` fails or runs out of time (a loaded host, a slow root filesystem) while
 sysfs shows the same dm devices as at its last success, that table stands in, so that the
@@ -23,7 +25,9 @@ raid, crypt, ...) is published as blockstack_dm_target_info only; its arguments 
 or exported (a crypt table can carry a key).
 """
 
+import os
 from dataclasses import dataclass, field
+from time import monotonic
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -38,6 +42,7 @@ THIN_METADATA_BLOCK = 4096  # drivers/md/dm-thin-metadata.h THIN_METADATA_BLOCK_
 SNAPSHOT_STATES = ("valid", "invalid", "overflow", "merge_failed", "merging")
 THIN_POOL_STATES = ("rw", "ro", "out_of_data_space", "fail", "error")
 MISSING = object()  # the status call failed: already reported once
+TABLE_MAX_AGE = 60.0  # seconds a kept table may serve at most (KeptTable)
 
 
 @dataclass
@@ -55,35 +60,56 @@ class DmRead:
     crypt_flags: dict = field(default_factory=dict)  # the performance flags of its crypt targets
 
 
+@dataclass
+class KeptTable:
+    """The last `dmsetup table` read, kept while nothing says a table may have changed (a fork
+    and exec of dmsetup on every scrape was most of a 100-device scrape).
+
+    A live table changes only by device-mapper's ioctls, and every one that changes what
+    `dmsetup table` prints moves the kernel's global event counter, which ControlEvents reads by
+    poll(2) on /dev/mapper/control (through the dm helper, where the exporter may not open it):
+    create, remove, rename, and the resume that swaps in a reloaded table, even one of the same
+    size over the same devices (`cryptsetup refresh`), which nothing in sysfs shows. A load
+    without a resume changes only the inactive table, which `dmsetup table` does not print. A
+    deferred removal (done at the last close) moves no counter but takes the device out of
+    sysfs: `devices`. TABLE_MAX_AGE bounds what a missed signal could cost; it is the staleness
+    bound where the control node cannot be opened (no device-mapper, a test's tree)."""
+
+    devices: tuple  # ((kernel name, (dm name, uuid)), ...) as sysfs showed them
+    events: "str | None"  # the event token taken before the read (None: no control node)
+    read_at: float  # monotonic() before the read
+    text: str
+
+    def serves(self, devices, events):
+        return (
+            self.devices == devices
+            and self.events == events
+            and monotonic() - self.read_at < TABLE_MAX_AGE
+        )
+
+
 class DmCollector:
     name = "dm"
 
-    def __init__(self, dmsetup="dmsetup", timeout=5.0, helper=None):
-        """helper: the Unix socket of dm_helper.py, asked instead of running dmsetup here."""
-        self._dmsetup = HelperClient(helper, timeout) if helper else Dmsetup(dmsetup, timeout)
+    def __init__(self, dmsetup="dmsetup", timeout=5.0, helper=None, dev="/dev"):
+        """helper: the Unix socket of dm_helper.py, asked instead of running dmsetup here; dev:
+        --path.dev, whose mapper/control is watched for device-mapper's events (without helper)."""
+        if helper:
+            self._dmsetup = HelperClient(helper, timeout)
+        else:
+            control = os.path.join(dev, "mapper", "control")
+            self._dmsetup = Dmsetup(dmsetup, timeout, control=control)
         # worth 25 % of a 1024-device scrape's CPU (make bench-exporter --without reuse-dm)
         self._reuse = Reuse()
         self._part = DmRead()  # the Host's part, of the families built last
-        self._table = (
-            None  # (the dm devices as sysfs showed them, `dmsetup table`) of the last table read
-        )
+        self._table = None  # KeptTable
 
     def collect(self, scrape):
         dm = scrape.dm
         if not dm:
             return []
         devices = tuple(sorted(dm.items()))
-        try:
-            table_text = self._dmsetup.run(TABLE_ARGS, scrape.remaining())
-            self._table = (devices, table_text)
-        except DmsetupError as e:
-            scrape.error(str(e), e.reason, subject="dmsetup table")
-            if self._table is None or self._table[0] != devices:
-                raise CollectorFailed() from None  # nothing to publish: the collector failed
-            # The same dm devices (kernel names, dm names, uuids) as at the last table read: its
-            # snapshot, origin and chunk facts stand (they change only when a device is made
-            # anew), so a slow dmsetup on a loaded host does not make them blink out of the rules.
-            table_text = self._table[1]
+        table_text = self._table_text(scrape, devices)
         status_text = (
             ""  # only snapshot, snapshot-merge and thin-pool targets have a status published
         )
@@ -107,6 +133,27 @@ class DmCollector:
         host.targets, host.snapshots, host.pools = read.targets, read.snapshots, read.pools
         host.crypt_flags = read.crypt_flags  # for the findings: read here, never published
         return families
+
+    def _table_text(self, scrape, devices):
+        """`dmsetup table`'s output: the kept one while it serves (KeptTable), else read again."""
+        kept = self._table
+        try:
+            # taken before the read, so that a change during the read shows on the next scrape
+            events = self._dmsetup.events(scrape.remaining())
+            if kept is not None and kept.serves(devices, events):
+                return kept.text
+            read_at = monotonic()
+            text = self._dmsetup.run(TABLE_ARGS, scrape.remaining())
+        except DmsetupError as e:
+            scrape.error(str(e), e.reason, subject="dmsetup table")
+            if kept is None or kept.devices != devices:
+                raise CollectorFailed() from None  # nothing to publish: the collector failed
+            # The same dm devices (kernel names, dm names, uuids) as at the last table read: its
+            # snapshot, origin and chunk facts stand (they change only when a device is made
+            # anew), so a slow dmsetup on a loaded host does not make them blink out of the rules.
+            return kept.text
+        self._table = KeptTable(devices, events, read_at, text)
+        return text
 
     def _families(self, scrape, dm, table_text, status_text):
         labels = ["device", "name"]
