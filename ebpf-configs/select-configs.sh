@@ -27,9 +27,10 @@ CANDIDATES=(
   # time per I/O.
   "block: block_io block_io_immediate"
   # fentry/fexit times add_transaction_credits exactly; the tracepoint variants bracket
-  # start_this_handle: ext4_journal_start_sb/_inode (6.2+) or ext4_journal_start (5.10-6.1).
-  # Same metric from all three.
-  "jbd2: jbd2_credit_wait_fexit jbd2_credit_wait jbd2_credit_wait_legacy"
+  # start_this_handle: ext4_journal_start_sb/_inode (6.2+: tp_btf, or raw tracepoints where the
+  # modules' BTF is out of reach without CAP_SYS_ADMIN) or ext4_journal_start (5.10-6.1, raw).
+  # Same metric from all four.
+  "jbd2: jbd2_credit_wait_fexit jbd2_credit_wait jbd2_credit_wait_raw jbd2_credit_wait_legacy"
 )
 
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then

@@ -561,6 +561,8 @@ def bpf_cost(names, rounds, runtime, size, mode, baseline=None, disk=None, ours_
 # path when it is fio's, a kernel worker's (the loop device's), softirq's, or an interrupt's taken
 # on an idle CPU (comm swapper): other processes on a shared machine are left out.
 IDLE_FRAMES = ("halt", "idle", "mwait")
+# Samples on the I/O path below which a share resolves nothing (one sample is 1/N of it)
+MIN_SHARE_SAMPLES = 200
 IO_COMMS = ("fio", "kworker/", "ksoftirqd/", "swapper")
 
 
@@ -586,13 +588,24 @@ def perf_shares(path):
     return total, io_path, bpf
 
 
-def cpu_share(mode, names, rounds, runtime, size, ours_as=ROOT_IDENTITY, disk=None, data_dir=BUILD):
+def cpu_share(
+    mode,
+    names,
+    rounds,
+    runtime,
+    size,
+    ours_as=ROOT_IDENTITY,
+    disk=None,
+    data_dir=BUILD,
+    frequency=1999,
+):
     """The share of the I/O path's CPU spent in BPF programs (and what they call: clock reads, map
     helpers, the tracepoint's dispatch into them), for the floor, upstream's biolatency and ours
     (as `ours_as`; the others as root), interleaved: perf record -a -g during each fio run, after
     a 1 s ramp; on a loop device of `mode`, or on the existing whole disk `disk`. perf.data goes
-    to `data_dir` (a guest's root is read-only). Returns {side: share}; a side that does not load
-    here (upstream's biolatency before 5.11) is left out."""
+    to `data_dir` (a guest's root is read-only); samples at `frequency` Hz per CPU. Returns
+    {"share": {side: share}, "io_path_samples": {side: samples}} (medians); a side that does not
+    load here (upstream's biolatency before 5.11) is left out."""
     sides = {
         "floor": (UPSTREAM_DIR, "floor", ROOT_IDENTITY),
         "upstream biolatency": (UPSTREAM_DIR, "biolatency", ROOT_IDENTITY),
@@ -601,6 +614,7 @@ def cpu_share(mode, names, rounds, runtime, size, ours_as=ROOT_IDENTITY, disk=No
     if disk:
         sides = {side: v for side, v in sides.items() if loads(*v)}
     shares = {side: [] for side in sides}
+    samples = {side: [] for side in sides}  # on the I/O path
     busy = []
     data = os.path.join(data_dir, "bench-ebpf.perf.data")
     with whole_disk(disk) if disk else device(mode, size) as dev:
@@ -618,12 +632,15 @@ def cpu_share(mode, names, rounds, runtime, size, ours_as=ROOT_IDENTITY, disk=No
                                 "perf",
                                 "record",
                                 "-q",
+                                # no pass over the data for build ids: in a TCG guest perf record
+                                # once outlasted 64 s for a 4 s window
+                                "--no-buildid",
                                 "-a",
                                 "-g",
                                 "-e",
                                 "cpu-clock",
                                 "-F",
-                                "1999",
+                                str(frequency),
                                 "-o",
                                 data,
                                 "--",
@@ -632,10 +649,11 @@ def cpu_share(mode, names, rounds, runtime, size, ours_as=ROOT_IDENTITY, disk=No
                             ],
                             check=True,
                             capture_output=True,
-                            timeout=runtime + 60,
+                            timeout=runtime + 300,
                         )
                 total, io_path, bpf = perf_shares(data)
                 shares[side].append(bpf / max(io_path, 1))
+                samples[side].append(io_path)
                 busy.append(io_path / max(total, 1))
                 print(
                     f"  {mode} round {i + 1}/{rounds} {side:>19}: BPF in {bpf} of {io_path} samples on the "
@@ -650,7 +668,17 @@ def cpu_share(mode, names, rounds, runtime, size, ours_as=ROOT_IDENTITY, disk=No
         "where the CPU is the bottleneck, near 100 %)",
         flush=True,
     )
-    return {side: statistics.median(v) for side, v in shares.items()}
+    fewest = min(statistics.median(v) for v in samples.values())
+    if fewest < MIN_SHARE_SAMPLES:
+        print(
+            f"{mode}: too few samples on the I/O path to resolve a share (fewest {fewest:.0f}, wanted "
+            f"{MIN_SHARE_SAMPLES}): the CPUs were idle (a VM lab guest waits for QEMU's emulated device)",
+            flush=True,
+        )
+    return {
+        "share": {side: statistics.median(v) for side, v in shares.items()},
+        "io_path_samples": {side: statistics.median(v) for side, v in samples.items()},
+    }
 
 
 # --- scale: ns per I/O against the number of devices in the maps ---------------------------------
@@ -910,8 +938,16 @@ def main():
             names, args.cost_rounds, args.runtime, size, args.disk, disk=args.disk, ours_as=ours_as
         )
         if args.share_rounds:
+            # a VM lab guest's emulated CPU: fewer samples, each costs ~10x there
             summary["cpu_share"] = shares(
-                [args.disk], names, args, size, ours_as, disk=args.disk, data_dir="/tmp"
+                [args.disk],
+                names,
+                args,
+                size,
+                ours_as,
+                disk=args.disk,
+                data_dir="/tmp",
+                frequency=499,
             )
     else:
         summary["ns_per_io"] = bpf_cost(
@@ -949,7 +985,8 @@ def main():
 
 
 def shares(modes, names, args, size, ours_as, **kw):
-    """{mode: {side: BPF share of the I/O path's CPU}}, or {"skipped": why} without a working perf."""
+    """{mode: cpu_share's {"share": {side: BPF share of the I/O path's CPU}, "io_path_samples":
+    {side: samples}}}, or {"skipped": why} without a working perf."""
     if not shutil.which("perf"):
         print("perf not found (Debian's linux-perf): the BPF CPU share is skipped", flush=True)
         return {"skipped": "perf not found"}
@@ -958,9 +995,13 @@ def shares(modes, names, args, size, ours_as, **kw):
             mode: cpu_share(mode, names, args.share_rounds, args.runtime + 1, size, ours_as, **kw)
             for mode in modes
         }
-    except subprocess.CalledProcessError as e:
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
-        why = f"{' '.join(e.cmd[:2])} failed: {err.strip()[-300:]}"
+        why = f"{' '.join(e.cmd[:2])} " + (
+            f"timed out after {e.timeout:.0f} s"
+            if isinstance(e, subprocess.TimeoutExpired)
+            else f"failed: {err.strip()[-300:]}"
+        )
         print(f"the BPF CPU share is skipped: {why}", flush=True)
         return {"skipped": why}
 

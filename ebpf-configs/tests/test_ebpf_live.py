@@ -331,6 +331,17 @@ def test_latency_histograms_populate_with_device_label(exporter, device):
 def test_jbd2_credit_wait_fills_under_fsync_heavy_writes(exporter, device):
     """Random buffered 4 KiB writes, each followed by fsync, from 4 jobs on ext4: every write
     starts journal handles (inode update, block allocation), and commits lock transactions."""
+    assert_credit_waits_counted(exporter, device)
+
+
+def test_raw_tracepoint_variant_counts_credit_waits(device, tmp_path):
+    """jbd2_credit_wait_raw, what an ebpf_exporter without CAP_SYS_ADMIN loads on 6.2+ kernels
+    whose ext4 and jbd2 are modules: the same waits from raw tracepoints."""
+    with running_exporter("jbd2_credit_wait_raw", tmp_path / "ebpf_exporter.log") as raw:
+        assert_credit_waits_counted(raw, device)
+
+
+def assert_credit_waits_counted(exporter, device):
     number = devno(device)
     with loop.ext4(device) as mnt:
         before = exporter.scrape()

@@ -1,6 +1,9 @@
 """One scrape: the collectors run in turn, each isolated from the others' failures.
 
-Each collector is an object with a `name` and a `collect(scrape)` generator of metric families.
+Each collector is an object with a `name` and a `collect(scrape)` generator of metric families,
+and optionally `begin(scrape)`, called for every such collector before the first turn, to start
+what it would otherwise wait for in its turn, and `end()`, called once the scrape is over,
+whether it ended or raised, to stop whatever begin() started and collect() did not finish.
 Problems with one device or one file are reported with `scrape.error(...)`: they count in
 blockstack_collector_errors_total{collector,reason} and are logged, and the collector carries
 on. A condition that persists (the same subject, e.g. a device and what was read) is logged
@@ -368,22 +371,44 @@ class BlockstackCollector(Collector):
             "How long the collector's last scrape took.",
             labels=["collector"],
         )
-        for c in self.collectors:
+
+        def turn(c):
             scrape.collector = c.name
-            start = time.monotonic()
-            scrape.deadline = min(overall, start + budget * shares[c.name] / total_share)
-            try:
-                families = list(c.collect(scrape))
-                ok = 1
-            except CollectorFailed:
-                families, ok = [], 0
-            except Exception as e:  # one collector's failure must never fail the scrape
-                scrape.error(f"failed: {e!r}", reason="failed", subject="failed")
-                families, ok = [], 0
-            families = [f for f in families if self._check(scrape, f)]
-            duration.add_metric([c.name], time.monotonic() - start)
-            success.add_metric([c.name], ok)
-            yield from families
+            scrape.deadline = min(overall, time.monotonic() + budget * shares[c.name] / total_share)
+
+        # A collector with begin(scrape) starts there what it would otherwise wait for in its
+        # turn (dm: `dmsetup status`, which then runs while queue and stack read sysfs); its
+        # end() runs whatever happens, so that nothing begun outlives the scrape. begin() is
+        # only a head start: what fails in it is counted, and collect() still runs.
+        begun = [c for c in self.collectors if hasattr(c, "begin")]
+        spent = {}  # seconds each collector spent in begin(), part of its duration
+        try:
+            for c in begun:
+                turn(c)
+                start = time.monotonic()
+                try:
+                    c.begin(scrape)
+                except Exception as e:
+                    scrape.error(f"begin failed: {e!r}", reason="failed", subject="begin failed")
+                spent[c.name] = time.monotonic() - start
+            for c in self.collectors:
+                start = time.monotonic()
+                turn(c)
+                try:
+                    families = list(c.collect(scrape))
+                    ok = 1
+                except CollectorFailed:
+                    families, ok = [], 0
+                except Exception as e:  # one collector's failure must never fail the scrape
+                    scrape.error(f"failed: {e!r}", reason="failed", subject="failed")
+                    families, ok = [], 0
+                families = [f for f in families if self._check(scrape, f)]
+                duration.add_metric([c.name], time.monotonic() - start + spent.get(c.name, 0.0))
+                success.add_metric([c.name], ok)
+                yield from families
+        finally:
+            for c in begun:
+                c.end()
         errors = CounterMetricFamily(
             "blockstack_collector_errors",
             "Problems met while reading kernel interfaces, by collector and reason: unreadable, "

@@ -24,8 +24,9 @@ from blockstack_exporter.collectors.dm_parse import (
     parse_thin_pool_status,
     parse_thin_pool_table,
 )
+from blockstack_exporter.collectors.queue import QueueCollector
 from blockstack_exporter.fs import ParseError
-from blockstack_testsupport.clock import seconds
+from blockstack_testsupport.clock import seconds, wait_until
 
 DM_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "dm")
 DM_ONLY = ("--collector.disable-defaults", "--collector.dm")
@@ -821,3 +822,152 @@ def test_a_control_node_that_always_polls_readable_reads_the_table_every_scrape(
     for _ in range(3):
         assert Scraped(registry).success("dm") == 1
     assert commands(fake) == ["dmsetup table"] * 3
+
+
+# --- the status begun at the scrape's start (DmCollector.begin) ----------------------------------
+
+STATUS = "dmsetup status --noflush"
+
+
+def incident_host(tmp_path, monkeypatch):
+    """The NVMe incident's devices (a snapshot: a status every scrape) as a Host."""
+    incident = os.path.join(DM_FIXTURES, "nvme-incident")
+    return Host(
+        tmp_path,
+        monkeypatch,
+        SYSFS["nvme-incident"],
+        open(os.path.join(incident, "dmsetup_table")).read(),
+        open(os.path.join(incident, "dmsetup_status_--noflush")).read(),
+    )
+
+
+def in_queue_turn(monkeypatch, action):
+    """action() runs in the queue collector's turn (the first), after its reading."""
+    collect = QueueCollector.collect
+
+    def collect_then_act(self, scrape):
+        families = list(collect(self, scrape))
+        action()
+        return families
+
+    monkeypatch.setattr(QueueCollector, "collect", collect_then_act)
+
+
+def status_started(fake, n, timeout=10):
+    """Whether fake_dmsetup's log shows n status runs started, waiting up to seconds(timeout)."""
+    try:
+        return wait_until(
+            f"{n} status runs", lambda: commands(fake).count(STATUS) >= n, timeout, 0.005
+        )
+    except TimeoutError:
+        return False
+
+
+def test_the_status_runs_while_the_collectors_before_dm_read(fake, monkeypatch, tmp_path):
+    """Once the table is kept, `dmsetup status` starts with the scrape, before the queue and
+    stack collectors' turns end, instead of after them (its fork, exec and ioctls overlap their
+    reading); dm's turn reads its answer."""
+    host = incident_host(tmp_path, monkeypatch)
+    registry = registry_for(host.root, *DM_ONLY, "--collector.queue", "--collector.stack")
+    Scraped(registry)  # the table read, then the status: nothing kept yet to start from
+    status = (host.fixtures / "dmsetup_status_--noflush").read_text()
+    host.dmsetup(status=status.replace("208/", "4096/"))  # the snapshot filling
+    started_in_queue_turn = []
+    in_queue_turn(monkeypatch, lambda: started_in_queue_turn.append(status_started(fake, 2)))
+    r = Scraped(registry)
+    assert started_in_queue_turn == [True]
+    assert r.success("dm") == 1 and r.errors("dm") == 0 and r.success("queue") == 1
+    snap = dict(device="dm-3", name="secvol-tmp_backup1")
+    assert r.get("blockstack_dm_snapshot_cow_used_bytes", **snap) == 4096 * SECTOR  # this one's
+    assert commands(fake) == ["dmsetup table", STATUS, STATUS]
+
+
+@pytest.mark.parametrize(
+    "mode,reason,message",
+    [
+        ("fail", "command", "exited with 1: /dev/mapper/control: open failed: Permission denied"),
+        ("hang", "timeout", "timed out after"),
+    ],
+)
+def test_a_status_begun_early_fails_as_one_run_in_its_turn(
+    fake, monkeypatch, tmp_path, caplog, mode, reason, message
+):
+    host = incident_host(tmp_path, monkeypatch)
+    registry = registry_for(host.root, *DM_ONLY, f"--collector.dm.timeout={seconds(0.5)}")
+    assert Scraped(registry).errors("dm") == 0
+    monkeypatch.setenv("FAKE_DMSETUP_MODE", mode)
+    monkeypatch.setenv("FAKE_DMSETUP_ONLY", "status")
+    monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
+    start = time.monotonic()
+    r = Scraped(registry)
+    assert time.monotonic() - start < seconds(5)
+    assert r.success("dm") == 1 and r.errors("dm") == r.errors("dm", reason) == 1
+    assert message in caplog.text
+    snap = dict(device="dm-3", name="secvol-tmp_backup1")
+    assert incident_snapshot_info(r) == 1  # the kept table's facts
+    assert r.get("blockstack_dm_snapshot_cow_used_bytes", **snap) is None  # never stood in for
+    assert commands(fake) == ["dmsetup table", STATUS, STATUS]  # run once, not again
+    pid = int(fake.calls()[-1].split()[0])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # exited or killed, and reaped
+
+
+def test_devices_changed_without_an_event_read_the_table_then_the_status(
+    fake, monkeypatch, tmp_path
+):
+    """begin() cannot see sysfs's devices: it starts the status on the event token alone. When
+    the devices turn out changed, the table is read again and the status after it, as without
+    begin; the status begun is stopped, unread."""
+    host = incident_host(tmp_path, monkeypatch)
+    registry = host.registry()
+    Scraped(registry)
+    host.add("dm dm-4 253:4 secvol-new")
+    host.dmsetup(
+        (host.fixtures / "dmsetup_table").read_text() + "secvol-new: 0 8 linear 259:0 0\n",
+        (host.fixtures / "dmsetup_status_--noflush").read_text() + "secvol-new: 0 8 linear \n",
+    )
+    r = Scraped(registry)
+    assert r.success("dm") == 1 and r.errors("dm") == 0
+    assert target(r, "dm-4", "secvol-new", "linear") == 1
+    assert commands(fake) == ["dmsetup table", STATUS, STATUS, "dmsetup table", STATUS]
+
+
+class Abandoned(BaseException):
+    """Escapes the collectors' isolation (an Exception would only fail their turn)."""
+
+
+def pipes():
+    """This process's descriptors of pipes."""
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass  # the listing's own descriptor, closed
+    return {fd: link for fd, link in fds.items() if link.startswith("pipe:")}
+
+
+def test_a_scrape_that_raises_leaves_no_dmsetup_running(fake, monkeypatch, tmp_path):
+    host = incident_host(tmp_path, monkeypatch)
+    registry = registry_for(host.root, *DM_ONLY, "--collector.queue")
+    Scraped(registry)
+    monkeypatch.setenv("FAKE_DMSETUP_MODE", "hang")
+    monkeypatch.setenv("FAKE_DMSETUP_ONLY", "status")
+    monkeypatch.setenv("FAKE_DMSETUP_SLEEP", "30")
+    before = pipes()
+    started = []
+
+    def abandon():
+        started.append(status_started(fake, 2))  # it runs, and would for 30 s
+        raise Abandoned()
+
+    in_queue_turn(monkeypatch, abandon)
+    start = time.monotonic()
+    with pytest.raises(Abandoned):
+        list(registry.collect())
+    assert time.monotonic() - start < seconds(5)  # not waited for: killed
+    assert started == [True]
+    pid = int(fake.calls()[-1].split()[0])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped: no zombie
+    assert pipes() == before  # its stdout and stderr closed

@@ -11,7 +11,16 @@ import time
 
 import pytest
 from exporter_testlib import FAKE_DMSETUP, Scraped, registry_for
-from test_dm import DM_FIXTURES, DM_ONLY, SYSFS, build_sysfs, incident_snapshot_info
+from test_dm import (
+    DM_FIXTURES,
+    DM_ONLY,
+    STATUS,
+    SYSFS,
+    build_sysfs,
+    in_queue_turn,
+    incident_snapshot_info,
+    status_started,
+)
 
 from blockstack_testsupport.clock import seconds, wait_until
 
@@ -102,6 +111,32 @@ def test_the_helper_runs_the_table_again_only_when_its_events_say_so(tmp_path, h
         "dmsetup status --noflush",
         "dmsetup status --noflush",
     ]
+
+
+def test_the_status_is_asked_of_the_helper_at_the_scrape_start(tmp_path, helper, monkeypatch):
+    """As with dmsetup run here (test_dm): once the table is kept, the status request is sent
+    when the scrape starts and its answer read in dm's turn. When the devices then turn out
+    changed, the request is given up (its connection closed, the helper answers no one) and the
+    table and the status asked for in turn; the helper serves on."""
+    sock = helper("nvme-incident")
+    root = build_sysfs(str(tmp_path / "root"), SYSFS["nvme-incident"])
+    exporter = registry_for(root, *DM_ONLY, "--collector.queue", f"--collector.dm.helper={sock}")
+    Scraped(exporter)
+    started_in_queue_turn = []
+    in_queue_turn(monkeypatch, lambda: started_in_queue_turn.append(status_started(helper, 2)))
+    r = Scraped(exporter)
+    assert started_in_queue_turn == [True]
+    assert r.success("dm") == 1 and r.errors("dm") == 0 and incident_snapshot_info(r) == 1
+    calls = [c.split(" ", 1)[1] for c in helper.calls()]
+    assert calls == ["dmsetup table", STATUS, STATUS]
+    monkeypatch.undo()
+    build_sysfs(root, "dm dm-4 253:4 secvol-new")  # no event: begin() starts the status
+    r = Scraped(exporter)
+    assert r.success("dm") == 1 and r.errors("dm", "vanished") == 1  # dm-4: not in the listing
+    assert incident_snapshot_info(r) == 1
+    calls = [c.split(" ", 1)[1] for c in helper.calls()]
+    assert calls[3:] == [STATUS, "dmsetup table", STATUS]
+    assert Scraped(exporter).success("dm") == 1
 
 
 @pytest.mark.parametrize(

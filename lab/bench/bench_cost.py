@@ -187,7 +187,7 @@ def main():
                 "--rounds",
                 str(args.rounds),
             ],
-            keep=r"^(page-cache|direct-io)|BPF run time|WARNING",
+            keep=r"^(page-cache|direct-io|identity:|our configs|kernel )|BPF run time|WARNING",
         )
         summary += sub_bench(
             "scrape time",

@@ -24,6 +24,12 @@ How the guest is made (the facts issue #20 measured):
 - Network: QEMU user networking, restricted (no way out of the guest), with host-forwarded TCP
   ports bound to 127.0.0.1 only: the agent (vm_agent.py, which runs the commands) and one per
   exporter. The guest brings up lo (no exporter listens without it) and eth0 as 10.0.2.15.
+- ebpf_exporter runs as users run it (the Debian package, the Helm chart, `make up` as root):
+  its own user with CAP_BPF and CAP_PERFMON (blockstack_deploy.privileges, through setpriv;
+  the users made at boot as the package makes them, privileges.ensure_users), and
+  select-configs.sh probes the variants under that identity (SELECT_CONFIGS_AS), at
+  kernel.perf_event_paranoid as the distribution sets it (3 on Debian's kernels:
+  distribution_paranoid, set at boot).
 - virtme-ng's script output reaches the host only with --verbose (no virtio-serial port is used:
   console fallback); it and the kernel's console go to console.log in the guest's directory.
 - On exit, or on any failure during the boot: the agent is asked to power the guest off; whatever
@@ -53,6 +59,7 @@ import sys
 import tempfile
 import time
 
+from blockstack_deploy import privileges
 from blockstack_deploy.paths import VENV_BIN
 from blockstack_deploy.stack import EBPF_CONFIG_DIR, EBPF_EXPORTER, REPO, Stack
 from blockstack_exporter.collectors.ebpf import parse_status
@@ -161,6 +168,21 @@ def kernel(name):
     if not found:
         raise FileNotFoundError(f"no Debian {name} kernel ({KERNEL_GLOBS[name]}): run make vm-deps")
     return found[-1]
+
+
+def distribution_paranoid(vmlinuz):
+    """kernel.perf_event_paranoid as the distribution ships the kernel `vmlinuz`: 3 where its
+    config has CONFIG_SECURITY_PERF_EVENTS_RESTRICT (Debian's and Ubuntu's patch "security,perf:
+    Allow further restriction of perf_event_open": perf_event_open refused without CAP_SYS_ADMIN),
+    else upstream's 2 (kernel/events/core.c); None without the config file beside it."""
+    config = os.path.join(
+        os.path.dirname(vmlinuz), "config-" + os.path.basename(vmlinuz).removeprefix("vmlinuz-")
+    )
+    try:
+        with open(config) as f:
+            return 3 if "CONFIG_SECURITY_PERF_EVENTS_RESTRICT=y" in f.read().split("\n") else 2
+    except OSError:
+        return None
 
 
 def _version_key(path):
@@ -402,6 +424,7 @@ class Guest(AgentGuest):
         self.kernel_name, self.vmlinuz = kernel, globals()["kernel"](kernel)
         self.release = os.path.basename(self.vmlinuz).removeprefix("vmlinuz-")
         self.nvme, self.nvme_size, self.memory, self.cpus = nvme, nvme_size, memory, cpus
+        self.perf_event_paranoid = distribution_paranoid(self.vmlinuz)  # set at boot
         self.boot_timeout, self.extra_qemu_opts, self.say, self.root = (
             boot_timeout,
             list(qemu_opts),
@@ -445,9 +468,22 @@ class Guest(AgentGuest):
 
     def _guest_script(self):
         d = self.dir
+        paranoid = (
+            f"echo {self.perf_event_paranoid} > /proc/sys/kernel/perf_event_paranoid"
+            if self.perf_event_paranoid is not None
+            else ""
+        )
         return f"""#!/bin/sh
-# the VM lab's guest (blockstack_lab/vm.py): network, an lvm.conf without udev, then the agent
+# the VM lab's guest (blockstack_lab/vm.py): kernel.perf_event_paranoid as the distribution sets
+# it, the service users, network, an lvm.conf without udev, then the agent
 echo "blockstack-vm: $(uname -r) up after $(cut -d' ' -f1 /proc/uptime) s"
+echo "blockstack-vm: kernel.perf_event_paranoid $(cat /proc/sys/kernel/perf_event_paranoid) at boot"
+{paranoid}
+# virtme-ng binds a made-up /etc/shadow over the host's; useradd renames its new one over it,
+# which a mount point refuses (EBUSY): the overlay's own instead, copied up on write
+umount /etc/shadow 2>/dev/null
+{VENV_BIN}/python -c 'from blockstack_deploy import privileges; privileges.ensure_users()' ||
+  echo "blockstack-vm: the service users could not be made: ebpf_exporter will not start"
 ip link set lo up
 nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
 ip addr add {GUEST_ADDRESS}/24 dev "$nic" && ip link set "$nic" up
@@ -521,8 +557,11 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
         self._save()
         self._wait_for_agent(self.proc, start + self.boot_timeout, "virtme-ng")
         self.boot_seconds = time.monotonic() - start
+        booted = re.search(r"kernel.perf_event_paranoid (\d+) at boot", self.console_tail(10**6))
         self.say(
-            f"vm: {self.release} up in {self.boot_seconds:.1f} s; agent on 127.0.0.1:{self.ports['agent']}"
+            f"vm: {self.release} up in {self.boot_seconds:.1f} s; agent on 127.0.0.1:{self.ports['agent']}; "
+            f"kernel.perf_event_paranoid {booted[1] if booted else '?'} at boot, "
+            f"{self.perf_event_paranoid} set (the distribution's)"
         )
 
     def _save(self):
@@ -573,11 +612,20 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
         if self._probe is None and self._ebpf_configs is None:
             # jbd2 is a module: the fexit variant attaches to its functions only once it is loaded
             # (a host with ext4 mounted has it; a guest before its first mount has not)
+            # probed as ebpf_exporter runs (ebpf_identity), as stack.py probes them
             self._probe = self.start(
                 f"modprobe ext4; SELECT_CONFIGS_TIMEOUT=300 "
+                f"SELECT_CONFIGS_AS={shlex.quote(' '.join(self.ebpf_identity))} "
                 f"{os.path.join(REPO, 'ebpf-configs', 'select-configs.sh')} {EBPF_EXPORTER} "
                 f"{EBPF_CONFIG_DIR} {self.ebpf_status_file}"
             )
+
+    @property
+    def ebpf_identity(self):
+        """The setpriv prefix that gives ebpf_exporter in the guest its production user and the
+        capabilities it has on the guest's kernel (privileges.wrap: CAP_BPF and CAP_PERFMON, and
+        CAP_SYS_RESOURCE before 5.11); its user is made at boot (_guest_script)."""
+        return privileges.wrap("ebpf", [], release=self.release)
 
     @property
     def ebpf_status_file(self):
@@ -643,14 +691,17 @@ exec /usr/bin/python3 {AGENT} --listen {GUEST_ADDRESS}:{AGENT_PORT} --token-file
     @contextlib.contextmanager
     def exporters(self, timeout=300, ebpf_configs=None):
         """node_exporter, blockstack-exporter and ebpf_exporter running in the guest for the body,
-        each answering on its host-forwarded port; yields {component: host port}. Their output is
+        each answering on its host-forwarded port; yields {component: host port}. ebpf_exporter
+        runs under its production identity (ebpf_identity), the others as root. Their output is
         in guest.exporter_logs() while they run."""
         with contextlib.ExitStack() as es:
             self._exporters = {}
             for c, argv in self.exporter_commands(ebpf_configs).items():
                 job = es.enter_context(
                     self.background(
-                        ["env", "OTEL_TRACES_EXPORTER=none", *argv] if c == "ebpf" else argv
+                        ["env", "OTEL_TRACES_EXPORTER=none", *self.ebpf_identity, *argv]
+                        if c == "ebpf"
+                        else argv
                     )
                 )
                 self._exporters[c] = job

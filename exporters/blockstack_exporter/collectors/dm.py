@@ -9,7 +9,9 @@ Two commands, and only when sysfs shows dm devices:
     dmsetup status --noflush      NAME: START LENGTH TARGET STATUS...
 
 The table only when it may have changed (KeptTable says how that is known); the status on every
-scrape whose table has a snapshot, snapshot-merge or thin-pool target, and never otherwise.
+scrape whose table has a snapshot, snapshot-merge or thin-pool target, and never otherwise. While
+the kept table serves, the status is started at the scrape's start and read in the collector's
+turn (DmCollector.begin), so that dmsetup runs while the collectors before it read sysfs.
 
 When `dmsetup table` fails or runs out of time (a loaded host, a slow root filesystem) while
 sysfs shows the same dm devices as at its last success, that table stands in, so that the
@@ -35,13 +37,14 @@ from ..fs import ParseError
 from ..scrape import CollectorFailed, Reuse
 from . import dm_parse
 from .dm_client import HelperClient
-from .dmsetup import STATUS_ARGS, TABLE_ARGS, Dmsetup, DmsetupError
+from .dmsetup import STATUS_ARGS, TABLE_ARGS, Dmsetup, DmsetupError, Started
 
 SECTOR = 512
 THIN_METADATA_BLOCK = 4096  # drivers/md/dm-thin-metadata.h THIN_METADATA_BLOCK_SIZE
 SNAPSHOT_STATES = ("valid", "invalid", "overflow", "merge_failed", "merging")
 THIN_POOL_STATES = ("rw", "ro", "out_of_data_space", "fail", "error")
 MISSING = object()  # the status call failed: already reported once
+NOT_ASKED = object()  # no event token taken at the scrape's start (Early)
 TABLE_MAX_AGE = 60.0  # seconds a kept table may serve at most (KeptTable)
 
 
@@ -81,11 +84,25 @@ class KeptTable:
     text: str
 
     def serves(self, devices, events):
-        return (
-            self.devices == devices
-            and self.events == events
-            and monotonic() - self.read_at < TABLE_MAX_AGE
-        )
+        return self.devices == devices and self.current(events)
+
+    def current(self, events):
+        """Serves as far as can be told without sysfs's devices (DmCollector.begin)."""
+        return self.events == events and monotonic() - self.read_at < TABLE_MAX_AGE
+
+
+def wants_status(table_text):
+    """Whether a table has a target whose status is published: snapshot, snapshot-merge,
+    thin-pool (a superset of the lines that do)."""
+    return " snapshot" in table_text or " thin-pool" in table_text
+
+
+@dataclass
+class Early:
+    """What DmCollector.begin did at the scrape's start, for collect() in its turn."""
+
+    events: object = NOT_ASKED  # the event token, or the DmsetupError met asking for it
+    status: "Started | None" = None  # `dmsetup status`, started, not read yet
 
 
 class DmCollector:
@@ -103,26 +120,58 @@ class DmCollector:
         self._reuse = Reuse()
         self._part = DmRead()  # the Host's part, of the families built last
         self._table = None  # KeptTable
+        self._early = None  # Early, from this scrape's begin() to its end()
+
+    def begin(self, scrape):
+        """At the scrape's start, before the first collector's turn (scrape.py): when the kept
+        table has a target whose status is published and still serves as far as can be told
+        without sysfs (no device-mapper event since it was read, not too old), `dmsetup status`
+        is started here and collect() reads it in its turn. Its fork, exec and ioctls (1.5-2 ms
+        of a 100-device scrape's wall time, little of it this process's CPU) then overlap the
+        queue and stack collectors' reading instead of following it.
+
+        The event token is taken here, once a scrape (through the helper it is a round trip, and
+        the helper answers one request at a time), and collect() uses it. A status begun but
+        not read (the dm devices in sysfs changed, so the table is read again and the status
+        after it, as without begin) is stopped by end()."""
+        kept = self._table
+        if kept is None or not wants_status(kept.text):
+            return  # nothing to start: collect() does it all in its turn
+        early = self._early = Early()
+        try:
+            early.events = self._dmsetup.events(scrape.remaining())
+        except DmsetupError as e:
+            early.events = e  # counted by collect(), which does not ask again (a mute helper)
+            return
+        if kept.current(early.events):
+            try:
+                early.status = self._dmsetup.start(STATUS_ARGS, scrape.remaining())
+            except DmsetupError:
+                pass  # collect() runs it in its turn, and counts what fails then
+
+    def end(self):
+        """A status begin() started and collect() did not read killed and reaped: called by
+        collect() when it has what it needs, and by scrape.py at the scrape's end (also when
+        the scrape raised before this collector's turn)."""
+        early, self._early = self._early, None
+        if early is not None and early.status is not None:
+            self._dmsetup.stop(early.status)  # nothing if it was read
 
     def collect(self, scrape):
-        dm = scrape.dm
-        if not dm:
-            return []
-        devices = tuple(sorted(dm.items()))
-        table_text = self._table_text(scrape, devices)
-        status_text = (
-            ""  # only snapshot, snapshot-merge and thin-pool targets have a status published
-        )
-        if (
-            " snapshot" in table_text or " thin-pool" in table_text
-        ):  # (a superset of the lines that do)
-            try:
-                status_text = self._dmsetup.run(STATUS_ARGS, scrape.remaining())
-            except DmsetupError as e:
-                scrape.error(
-                    str(e), e.reason, subject="dmsetup status"
-                )  # tables are still published
-                status_text = None
+        early = self._early or Early()
+        try:
+            dm = scrape.dm
+            if not dm:
+                return []
+            devices = tuple(sorted(dm.items()))
+            table_text, kept = self._table_text(scrape, devices, early.events)
+            status_text = ""  # only snapshot, snapshot-merge and thin-pool have a status published
+            if wants_status(table_text):
+                # the status begun before the table was known is read only if the kept table
+                # served: one read again may name devices that status does not
+                status_text = self._status_text(scrape, early.status if kept else None)
+        finally:
+            self.end()
         # parsed again only when something it depends on changed
         key = (table_text, status_text, devices, tuple(scrape.devices))
         families = self._reuse.families_for(
@@ -134,14 +183,29 @@ class DmCollector:
         host.crypt_flags = read.crypt_flags  # for the findings: read here, never published
         return families
 
-    def _table_text(self, scrape, devices):
-        """`dmsetup table`'s output: the kept one while it serves (KeptTable), else read again."""
+    def _status_text(self, scrape, started):
+        """`dmsetup status`'s output, of the one begin() started or else run now; None (the
+        error counted) when it failed: the tables are still published."""
+        try:
+            if started is None:
+                return self._dmsetup.run(STATUS_ARGS, scrape.remaining())
+            return self._dmsetup.finish(started, scrape.remaining())
+        except DmsetupError as e:
+            scrape.error(str(e), e.reason, subject="dmsetup status")
+            return None
+
+    def _table_text(self, scrape, devices, events=NOT_ASKED):
+        """`dmsetup table`'s output, and whether it is the kept one (KeptTable) rather than one
+        read now. events: the token begin() took (or the DmsetupError it met), else taken here."""
         kept = self._table
         try:
             # taken before the read, so that a change during the read shows on the next scrape
-            events = self._dmsetup.events(scrape.remaining())
+            if events is NOT_ASKED:
+                events = self._dmsetup.events(scrape.remaining())
+            elif isinstance(events, DmsetupError):
+                raise events
             if kept is not None and kept.serves(devices, events):
-                return kept.text
+                return kept.text, True
             read_at = monotonic()
             text = self._dmsetup.run(TABLE_ARGS, scrape.remaining())
         except DmsetupError as e:
@@ -151,9 +215,9 @@ class DmCollector:
             # The same dm devices (kernel names, dm names, uuids) as at the last table read: its
             # snapshot, origin and chunk facts stand (they change only when a device is made
             # anew), so a slow dmsetup on a loaded host does not make them blink out of the rules.
-            return kept.text
+            return kept.text, False
         self._table = KeptTable(devices, events, read_at, text)
-        return text
+        return text, False
 
     def _families(self, scrape, dm, table_text, status_text):
         labels = ["device", "name"]

@@ -11,6 +11,7 @@ import selectors
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 
 from ..fs import TooLarge
 
@@ -40,6 +41,24 @@ class DmsetupError(Exception):
     def __init__(self, message, reason="command"):
         super().__init__(message)
         self.reason = reason
+
+
+@dataclass
+class Started:
+    """A request begun by start() (Dmsetup's or HelperClient's) and not yet answered: finish()
+    reads its answer, stop() ends it unread. Both may be called again (they then do nothing)."""
+
+    command: str  # as messages name it
+    handle: object  # the dmsetup process (Dmsetup), the socket to the helper (HelperClient)
+    started: float  # monotonic() when it began
+    deadline: float  # monotonic() by which it is given up: started + its timeout
+
+    def until(self, timeout=None):
+        """The monotonic time to wait for it until: its deadline, or sooner, `timeout` seconds
+        from now (the collector's deadline, in its turn)."""
+        if timeout is None:
+            return self.deadline
+        return min(self.deadline, time.monotonic() + timeout)
 
 
 def named(args):
@@ -130,7 +149,13 @@ class Dmsetup:
     def run(self, args, timeout=None):
         """stdout of `dmsetup ARGS` as text; DmsetupError if absent, failing, slower than the
         timeout (the flag's, or less: the collector's deadline) or writing more than
-        MAX_OUTPUT_BYTES.
+        MAX_OUTPUT_BYTES."""
+        return self.finish(self.start(args, timeout))
+
+    def start(self, args, timeout=None):
+        """`dmsetup ARGS` started and left running, for finish() to read or stop() to end: so
+        that the dm collector can start the status at the scrape's start and read it in its
+        turn (DmCollector.begin). DmsetupError if it cannot be started or the deadline passed.
 
         dmsetup runs in its own session so that a timeout kills it and anything it started."""
         self._reap()
@@ -150,21 +175,40 @@ class Dmsetup:
             )
         except OSError as e:
             raise DmsetupError(f"cannot run {self.dmsetup}: {e.strerror or e}") from None
+        now = time.monotonic()
+        return Started(command, proc, now, now + timeout)
+
+    def finish(self, run, timeout=None):
+        """The output of a started dmsetup, as run() returns it and with its errors; waited for
+        until its own deadline or, sooner, `timeout` seconds from now (the collector's deadline).
+        A dmsetup past it, or writing too much, is killed."""
+        proc = run.handle
+        deadline = run.until(timeout)
         try:
-            out, err = self._read(proc, time.monotonic() + timeout)
+            out, err = self._read(proc, deadline)
         except subprocess.TimeoutExpired:
-            self._kill(proc)
+            self.stop(run)
             raise DmsetupError(
-                f"{command} timed out after {timeout:.2g}s; killed", "timeout"
+                f"{run.command} timed out after {deadline - run.started:.2g}s; killed", "timeout"
             ) from None
         except TooLarge:
-            self._kill(proc)
+            self.stop(run)
             raise DmsetupError(
-                f"{command} wrote more than {MAX_OUTPUT_BYTES} bytes; killed", "too_large"
+                f"{run.command} wrote more than {MAX_OUTPUT_BYTES} bytes; killed", "too_large"
             ) from None
+        except BaseException:  # interrupted: nothing of it may outlive the scrape
+            self.stop(run)
+            raise
         if proc.wait() != 0:
-            raise DmsetupError(f"{command} exited with {proc.returncode}: {stderr_line(err)}")
+            raise DmsetupError(f"{run.command} exited with {proc.returncode}: {stderr_line(err)}")
         return out.decode("utf-8", "replace")
+
+    def stop(self, run):
+        """A started dmsetup ended unread (its output no longer wanted, or the scrape ended
+        before its turn): killed with whatever it started, reaped, its pipes closed. Nothing
+        once finish() has read it: it was reaped, and its pid may be another process's now."""
+        if run.handle.returncode is None:
+            self._kill(run.handle)
 
     @staticmethod
     def _read(proc, deadline):
