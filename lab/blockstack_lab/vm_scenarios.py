@@ -293,7 +293,14 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
         onset = time.time()
         guest.write_sysfs("nvme0n1", "queue/nomerges", 2)
         say("vm: nvme0n1 nomerges 0 -> 2")
-        doctor = guest.start_doctor()  # while the page comes
+        # while the page comes, as the page's doctor line says: the lineup over 5 s and the
+        # guest's ebpf_exporter's counts, so it names the collapse the page names
+        doctor = guest.start_doctor(
+            "--interval",
+            "5",
+            "--ebpf",
+            f"http://{vm.GUEST_ADDRESS}:{vm.EXPORTER_PORTS['ebpf']}/metrics",
+        )
         hit = procs.wait_until(
             "the collapse page on nvme0n1",
             lambda: collapse_pages(view, onset),
@@ -317,8 +324,9 @@ def nvme_incident(guest, workdir, timing=None, healthy=True, say=print):
 
 
 def snapshot_with_origin_writes(guest, say):
-    """The snapshot stack (the BPF configs probed meanwhile) and ORIGIN_WRITES; {LVM name: dm-N}."""
-    guest.probe_ebpf_configs()  # meanwhile
+    """The BPF configs probed (vm.Guest.settle_ebpf_configs), then the snapshot stack and
+    ORIGIN_WRITES; {LVM name: dm-N}."""
+    guest.settle_ebpf_configs()
     dm = build_snapshot(guest)
     guest.run(ORIGIN_WRITES, timeout=600)
     guest.run(CGROUP_SETUP)
@@ -496,7 +504,7 @@ def nvme_collapse(
     Yields a namespace: stack, view, dm ({LVM name: dm-N}), snap (dm-N), start (the reads seen,
     Unix seconds), onset, paged. The reads go on until the context exits."""
     t = timing or Timing()
-    guest.probe_ebpf_configs()  # meanwhile
+    guest.settle_ebpf_configs()
     dm = build_snapshot(guest)
     snap = dm["vg0-snap"]
     say(

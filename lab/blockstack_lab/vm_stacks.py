@@ -139,7 +139,7 @@ def stacks(guest, workdir, healthy=90, say=print):
     every stack for `healthy` seconds, blockstack-doctor run in the guest meanwhile. A StacksOutcome."""
     out = StacksOutcome(guest.release, guest.boot_seconds)
     phases = out.phases
-    guest.probe_ebpf_configs()  # meanwhile
+    guest.settle_ebpf_configs()
     guest.run(STACKS_SETUP, timeout=900)
     dm = dm_names(guest)
     out.devices = {
