@@ -250,10 +250,11 @@ install-systemd: deps venv ebpf-build
 	@BLOCKSTACK_SERVERS=$(SERVERS) $(VPY) deploy/stackctl.py install-systemd \
 		--state $(if $(filter $(CURDIR)/.state,$(STATE_DIR)),/var/lib/blockstack-merges,$(STATE_DIR)) $(UP_ARGS)
 
-## generate: render alerts/*.rules.yml, dashboards/block-stack-merges.json and the mixin (mixin/) with the knobs of alerts/config.yml
+## generate: render alerts/*.rules.yml, dashboards/block-stack-merges.json and the mixin (mixin/) with the knobs of alerts/config.yml, and docs/html/ (the runbook Prometheus serves)
 generate: venv
-	@echo ">> generating rules and dashboards"
+	@echo ">> generating rules, dashboards and docs/html"
 	@$(VPY) -m blockstack_rules.knobs
+	@$(VPY) -m blockstack_rules.docs
 	@$(VPY) dashboards/blockstack_dashboard.py
 	@$(VPY) mixin/generate.py
 
@@ -261,7 +262,7 @@ generate: venv
 dashboard-screenshot: deps venv ebpf-build grafana
 	@$(VPY) dashboards/tools/screenshot.py
 
-## dashboard-screenshot-ranges: after the lab's collapses, the dashboard at 15 min and 24 h, to docs/dashboard-15m.png and docs/dashboard-24h.png (root, ~4 minutes)
+## dashboard-screenshot-ranges: a backfilled week's collapses, the dashboard at 15 min, 24 h and 7 days, to docs/dashboard-15m.png, -24h.png and -7d.png (~2 minutes)
 dashboard-screenshot-ranges: deps venv ebpf-build grafana
 	@$(VPY) dashboards/tools/screenshot.py --ranges
 

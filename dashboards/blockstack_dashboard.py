@@ -83,10 +83,12 @@ def build(k=None):
         .refresh(CONFIG["refresh"])
         .timezone("browser")
         .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        # docs_url's default names the alert's Prometheus ({{ $externalURL }}): the stack's Grafana
+        # provisioning puts its Prometheus's external URL there (blockstack_deploy/grafana.py)
         .link(
             db.DashboardLink("Runbook")
             .type(dm.DashboardLinkType.LINK)
-            .url(f"{k['docs_url']}/dashboard.md")
+            .url(f"{k['docs_url']}/dashboard.html")
             .target_blank(True)
         )
     )

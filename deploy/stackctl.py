@@ -2,7 +2,9 @@
 """Run the Block Stack Merges stack on this host under supervisord (blockstack_deploy).
 
     stackctl.py up [--state DIR] [--port NAME=PORT ...] [--listen ADDR] [--auth]
-                   [--tls-cert F --tls-key F [--tls-ca F]] [--servers debian|upstream]
+                   [--tls-cert F --tls-key F [--tls-ca F]] [--external-host NAME]
+                   [--page-email ADDR [--smtp [USER@]HOST:PORT]] [--page-chat SERVICE]
+                   [--servers debian|upstream]
     stackctl.py down | status | logs [NAME] | clean [--force] | render      (all take --state)
     stackctl.py up --role agent --host NAME --listen ADDR --alertmanager ADDR:PORT ...
                    [--replica A ...]
@@ -43,7 +45,7 @@ import shutil
 import subprocess
 import sys
 
-from blockstack_deploy import fleet_auth, roles, systemd
+from blockstack_deploy import fleet_auth, paging, roles, systemd
 from blockstack_deploy.files import write_if_changed
 from blockstack_deploy.stack import DEFAULT_SERVERS, REPO, SERVERS
 from blockstack_deploy.supervisor import Supervisor
@@ -173,7 +175,31 @@ def role_of(args, state):
         args.parser.error(
             "--tls-cert is for --listen ADDR or --auth (nothing serves TLS on the loopback default)"
         )
-    return roles.make(args.role, state, ports, args.listen, auth=args.auth, tls=tls, **fleet_opts)
+    if args.external_host and args.role != "standalone":
+        args.parser.error("--external-host is for the standalone role")
+    role = roles.make(
+        args.role,
+        state,
+        ports,
+        args.listen,
+        auth=args.auth,
+        tls=tls,
+        external_host=args.external_host,
+        **fleet_opts,
+    )
+    knobs = paging.Paging(
+        email=args.page_email,
+        email_from=args.page_email_from,
+        smtp=args.smtp,
+        chat=args.page_chat or "",
+        chat_url=args.page_chat_url,
+        secrets_dir=os.path.join(state, "secrets"),
+    )
+    if knobs:
+        if args.role != "standalone":
+            args.parser.error("--page-email and --page-chat are for the standalone role")
+        role.stack.paging = knobs
+    return role
 
 
 def global_options(p, default):
@@ -216,6 +242,13 @@ def role_options(p):
         '(docs/deploy.md "Security")',
     )
     p.add_argument(
+        "--external-host",
+        metavar="NAME",
+        help="the name readers of a page use to reach this host: the links of every page "
+        "(Prometheus, Alertmanager, Grafana, the runbook) name it instead of the --listen address "
+        '(docs/deploy.md "Links in a page")',
+    )
+    p.add_argument(
         "--tls-cert",
         help="with --listen/--auth: your server certificate (PEM; naming the --listen address, "
         "127.0.0.1 for 0.0.0.0) instead of one from a CA generated in STATE/secrets",
@@ -223,6 +256,41 @@ def role_options(p):
     p.add_argument("--tls-key", help="its private key")
     p.add_argument(
         "--tls-ca", help="the CA certificate that signed it (default: the certificate itself)"
+    )
+    page = p.add_argument_group(
+        'paging a person, beside the pages file (docs/deploy.md "Paging a person"); give them '
+        "on every up, as --listen"
+    )
+    page.add_argument(
+        "--page-email",
+        metavar="ADDR[,ADDR]",
+        default="",
+        help="mail every page and ticket to these addresses",
+    )
+    page.add_argument(
+        "--page-email-from",
+        metavar="ADDR",
+        default="",
+        help="the mail's sender (default blockstack-merges@HOST)",
+    )
+    page.add_argument(
+        "--smtp",
+        metavar="[USER@]HOST:PORT",
+        default=paging.SMTP_DEFAULT,
+        help="the mail server (default %(default)s, this host's MTA); USER's password in "
+        "STATE/secrets/smtp-password",
+    )
+    page.add_argument(
+        "--page-chat",
+        choices=paging.CHAT_SERVICES,
+        help="also send every page and ticket to this service; its URL or key in "
+        "STATE/secrets/page-chat",
+    )
+    page.add_argument(
+        "--page-chat-url",
+        metavar="URL",
+        default="",
+        help="the service's API when not its default (Opsgenie EU: https://api.eu.opsgenie.com/)",
     )
     fleet = p.add_argument_group("fleet roles (docs/fleet.md)")
     fleet.add_argument("--role", choices=list(roles.ROLES), default="standalone")

@@ -48,8 +48,13 @@
     // ... and the upper carries at least this share of the lower's bytes (12032 / 12000 kB/s = 1.0 in
     // the incident). Keeps out a lower shared by a 4 KiB-random neighbour: with >= 75% of the bytes
     // in healthy requests of >= 64 sectors, the lower cannot average <= 16 sectors even if the other
-    // 25% are 8-sector random I/O (1 / (0.75/64 + 0.25/8) = 23 sectors).
+    // 25% are 8-sector random I/O (1 / (0.75/64 + 0.25/8) = 23 sectors). The collapse page's "Above it"
+    // names only an upper carrying this share (the snapshot being read, not its idle origin).
     collapse_min_upper_share: 0.75,
+    // The collapse page's "Mostly from" names the block cgroups with at least this share of the
+    // device's refused merges and split-off pieces: a cgroup with less is nobody the collapse hurts,
+    // and one removed before the rate window (ebpf_exporter keeps its counters, at 0/s) nobody at all.
+    collapse_cgroup_min_share: 0.01,
     // `for:` of the collapse page: 2 evaluations after the evidence first holds. Onset to page is
     // at most 40 s at a 5 s scrape with this value (alerts/README.md "Time to page"). Raise it with
     // the scrape interval.
@@ -200,12 +205,19 @@
     pager_disk_for: '5m',
 
     // --- Links. -----------------------------------------------------------------------------------
-    // Where docs/ is rendered (the repository's web view, an internal wiki). Each alert's runbook_url
-    // is ${docs_url}/runbook.md (fleet.md for the fleet's alerts) #its-name-in-lowercase, an anchor
-    // there; the dashboard links ${docs_url}/dashboard.md.
-    docs_url: 'https://github.com/blockstack-merges/blockstack-merges/blob/main/docs',
+    // Where the documents a page links to are served as HTML (docs/html/, rendered from docs/*.md by
+    // `make generate`). Each alert's runbook_url is ${docs_url}/runbook.html (fleet.html for the
+    // fleet's alerts) #its-name-in-lowercase, an anchor there; the dashboard links
+    // ${docs_url}/dashboard.html. The default is the Prometheus that evaluated the alert: it serves
+    // docs/html/ at /user/ (--web.user-assets) and expands {{ $externalURL }} to its own
+    // --web.external-url (the address it listens on, or the stack's external host: docs/deploy.md),
+    // so the link opens on the host that paged. Set it to a web server or wiki where you publish
+    // docs/html/ (the Debian package ships them in /usr/lib/blockstack-merges/docs/html) when readers
+    // cannot reach Prometheus.
+    docs_url: '{{ $externalURL }}/user',
     // Where Grafana serves the dashboard (uid blockstack-merges): the collapse page links to it with
-    // the host and device selected. The stack's Grafana listens on 127.0.0.1:3000 (`make up`).
+    // the host and device selected. `make up`'s Grafana listens on 127.0.0.1:3000 (its root_url is the
+    // same, or the stack's external host): change it with Grafana's port or address.
     grafana_url: 'http://127.0.0.1:3000',
   },
 }

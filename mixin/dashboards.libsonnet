@@ -1023,6 +1023,20 @@
                 sum_over_time(host_device_operation:node_disk_bytes:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval)
                   / (sum_over_time(host_device_operation:node_disk_completed:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval) > 0) / 512
                   * on (host, device) group_left (depth, name)
+                topk by (host, device) (1,
+                max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
+                    (
+                        label_replace(
+                          max_over_time(blockstack_device_beneath_info{host="$host"}[$__interval] offset -$__interval)
+                            and on (host, device) max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval),
+                          "device", "$1", "lower", "(.+)")
+                      or
+                        label_replace(max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval), "depth", "0", "", "")
+                    )
+                  * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
+                    max by (host, device, name, kind, vg_name, lv_name, lv_layer) (max_over_time(blockstack_device_info{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                )
+                or
                 max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
                     (
                         label_replace(
@@ -1034,6 +1048,7 @@
                     )
                   * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
                     max by (host, device, name, kind, vg_name, lv_name, lv_layer) (blockstack_device_info{host="$host", device=~"$device"})
+                )
                 )
               |||,
               refId: 'A',
@@ -1231,6 +1246,20 @@
                   or max_over_time(host_device_operation:ebpf_block_rq_missed_merges:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval) > 0
                 )
                   * on (host, device) group_left (depth, name)
+                topk by (host, device) (1,
+                max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
+                    (
+                        label_replace(
+                          max_over_time(blockstack_device_beneath_info{host="$host"}[$__interval] offset -$__interval)
+                            and on (host, device) max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval),
+                          "device", "$1", "lower", "(.+)")
+                      or
+                        label_replace(max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval), "depth", "0", "", "")
+                    )
+                  * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
+                    max by (host, device, name, kind, vg_name, lv_name, lv_layer) (max_over_time(blockstack_device_info{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                )
+                or
                 max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
                     (
                         label_replace(
@@ -1242,6 +1271,7 @@
                     )
                   * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
                     max by (host, device, name, kind, vg_name, lv_name, lv_layer) (blockstack_device_info{host="$host", device=~"$device"})
+                )
                 )
               |||,
               refId: 'A',
@@ -1439,6 +1469,20 @@
                   or max_over_time(host_device_operation:ebpf_block_bio_splits:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval) > 0
                 )
                   * on (host, device) group_left (depth, name)
+                topk by (host, device) (1,
+                max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
+                    (
+                        label_replace(
+                          max_over_time(blockstack_device_beneath_info{host="$host"}[$__interval] offset -$__interval)
+                            and on (host, device) max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval),
+                          "device", "$1", "lower", "(.+)")
+                      or
+                        label_replace(max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval), "depth", "0", "", "")
+                    )
+                  * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
+                    max by (host, device, name, kind, vg_name, lv_name, lv_layer) (max_over_time(blockstack_device_info{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                )
+                or
                 max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
                     (
                         label_replace(
@@ -1450,6 +1494,7 @@
                     )
                   * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
                     max by (host, device, name, kind, vg_name, lv_name, lv_layer) (blockstack_device_info{host="$host", device=~"$device"})
+                )
                 )
               |||,
               refId: 'A',
@@ -1627,6 +1672,20 @@
               expr: |||-
                 avg_over_time(host_device_operation:node_disk_completed:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval)
                   * on (host, device) group_left (depth, name)
+                topk by (host, device) (1,
+                max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
+                    (
+                        label_replace(
+                          max_over_time(blockstack_device_beneath_info{host="$host"}[$__interval] offset -$__interval)
+                            and on (host, device) max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval),
+                          "device", "$1", "lower", "(.+)")
+                      or
+                        label_replace(max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval), "depth", "0", "", "")
+                    )
+                  * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
+                    max by (host, device, name, kind, vg_name, lv_name, lv_layer) (max_over_time(blockstack_device_info{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                )
+                or
                 max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
                     (
                         label_replace(
@@ -1638,6 +1697,7 @@
                     )
                   * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
                     max by (host, device, name, kind, vg_name, lv_name, lv_layer) (blockstack_device_info{host="$host", device=~"$device"})
+                )
                 )
               |||,
               refId: 'A',
@@ -1815,6 +1875,20 @@
               expr: |||-
                 avg_over_time(host_device_operation:node_disk_bytes:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval)
                   * on (host, device) group_left (depth, name)
+                topk by (host, device) (1,
+                max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
+                    (
+                        label_replace(
+                          max_over_time(blockstack_device_beneath_info{host="$host"}[$__interval] offset -$__interval)
+                            and on (host, device) max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval),
+                          "device", "$1", "lower", "(.+)")
+                      or
+                        label_replace(max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval), "depth", "0", "", "")
+                    )
+                  * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
+                    max by (host, device, name, kind, vg_name, lv_name, lv_layer) (max_over_time(blockstack_device_info{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                )
+                or
                 max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
                     (
                         label_replace(
@@ -1826,6 +1900,7 @@
                     )
                   * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
                     max by (host, device, name, kind, vg_name, lv_name, lv_layer) (blockstack_device_info{host="$host", device=~"$device"})
+                )
                 )
               |||,
               refId: 'A',
@@ -2005,6 +2080,20 @@
                 sum_over_time(host_device_operation:node_disk_merged:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval)
                   / ((sum_over_time(host_device_operation:node_disk_merged:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval) + sum_over_time(host_device_operation:node_disk_completed:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval)) > 0)
                   * on (host, device) group_left (depth, name)
+                topk by (host, device) (1,
+                max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
+                    (
+                        label_replace(
+                          max_over_time(blockstack_device_beneath_info{host="$host"}[$__interval] offset -$__interval)
+                            and on (host, device) max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval),
+                          "device", "$1", "lower", "(.+)")
+                      or
+                        label_replace(max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval), "depth", "0", "", "")
+                    )
+                  * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
+                    max by (host, device, name, kind, vg_name, lv_name, lv_layer) (max_over_time(blockstack_device_info{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                )
+                or
                 max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
                     (
                         label_replace(
@@ -2016,6 +2105,7 @@
                     )
                   * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
                     max by (host, device, name, kind, vg_name, lv_name, lv_layer) (blockstack_device_info{host="$host", device=~"$device"})
+                )
                 )
               |||,
               refId: 'A',
@@ -2479,6 +2569,20 @@
                     <= 34.359738368
                 )[$__interval:%(rate_window)s] offset -$__interval)
                   * on (host, device) group_left (depth, name)
+                topk by (host, device) (1,
+                max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
+                    (
+                        label_replace(
+                          max_over_time(blockstack_device_beneath_info{host="$host"}[$__interval] offset -$__interval)
+                            and on (host, device) max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval),
+                          "device", "$1", "lower", "(.+)")
+                      or
+                        label_replace(max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval), "depth", "0", "", "")
+                    )
+                  * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
+                    max by (host, device, name, kind, vg_name, lv_name, lv_layer) (max_over_time(blockstack_device_info{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                )
+                or
                 max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
                     (
                         label_replace(
@@ -2490,6 +2594,7 @@
                     )
                   * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
                     max by (host, device, name, kind, vg_name, lv_name, lv_layer) (blockstack_device_info{host="$host", device=~"$device"})
+                )
                 )
               ||| % $._config,
               refId: 'A',
@@ -2508,6 +2613,20 @@
                     <= 34.359738368
                 )[$__interval:%(rate_window)s] offset -$__interval)
                   * on (host, device) group_left (depth, name)
+                topk by (host, device) (1,
+                max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
+                    (
+                        label_replace(
+                          max_over_time(blockstack_device_beneath_info{host="$host"}[$__interval] offset -$__interval)
+                            and on (host, device) max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval),
+                          "device", "$1", "lower", "(.+)")
+                      or
+                        label_replace(max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval), "depth", "0", "", "")
+                    )
+                  * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
+                    max by (host, device, name, kind, vg_name, lv_name, lv_layer) (max_over_time(blockstack_device_info{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                )
+                or
                 max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
                     (
                         label_replace(
@@ -2519,6 +2638,7 @@
                     )
                   * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
                     max by (host, device, name, kind, vg_name, lv_name, lv_layer) (blockstack_device_info{host="$host", device=~"$device"})
+                )
                 )
               ||| % $._config,
               refId: 'B',
@@ -2537,6 +2657,20 @@
                     <= 34.359738368
                 )[$__interval:%(rate_window)s] offset -$__interval)
                   * on (host, device) group_left (depth, name)
+                topk by (host, device) (1,
+                max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
+                    (
+                        label_replace(
+                          max_over_time(blockstack_device_beneath_info{host="$host"}[$__interval] offset -$__interval)
+                            and on (host, device) max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval),
+                          "device", "$1", "lower", "(.+)")
+                      or
+                        label_replace(max_over_time(blockstack_device_info{host="$host", name="$stack"}[$__interval] offset -$__interval), "depth", "0", "", "")
+                    )
+                  * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
+                    max by (host, device, name, kind, vg_name, lv_name, lv_layer) (max_over_time(blockstack_device_info{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                )
+                or
                 max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
                     (
                         label_replace(
@@ -2548,6 +2682,7 @@
                     )
                   * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
                     max by (host, device, name, kind, vg_name, lv_name, lv_layer) (blockstack_device_info{host="$host", device=~"$device"})
+                )
                 )
               ||| % $._config,
               refId: 'C',
@@ -3690,7 +3825,7 @@
           type: 'link',
           icon: '',
           tooltip: '',
-          url: '%(docs_url)s/dashboard.md' % $._config,
+          url: '%(docs_url)s/dashboard.html' % $._config,
           tags: [],
           asDropdown: false,
           targetBlank: true,

@@ -191,20 +191,6 @@
                 / host_device_lower_operation:node_disk_request_size_sectors:lower
             |||,
           },
-          // The device above each device whose requests are the most times larger than its own (the
-          // largest split ratio), as `upper`: the collapse page's "Above it". Value: that device's
-          // average request size, sectors (the NVMe incident: device=nvme1n1 upper=dm-3 -> 512).
-          {
-            record: 'host_device_operation:node_disk_request_size_sectors:above',
-            expr: |||
-              max by (host, device, operation, upper) (
-                label_replace(label_replace(
-                    host_device_lower_operation:node_disk_request_size_sectors:upper
-                      and topk by (host, lower, operation) (1, host_device_lower_operation:node_disk_request_size:split_ratio),
-                  "upper", "$1", "device", "(.+)"), "device", "$1", "lower", "(.+)")
-              )
-            |||,
-          },
           // Lineup: the upper's bytes per second as a share of the lower's (~1 when the lower serves only
           // the upper; small when the lower is busy with other devices' I/O).
           {
@@ -222,6 +208,26 @@
                 (label_replace(host_device_operation:node_disk_bytes:rate, "lower", "$1", "device", "(.+)") > 0)
               )
             |||,
+          },
+          // The device above each device whose requests are being cut into the device's: of the devices
+          // above it that carry most of its bytes (>= collapse_min_upper_share), the one whose requests
+          // are the most times larger than its own (the largest split ratio), as `upper`: the collapse
+          // page's "Above it". A device above that carries little of the lower's I/O is not the one cut,
+          // however large its few requests (a snapshot's origin, read now and then beside the snapshot
+          // whose reads collapse). Value: that device's average request size, sectors (the NVMe
+          // incident: device=nvme1n1 upper=dm-3 -> 512).
+          {
+            record: 'host_device_operation:node_disk_request_size_sectors:above',
+            expr: |||
+              max by (host, device, operation, upper) (
+                label_replace(label_replace(
+                    host_device_lower_operation:node_disk_request_size_sectors:upper
+                      and topk by (host, lower, operation) (1,
+                          host_device_lower_operation:node_disk_request_size:split_ratio
+                            and host_device_lower_operation:node_disk_bytes:upper_share >= %(collapse_min_upper_share)g),
+                  "upper", "$1", "device", "(.+)"), "device", "$1", "lower", "(.+)")
+              )
+            ||| % $._config,
           },
           // The layered signature: `device` is where requests reach a driver (nothing beneath it, or
           // a loop device: each of its requests becomes file I/O) and serves tiny requests at a real
@@ -254,6 +260,22 @@
                       unless on (host, device) blockstack_device_info{%(blockstack_selector)s, kind="loop"},
                       "lower", "$1", "device", "(.+)"),
                 "upper_device", "$1", "device", "(.+)"), "device", "$1", "lower", "(.+)")
+              )
+            ||| % $._config,
+          },
+          // Every device-mapper device named as a person knows it (`device_name`): VG/LV for an LVM
+          // logical volume, "VG/LV real layer" (or cow, ...) for the hidden layers LVM stacks beneath a
+          // snapshot, its dm name outside LVM; as of the exporter's last scrape that had it (as below).
+          // Devices without a dm name have none. Value always 1.
+          {
+            record: 'host_device:blockstack_device_name:info',
+            expr: |||
+              max by (host, device, device_name) (
+                label_replace(label_replace(label_replace(
+                  label_join(last_over_time(blockstack_device_info{%(blockstack_selector)s, kind="dm"}[%(info_window)s]), "names", "/", "vg_name", "lv_name", "lv_layer", "name"),
+                "device_name", "$1/$2", "names", "([^/]+)/([^/]+)//.*"),
+                "device_name", "$1/$2 $3 layer", "names", "([^/]+)/([^/]+)/([^/]+)/.*"),
+                "device_name", "$1", "names", "///(.+)")
               )
             ||| % $._config,
           },
@@ -544,8 +566,11 @@
           // The collapse page's numbers, one series per number (`fact`) and collapsed device and
           // operation, its labels steady while the value changes: `refused` merges/s and split-off
           // `pieces`/s (eBPF; 0 where ebpf_exporter counts the device's requests but that counter has no
-          // series yet), `sectors` per request and `requests`/s (diskstats), and `upper_sectors`, the
-          // average request of the device above it. A number not known is absent.
+          // series yet), the requests they are part of, `issued` to the driver per second and their
+          // `issued_sectors` (eBPF, block_rq_issue: refused merges and pieces are counted among these,
+          // so the page compares like with like), `sectors` per request and `requests`/s (diskstats,
+          // completions: the page's numbers without eBPF), and `upper_sectors`, the average request of
+          // the device above it. A number not known is absent.
           {
             record: 'host_device_operation_fact:blockstack_collapse_evidence:value',
             expr: |||
@@ -557,6 +582,10 @@
                   label_replace(
                     host_device_operation:ebpf_block_bio_splits:rate or host_device_operation:ebpf_block_rq:rate * 0,
                     "fact", "pieces", "", "")
+                or
+                  label_replace(host_device_operation:ebpf_block_rq:rate, "fact", "issued", "", "")
+                or
+                  label_replace(host_device_operation:ebpf_block_rq_size_sectors:avg, "fact", "issued_sectors", "", "")
                 or
                   label_replace(host_device_operation:node_disk_request_size_sectors:avg, "fact", "sectors", "", "")
                 or
@@ -570,7 +599,10 @@
             |||,
           },
           // Each cgroup's share of the refused merges and split-off pieces on a collapsed device and
-          // operation (the page's "mostly postgresql.service (92%)"). Absent when no collapse holds.
+          // operation (the page's "mostly postgresql.service (92%)"), where it is at least
+          // collapse_cgroup_min_share: a cgroup with less is nobody the collapse hurts, and one removed
+          // before the window (its counters stay in ebpf_exporter, at 0/s) is nobody at all. Absent
+          // when no collapse holds.
           {
             record: 'host_device_operation_cgroup:blockstack_collapse_events:share',
             expr: |||
@@ -578,9 +610,9 @@
                   host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate
                 / on (host, device, operation) group_left ()
                   (sum by (host, device, operation) (host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate) > 0)
-              )
+              ) >= %(collapse_cgroup_min_share)g
                 and on (host, device, operation) host_device_operation:blockstack_collapse_cause:info
-            |||,
+            ||| % $._config,
           },
           // Bios per second on device numbers no device has now (the device went, or came and
           // blockstack-exporter has not listed it yet): traffic the rules above cannot name, so no

@@ -14,7 +14,9 @@
 #
 #   /usr/lib/blockstack-merges/python/      our pure-Python packages (on sys.path through
 #                                           /usr/lib/python3/dist-packages/blockstack-merges.pth)
-#   /usr/lib/blockstack-merges/alerts/      rules, config.yml, receiver (alertmanager.yml -> /etc)
+#   /usr/lib/blockstack-merges/alerts/      rules, config.yml, receiver, notification templates
+#                                           (alertmanager.yml -> /etc)
+#   /usr/lib/blockstack-merges/docs/html/   the runbook as HTML, which Prometheus serves at /user/
 #   /usr/lib/blockstack-merges/ebpf-configs/select-configs.sh, build/bin/ebpf_exporter,
 #   /usr/lib/blockstack-merges/build/ebpf-configs/   the BPF programs and their configs
 #   /usr/share/blockstack-merges/dashboards/block-stack-merges.json (to import into a Grafana)
@@ -109,6 +111,11 @@ stage_full() {  # what a host running the whole stack adds: rules, routes, recei
   ln -s /etc/blockstack-merges/alertmanager.yml "$lib/alerts/alertmanager.yml"
   install -D -m 644 "$REPO/alerts/receiver/page_receiver.py" "$lib/alerts/receiver/page_receiver.py"
   install -D -m 644 "$REPO/alerts/receiver/dead_mans_switch.py" "$lib/alerts/receiver/dead_mans_switch.py"
+  # the text of e-mail and chat notifications (alertmanager.yml `templates:`, relative to alerts/)
+  install -D -m 644 "$REPO/alerts/templates/blockstack.tmpl" "$lib/alerts/templates/blockstack.tmpl"
+  # the runbook and the other documents a page links to, served by Prometheus at /user/ (stack.DOCS_HTML)
+  install -d "$lib/docs/html"
+  install -m 644 "$REPO"/docs/html/*.html "$lib/docs/html/"
   install -D -m 644 "$REPO/dashboards/block-stack-merges.json" \
     "$root/usr/share/blockstack-merges/dashboards/block-stack-merges.json"
   ln -s ../../share/blockstack-merges/dashboards "$lib/dashboards"

@@ -14,6 +14,7 @@ packages=(
   dpkg-dev lintian                                              # make deb: dpkg-shlibdeps, and its test's lintian
   python3-prometheus-client python3-yaml python3-bcrypt         # the Debian package's Python libraries (its test runs on them)
   podman runc mmdebstrap                                        # the chart's image and its pod, run as the kubelet would (charts/)
+  exim4-daemon-light                                            # the mail server of alerts/tests/test_delivery.py (its own instance); Debian's exim4 service listens on 127.0.0.1:25 and ::1 only
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -16,6 +16,7 @@ import yaml
 
 import page_receiver
 from blockstack_deploy import stack
+from blockstack_rules import docs as rendered_docs
 from blockstack_rules import knobs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -164,19 +165,10 @@ def test_alerts_follow_the_style():
         assert rule["annotations"]["runbook_url"].endswith("#" + name.lower()), name
 
 
-def github_anchors(markdown):
-    anchors = set()
-    for line in markdown.splitlines():
-        m = re.match(r"#+\s+(.*)", line)
-        if m:
-            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
-            anchors.add(slug)
-    anchors |= set(re.findall(r'<a (?:id|name)="([^"]+)"', markdown))
-    return anchors
-
-
 def test_every_alert_has_a_runbook_anchor():
-    """runbook_url is the docs_url knob, then docs/runbook.md or docs/fleet.md, then #alertname."""
+    """runbook_url is the docs_url knob, then runbook.html or fleet.html, then #alertname: an id
+    in the page Prometheus serves (docs/html/, rendered from docs/*.md; the rendering is current:
+    test_docs_html_is_current)."""
     names = [rule["alert"] for _, rule in rules("alert")]
     assert len(names) == len(set(names))
     docs = knobs.load()["docs_url"] + "/"
@@ -184,10 +176,15 @@ def test_every_alert_has_a_runbook_anchor():
         url = rule["annotations"]["runbook_url"]
         assert url.startswith(docs), url
         doc, _, anchor = url[len(docs) :].partition("#")
-        assert doc in ("runbook.md", "fleet.md"), url
-        assert anchor in github_anchors((ROOT / "docs" / doc).read_text()), (
-            f"docs/{doc} has no section for {anchor}"
+        assert doc in ("runbook.html", "fleet.html"), url
+        assert anchor in rendered_docs.anchors((ROOT / "docs" / "html" / doc).read_text()), (
+            f"docs/html/{doc} has no element with id {anchor} (a section of docs/{doc[:-5]}.md)"
         )
+
+
+def test_docs_html_is_current():
+    """docs/html/ is what `make generate` renders from docs/*.md now."""
+    assert rendered_docs.main(["--check"]) == 0, "docs/html/ is stale: run `make generate`"
 
 
 @servers_matrix
@@ -209,7 +206,7 @@ def test_amtool_check_config(servers):
             "page",
         ),
         (
-            ["severity=critical", "alertname=BlockStackSnapshotInvalid", "host=db1", "stack=dm-3"],
+            ["severity=critical", "alertname=BlockStackSnapshotInvalid", "host=db1", "device=dm-3"],
             "page",
         ),
         (["severity=warning", "alertname=BlockStackNomergesBeneathStack", "host=db1"], "ticket"),
@@ -262,8 +259,9 @@ def test_every_critical_alert_pages_and_the_rest_do_not():
     # a heartbeat every minute, not every other (alerts/alertmanager.yml)
     assert int(watchdog_route["repeat_interval"].rstrip("s")) < 60
     assert page_route["matchers"] == ['severity="critical"']
-    assert config["route"]["group_by"] == ["host", "stack"]
-    # a page's group is what an operator acts on; the stack around the device may change under it
+    # a page's or ticket's group is what an operator acts on; the stack around the device may
+    # change under it, and no alert carries it as a label (test_no_alert_carries_the_stack)
+    assert config["route"]["group_by"] == ["host", "device"]
     assert page_route["group_by"] == ["host", "device"]
     assert pytest.approx(5) == int(page_route["group_wait"].rstrip("s"))
     severities = {rule["alert"]: rule["labels"]["severity"] for _, rule in rules("alert")}
@@ -285,6 +283,18 @@ def test_every_critical_alert_pages_and_the_rest_do_not():
         # the collapse evidence gone: no collapse can page
         "BlockStackEvidenceExporterDown",
     }
+
+
+def test_no_alert_carries_the_stack():
+    """An alert's labels are its identity: the stack above a device changes (a snapshot created)
+    while what is wrong with the device does not, so no rule sets `stack` (a new identity would
+    restart the `for:`), and Alertmanager groups by nothing an alert lacks."""
+    for _, rule in rules("alert"):
+        assert "stack" not in rule.get("labels", {}), rule["alert"]
+        assert "group_left (stack)" not in rule["expr"], rule["alert"]
+    config = yaml.safe_load(AM_CONFIG.read_text())
+    routes = [config["route"], *config["route"]["routes"]]
+    assert all("stack" not in r.get("group_by", []) for r in routes)
 
 
 def test_the_pagers_own_alerts_go_to_the_second_notifier_too():

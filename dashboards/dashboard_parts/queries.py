@@ -8,21 +8,30 @@ import yaml
 
 from .common import SEL
 
+
 # The layers of the selected stack ($stack is the top device's name: dm name for dm, else the
 # kernel name), one series per device with its depth below the top (0 = top) and its names.
-# Built from blockstack_device_beneath_info (the exporter's transitive closure of the stack).
-LAYERS = f"""max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
+# Built from blockstack_device_beneath_info (the exporter's transitive closure of the stack), each
+# selector passed through `at` (an instant vector selector by default: the stack table's now).
+def layers(at=lambda selector: selector):
+    beneath = at('blockstack_device_beneath_info{host="$host"}')
+    top = at('blockstack_device_info{host="$host", name="$stack"}')
+    info = at(f"blockstack_device_info{{{SEL}}}")
+    return f"""max by (host, device, depth, name, kind, vg_name, lv_name, lv_layer) (
     (
         label_replace(
-          blockstack_device_beneath_info{{host="$host"}}
-            and on (host, device) blockstack_device_info{{host="$host", name="$stack"}},
+          {beneath}
+            and on (host, device) {top},
           "device", "$1", "lower", "(.+)")
       or
-        label_replace(blockstack_device_info{{host="$host", name="$stack"}}, "depth", "0", "", "")
+        label_replace({top}, "depth", "0", "", "")
     )
   * on (host, device) group_left (name, kind, vg_name, lv_name, lv_layer)
-    max by (host, device, name, kind, vg_name, lv_name, lv_layer) (blockstack_device_info{{{SEL}}})
+    max by (host, device, name, kind, vg_name, lv_name, lv_layer) ({info})
 )"""
+
+
+LAYERS = layers()
 LAYER_LEGEND = "L{{depth}} {{name}} {{operation}}"
 
 # The $stack and $device variables' options (variables.py folds them onto one line).
@@ -58,8 +67,19 @@ INTERVAL = "[$__interval] offset -$__interval"
 
 
 def per_layer(expr):
-    """expr's series with the layer's depth below the top and its name (legend LAYER_LEGEND)."""
-    return f"{expr}\n  * on (host, device) group_left (depth, name)\n{LAYERS}"
+    """expr's series with the layer's depth below the top and its name (legend LAYER_LEGEND), for
+    the devices in the stack at any time of each point's interval (INTERVAL), not only at its
+    start: expr's values come from the interval after the point, and layers taken at the point
+    alone dropped the whole interval in which a stack appeared, with any collapse in it (the lab's
+    split collapse 40 s after the stack's first scrape showed 0 at 24 h; a new snapshot, a new LV
+    or a reboot do the same). The layers at the point itself too, where an interval holds no
+    sample of the exporter's series (a missed scrape); one series per device (topk), should a
+    device's depth or name change within an interval."""
+    during = layers(lambda selector: f"max_over_time({selector}{INTERVAL})")
+    return (
+        f"{expr}\n  * on (host, device) group_left (depth, name)\n"
+        f"topk by (host, device) (1,\n{during}\nor\n{LAYERS}\n)"
+    )
 
 
 def over(record):

@@ -631,8 +631,11 @@ def test_the_collapses_keep_their_peaks_at_24h(lab, visit):
                 )
             if title == SPLITS:
                 # Splits at 24 h read 91.9K/s against 133K/s at 15 min in one of four runs (a loaded
-                # make test; refused merges equal in the same run, 122K): not understood yet, so
-                # asserted as the defect the audit found (splits 0 at 24 h), not to within 10 %.
+                # make test; refused merges equal in the same run, 122K): the lab's split collapse
+                # falls in the 2-minute interval of the stack's first scrape, which the panels
+                # dropped while they took the layers at each point only (queries.per_layer, fixed;
+                # test_grafana_week.py checks it to within 10 % on a backfilled week). Not yet
+                # rerun here to within 10 %: asserted as the defect the audit found (0 at 24 h).
                 if day < floor:
                     problems.append(
                         f"{title} {when}: 24 h peak {day}/s, below the page's floor {floor}/s "

@@ -14,22 +14,24 @@ lineup) written to a PNG. Two labs:
     sudo .venv/bin/python dashboards/tools/screenshot.py                   # docs/dashboard.png (~3 minutes)
     make dashboard-screenshot                                         # the same
     make dashboard-screenshot-vm                                      # --vm 6.1: docs/dashboard-vm.png (~6-10 minutes)
-    sudo .venv/bin/python dashboards/tools/screenshot.py --ranges     # docs/dashboard-15m.png, docs/dashboard-24h.png
+    .venv/bin/python dashboards/tools/screenshot.py --ranges          # docs/dashboard-15m.png, -24h.png, -7d.png (~2 minutes)
 
---ranges: after the loop lab's collapses (the split collapse, then lab.refusing()'s merging refused,
-both over), the top of the dashboard down to the lineup at the last 15 minutes and at the last 24
-hours: each collapse at the same peak in both (the lineup's peak panels; test_grafana.py checks it).
+--ranges: a week of the loop lab's stack backfilled into Prometheus (lab/blockstack_lab/week_history.py,
+no root, no lab run), the top of the dashboard down to the lineup at 15 minutes, 24 hours and 7
+days around the stack's first minutes: its 42 s split collapse 40 s after it appeared, then 3
+minutes later its 36 s refused-merge collapse (at 7 days also the week-old stack's pair, mid-week),
+each at its true peak at every range (test_grafana_week.py checks it on the same week).
 """
 
 import argparse
 import contextlib
 import os
 import tempfile
-import time
 
 import blockstack_dashboard
 from blockstack_deploy.files import secret
-from blockstack_lab import dashboard_lab, vm, vm_scenarios
+from blockstack_deploy.stack import Stack
+from blockstack_lab import dashboard_lab, vm, vm_scenarios, week_history
 from blockstack_lab.grafana_browser import Browser
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,9 +83,6 @@ def vm_lab(work, kernel):
         )
 
 
-RANGES = {"15m": "now-15m", "24h": "now-24h"}
-
-
 def shoot(b, params, last_row, output):
     """Open the dashboard with params, every panel loaded, and write its top down to last_row."""
     b.open_dashboard(
@@ -110,28 +109,33 @@ def shoot(b, params, last_row, output):
 
 
 def ranges(work):
-    """docs/dashboard-RANGE.png for each of RANGES after the loop lab's collapses."""
-    with dashboard_lab.collapse(work) as lab:
-        with lab.refusing():
-            time.sleep(dashboard_lab.SETTLE)  # the rules' windows full of refused merges
-        time.sleep(dashboard_lab.SETTLE)  # and empty again: both collapses are over
-        with Browser(lab.stack.url("grafana"), lab.grafana_password, viewport=(WIDTH, HEIGHT)) as b:
-            b.login()
-            b.page.evaluate(
-                "localStorage.setItem('grafana.navigation.docked', 'false')"
-            )  # no side menu
-            for name, start in RANGES.items():
-                shoot(
-                    b,
-                    {
-                        "from": start,
-                        "var-host": lab.stack.host,
-                        "var-stack": lab.upper,
-                        "var-device": [lab.upper, lab.lower],
-                    },
-                    LAST_ROW,
-                    os.path.join(REPO, "docs", f"dashboard-{name}.png"),
-                )
+    """docs/dashboard-RANGE.png at 15 min, 24 h and 7 days of the backfilled week (week_history),
+    each view holding the new stack's two collapses (week_history.views)."""
+    t = week_history.build(work, os.path.join(work, "prometheus"))
+    stack = Stack(work, components=("prometheus", "grafana"), scrape_interval="5s")
+    with (
+        stack.running(timeout=120),
+        Browser(
+            stack.url("grafana"), secret(stack.grafana_password_file), viewport=(WIDTH, HEIGHT)
+        ) as b,
+    ):
+        b.login()
+        b.page.evaluate(
+            "localStorage.setItem('grafana.navigation.docked', 'false')"
+        )  # no side menu
+        for name, (start, end) in week_history.views(t, "new").items():
+            shoot(
+                b,
+                {
+                    "from": start * 1000,
+                    "to": end * 1000,
+                    "var-host": week_history.HOST,
+                    "var-stack": week_history.UPPER,
+                    "var-device": [week_history.UPPER, week_history.LOWER],
+                },
+                LAST_ROW,
+                os.path.join(REPO, "docs", f"dashboard-{name}.png"),
+            )
 
 
 def main(argv=None):
@@ -144,7 +148,7 @@ def main(argv=None):
     ap.add_argument(
         "--ranges",
         action="store_true",
-        help="after the loop lab's collapses: docs/dashboard-15m.png and docs/dashboard-24h.png",
+        help="a backfilled week's collapses: docs/dashboard-15m.png, -24h.png and -7d.png",
     )
     ap.add_argument("--output")
     args = ap.parse_args(argv)

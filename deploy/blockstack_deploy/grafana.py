@@ -100,9 +100,17 @@ def unpack(tarball, dest):
 
 
 def ini(
-    port, data_dir, provisioning, password_file, listen="127.0.0.1", tls=None, secret_key_file=None
+    port,
+    data_dir,
+    provisioning,
+    password_file,
+    listen="127.0.0.1",
+    tls=None,
+    secret_key_file=None,
+    root_url=None,
 ):
-    """grafana.ini: our paths and port, a generated admin password and secret_key (Grafana's
+    """grafana.ini: our paths and port, the URL its readers reach it at (root_url: its links and
+    redirects; Grafana's default names localhost), a generated admin password and secret_key (Grafana's
     public default would decrypt the datasource password in grafana.db), no anonymous access,
     strict same-site cookies and a CSP (secure cookies and HSTS with https), and every feature
     that calls out to the internet turned off (a monitoring host may have no internet)."""
@@ -124,7 +132,7 @@ provisioning = {provisioning}
 [server]
 http_addr = {listen}
 http_port = {port}
-{"" if not tls else f"protocol = https{chr(10)}cert_file = {tls[0]}{chr(10)}cert_key = {tls[1]}{chr(10)}"}
+{f"root_url = {root_url}/{chr(10)}" if root_url else ""}{"" if not tls else f"protocol = https{chr(10)}cert_file = {tls[0]}{chr(10)}cert_key = {tls[1]}{chr(10)}"}
 [security]
 admin_user = admin
 admin_password = $__file{{{password_file}}}
@@ -180,11 +188,15 @@ def render(
     scrape_interval=None,
     tls=None,
     datasource_auth=None,
+    root_url=None,
+    prometheus_url=None,
 ):
     """Write workdir/grafana.ini and workdir/grafana-provisioning/ (deploy/grafana/provisioning as
     shipped, pointed at datasource_url and at dashboards/); True if any of them changed (Grafana
     reads them only at start). tls: (cert, key) to serve https; datasource_auth: (user,
-    password_file, ca_file or None), the basic auth (and the CA) of a datasource with auth on."""
+    password_file, ca_file or None), the basic auth (and the CA) of a datasource with auth on.
+    root_url: where readers reach Grafana (Stack.external_url); prometheus_url: where they reach
+    the stack's Prometheus, which serves the dashboard's documentation (provisioned_dashboards)."""
     os.makedirs(os.path.join(data_dir, "plugins"), exist_ok=True)
     secret(password_file)
     secret_key_file = os.path.join(os.path.dirname(password_file), "grafana-secret-key")
@@ -212,7 +224,7 @@ def render(
                     _add_auth(ds, *datasource_auth)
             for provider in config.get("providers", []):
                 provider["options"]["path"] = provisioned_dashboards(
-                    os.path.join(workdir, "grafana-dashboards"), datasources
+                    os.path.join(workdir, "grafana-dashboards"), datasources, prometheus_url
                 )
             # private: the datasource may hold a password
             changed |= write_yaml(
@@ -225,18 +237,21 @@ def render(
     return (
         write_if_changed(
             path,
-            ini(port, data_dir, prov, password_file, listen, tls, secret_key_file),
+            ini(port, data_dir, prov, password_file, listen, tls, secret_key_file, root_url),
             private=True,
         )
         or changed
     )
 
 
-def provisioned_dashboards(dest, datasources):
+def provisioned_dashboards(dest, datasources, prometheus_url=None):
     """dashboards/*.json copied into dest with their datasource inputs (__inputs, e.g. ${DS_PROMETHEUS})
     resolved to the provisioned datasource of that type [(type, uid)], as an import resolves them: file
     provisioning resolves none, and a dashboard whose $datasource is left on ${DS_PROMETHEUS} queries
-    whichever datasource is the default. Returns dest (the provider's path)."""
+    whichever datasource is the default. With prometheus_url, the documentation link of the default
+    docs_url knob ({{ $externalURL }}/user/dashboard.html, the Go template Prometheus expands in
+    the alerts' runbook_url) points at that Prometheus, which serves docs/html/ at /user/.
+    Returns dest (the provider's path)."""
     os.makedirs(dest, exist_ok=True)
     uids = dict(datasources)
     for name in sorted(os.listdir(DASHBOARDS)):
@@ -247,6 +262,8 @@ def provisioned_dashboards(dest, datasources):
         for i in json.loads(text).get("__inputs", []):
             if i.get("type") == "datasource" and i.get("pluginId") in uids:
                 text = text.replace("${%s}" % i["name"], uids[i["pluginId"]])
+        if prometheus_url:
+            text = text.replace("{{ $externalURL }}", prometheus_url)
         write_if_changed(os.path.join(dest, name), text)
     return dest
 

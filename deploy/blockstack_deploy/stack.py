@@ -19,7 +19,7 @@ import yaml
 
 from blockstack_rules import knobs
 
-from . import grafana, metrics_front, privileges, procs
+from . import grafana, metrics_front, paging, privileges, procs
 from .files import secret, write_yaml
 from .paths import BUILD, PYTHON, REPO, VENV_BIN
 from .versions import ALERTMANAGER_UPSTREAM_VERSION, PROMETHEUS3_VERSION
@@ -51,6 +51,10 @@ RETENTION_SIZE = "8GB"
 # open in a browser on this host read every series); it has no write endpoint without the admin
 # and lifecycle APIs, which the stack never enables.
 CORS_ORIGIN = r"https?://(127\.0\.0\.1|localhost)(:[0-9]+)?"
+# The documents a page links to, as HTML (rendered by `make generate`: blockstack_rules/docs.py).
+# Prometheus serves them at <its external URL>/user/ (--web.user-assets): an alert's runbook_url,
+# {{ $externalURL }}/user/runbook.html#..., opens on the Prometheus that evaluated it.
+DOCS_HTML = os.path.join(REPO, "docs", "html")
 
 
 def which(*names, target="deps"):
@@ -262,6 +266,16 @@ class Stack:
         self.heartbeat_url_file = None
         # More of the stack's own servers to scrape: {job: (address:port, scheme)} (roles.Standalone: Grafana).
         self.also_scrape = {}
+        # E-mail and a chat or incident service beside the local receiver (paging.py; the roles set
+        # its secrets directory); empty: the local webhooks alone.
+        self.paging = paging.Paging(secrets_dir=os.path.join(self.workdir, "secrets"))
+        # The name a reader of a page uses to reach this host's Prometheus, Alertmanager and
+        # Grafana (stackctl --external-host, EXTERNAL_HOST in the package's configuration); None:
+        # the address they listen on (external_url).
+        self.external_host = None
+        # The rule files Prometheus evaluates: the host's (not the fleet watcher's); a test gives
+        # copies rendered with other knobs (knobs.rule_files)
+        self.rule_files = [str(p) for p in knobs.HOST_RULES]
 
     @property
     def ebpf_configs(self):
@@ -291,15 +305,32 @@ class Stack:
         return problems
 
     def url(self, component, path=""):
+        return f"{self.scheme(component)}://{self.address(component)}:{self.ports[component]}{path}"
+
+    def scheme(self, component):
         secure = (
             self.web_client
             and self.web_client.get("scheme") == "https"
             and component in self.AUTH_COMPONENTS
         )
-        return f"{'https' if secure else 'http'}://{self.address(component)}:{self.ports[component]}{path}"
+        return "https" if secure else "http"
 
     def address(self, component):
         return self.web_address if component in self.AUTH_COMPONENTS else "127.0.0.1"
+
+    def external_url(self, component, port=None):
+        """Where a person reading a page reaches one of the stack's servers: its
+        --web.external-url (Prometheus's generatorURL and $externalURL, the runbook link;
+        Alertmanager's externalURL in every notification), Grafana's root_url. The external host
+        when set; else the address it listens on (the host's name for all addresses: Prometheus's
+        own default), never a name that resolves elsewhere while it listens on 127.0.0.1 only."""
+        host = self.external_host
+        if not host:
+            listen = self.web_listen if component in self.AUTH_COMPONENTS else "127.0.0.1"
+            host = socket.gethostname() if listen in ("0.0.0.0", "::") else listen
+        if ":" in host:  # an IPv6 address
+            host = f"[{host}]"
+        return f"{self.scheme(component)}://{host}:{port or self.ports[component]}"
 
     AUTH_COMPONENTS = (
         "prometheus",
@@ -363,7 +394,7 @@ class Stack:
                 "scrape_interval": self.scrape_interval,
                 "evaluation_interval": self.evaluation_interval,
             },
-            "rule_files": [str(p) for p in knobs.HOST_RULES],  # not the fleet watcher's
+            "rule_files": self.rule_files,
             "scrape_configs": scrape_configs,
         }
         if "alertmanager" in self.components:
@@ -388,9 +419,18 @@ class Stack:
         (LOCAL_WEBHOOKS), each sending the receiver's bearer token. A local webhook whose receiver
         the stack does not run (receiver-self in the lab and the central role) is left out: its
         alerts reach the page receiver through their page or ticket route already (`continue`),
-        and a second copy there would be a second notification of one alert."""
-        with open(os.path.join(REPO, "alerts", "alertmanager.yml")) as f:
+        and a second copy there would be a second notification of one alert. Templates are named
+        relative to alerts/; the paging knobs (self.paging) add e-mail and a chat or incident
+        service to the `page` and `ticket` receivers."""
+        alerts = os.path.join(REPO, "alerts")
+        with open(os.path.join(alerts, "alertmanager.yml")) as f:
             config = yaml.safe_load(f)
+        if "templates" in config:
+            config["templates"] = [os.path.join(alerts, t) for t in config["templates"]]
+        template = os.path.join(alerts, "templates", "blockstack.tmpl")
+        if self.paging and template not in config.get("templates", []):
+            # an alertmanager.yml kept from before the paging knobs (the package's conffile)
+            config.setdefault("templates", []).append(template)
         for receiver in config.get("receivers", []):
             hooks = []
             for hook in receiver.get("webhook_configs", []):
@@ -409,6 +449,9 @@ class Stack:
                 hooks.append(hook)
             if "webhook_configs" in receiver:
                 receiver["webhook_configs"] = hooks
+            if self.paging and receiver["name"] in paging.LEVELS:
+                for key, configs in self.paging.integrations(receiver["name"], self.host).items():
+                    receiver.setdefault(key, []).extend(configs)
         return config
 
     def render(self):
@@ -419,7 +462,10 @@ class Stack:
         if "alertmanager" in self.components:
             files["alertmanager.yml"] = self.alertmanager_config()
         for name, config in files.items():
-            write_yaml(os.path.join(self.workdir, name), config, "blockstack_deploy/stack.py")
+            private = name == "alertmanager.yml" and self.paging.secret_in_config
+            write_yaml(
+                os.path.join(self.workdir, name), config, "blockstack_deploy/stack.py", private
+            )
         if "grafana" in self.components:
             grafana.render(
                 self.workdir,
@@ -428,6 +474,8 @@ class Stack:
                 self.url("prometheus"),
                 self.grafana_password_file,
                 scrape_interval=self.scrape_interval,
+                root_url=self.external_url("grafana"),
+                prometheus_url=self.external_url("prometheus"),
             )
 
     @property
@@ -627,6 +675,7 @@ class Stack:
                 f"--config.file={self.workdir}/alertmanager.yml",
                 f"--storage.path={self.data_dir}/alertmanager",
                 f"--web.listen-address={self.web_listen}:{self.ports['alertmanager']}",
+                f"--web.external-url={self.external_url('alertmanager')}",
                 "--cluster.listen-address=",
                 *(
                     [f"--web.config.file={self.alertmanager_auth[0]}"]
@@ -647,6 +696,8 @@ class Stack:
                 f"--storage.tsdb.retention.time={RETENTION}",
                 f"--storage.tsdb.retention.size={RETENTION_SIZE}",
                 f"--web.listen-address={self.web_listen}:{self.ports['prometheus']}",
+                f"--web.external-url={self.external_url('prometheus')}",
+                f"--web.user-assets={DOCS_HTML}",  # the runbook: <external URL>/user/runbook.html
                 f"--web.cors.origin={CORS_ORIGIN}",
                 # Alertmanager keeps an alert 4 resend delays after its last send (the
                 # default 1m: a dead Prometheus's watchdog lived on 4 min before the

@@ -157,7 +157,9 @@ def test_contents_conffiles_and_maintainer_scripts(out, tmp_path):
         "/usr/lib/blockstack-merges/alerts/alertmanager.yml",
         "/etc/blockstack-merges/alertmanager.yml",
         "/usr/lib/blockstack-merges/alerts/receiver/page_receiver.py",
+        "/usr/lib/blockstack-merges/alerts/templates/blockstack.tmpl",
         "/usr/share/blockstack-merges/dashboards/block-stack-merges.json",
+        "/usr/lib/blockstack-merges/docs/html/runbook.html",  # Prometheus serves it at /user/
     }
     for pkg in PACKAGES:
         files = contents(deb(out, pkg))
@@ -249,9 +251,12 @@ def test_the_unpacked_package_renders_this_hosts_units(out, tmp_path):
     assert all(
         unit.count("User=blockstack-") == 1 for unit in units.values() if "[Service]" in unit
     )
-    assert (
-        "--web.listen-address=127.0.0.1:9190" in units["blockstack-prometheus.service"]
-    )  # packaged PORTS
+    prometheus = units["blockstack-prometheus.service"]
+    assert "--web.listen-address=127.0.0.1:9190" in prometheus  # packaged PORTS
+    # a page's links: where it listens, and the runbook it serves at /user/ (runbook_url)
+    assert "--web.external-url=http://127.0.0.1:9190" in prometheus
+    assert "/usr/lib/blockstack-merges/docs/html" in prometheus
+    assert "--web.external-url=http://127.0.0.1:9193" in units["blockstack-alertmanager.service"]
     assert "/usr/bin/blockstack-exporter " in units["blockstack-exporter.service"]
     exporters = run_setup(unpack(out, "blockstack-merges-exporters", tmp_path))
     assert {"blockstack-exporter.service", "blockstack-node-exporter.service"} <= set(exporters)

@@ -917,13 +917,16 @@ CHECKS = (
         NVME_WRITEUP,
         needs="interval",
         alert="BlockStackMergeCollapse",
-        severities=("critical", "info"),
+        severities=("critical", "warning", "info"),
         doc=(
             "`--interval` only, judged as the collapse rules judge it: critical on the page's "
             "evidence, counted on the device's own requests by ebpf_exporter (`--ebpf`: merging "
-            "refused, or requests split into tiny pieces); info for the layered shape alone (small "
-            "requests where they reach a driver beneath a device sending large ones: the dashboard's "
-            "context, and another tenant's small I/O on a shared disk looks the same)"
+            "refused, or requests split into tiny pieces); warning, without `--ebpf`, for requests "
+            "cut at a max_sectors_kb below the floor (diskstats: tiny requests at a real rate, each "
+            "as large as the limit allows: the split the page names, seen without its counter); "
+            "info for the layered shape alone (small requests where they reach a driver beneath a "
+            "device sending large ones: the dashboard's context, and another tenant's small I/O on "
+            "a shared disk looks the same)"
         ),
     ),
 )

@@ -32,7 +32,11 @@ def collapse_findings(host, rows, k):
     requests split into tiny pieces (blockstack_collapse_split). The layered shape (a device
     where requests reach a driver serves small requests while a device above it sends large
     ones carrying most of its bytes: blockstack_collapse_layered) is info, context as the
-    dashboard shows it: another tenant's small I/O on a shared disk looks the same."""
+    dashboard shows it: another tenant's small I/O on a shared disk looks the same.
+    Without eBPF, requests cut at a max_sectors_kb below the floor (diskstats: tiny requests at a
+    real rate, each as large as the limit allows) are a warning: the split collapse the page names
+    "split into tiny pieces", seen from diskstats alone (the doctor then exits 1, as it must while
+    that page fires), though only eBPF can count the pieces."""
     out = []
     for dev in sorted(rows):
         if dev not in host.devices:
@@ -40,25 +44,36 @@ def collapse_findings(host, rows, k):
         for op, row in rows[dev].items():
             upper = _layered_upper(host, rows, dev, op, k)
             refused, split = _refused(row, k), _split(row, k)
-            if upper or refused or split:
-                out.append(_finding(host, rows, dev, op, upper, refused, split, k))
+            at_limit = _at_limit(host, row, dev, k)
+            if upper or refused or split or at_limit:
+                out.append(_finding(host, rows, dev, op, upper, refused, split, at_limit, k))
     return out
 
 
-def _finding(host, rows, dev, op, upper, refused, split, k):
+def _finding(host, rows, dev, op, upper, refused, split, at_limit, k):
     row = rows[dev][op]
     owner = host.queue_owner(dev)
     q = host.queue.get(owner, {})
     evidence = _evidence(host, rows, dev, op, upper)
     shown = (f"{s.file} {s.shown(q.get(s.file, 0))}" for s in QUEUE if s.collapse)
     evidence.append(f"/sys/block/{owner}/queue: {', '.join(shown)}")
-    fix, spec = _collapse_fix(owner, q, k, split_first=split and not refused)
-    proves = "merging refused" if refused else "requests split" if split else "layered"
+    fix, spec = _collapse_fix(owner, q, k, split_first=(split or at_limit) and not refused)
+    if refused or split:
+        proves, severity = ("merging refused" if refused else "requests split"), "critical"
+    elif at_limit:
+        proves, severity = "requests split (diskstats)", "warning"
+    else:
+        proves, severity = "layered", "info"
     what = f"{proves}: {dev} {op}s {row['sectors']:.0f}-sector requests at {row['rps']:.0f}/s"
     whose = top_cgroups({c: r["collapse_ps"] for c, r in row.get("cgroups", {}).items()})
     if (refused or split) and whose:
         what += f", mostly from {whose}"
-    if not (refused or split):
+    if at_limit and not (refused or split):
+        what += (
+            f", each as large as max_sectors_kb={at_limit} allows: larger I/O is cut to that "
+            "size (--ebpf counts the pieces)"
+        )
+    elif not (refused or split):
         what += (
             f" beneath {host.label(upper)}'s {rows[upper][op]['sectors']:.0f}-sector ones; no page "
             f"without refused merges or splits counted on {dev}'s own requests"
@@ -66,7 +81,7 @@ def _finding(host, rows, dev, op, upper, refused, split, k):
     return checks.Finding(
         "merge_collapse",
         dev,
-        "critical" if refused or split else "info",
+        severity,
         what,
         evidence,
         fix,
@@ -143,6 +158,27 @@ def _split(row, k):
         and splits >= k["split_min_ratio"] * issued
         and row["issued_sectors"] <= k["collapse_max_sectors"]
     )
+
+
+def _at_limit(host, row, dev, k):
+    """Without eBPF, the split collapse as diskstats shows it: the device serves tiny requests
+    (<= collapse_max_sectors) at a real rate (>= split_min_rate), on average at least 90 % of its
+    max_sectors_kb, and that limit is below the floor (max_sectors_floor_bytes): requests are
+    being cut at the limit. max_sectors_kb in KiB when it holds, else None. With eBPF the
+    counted pieces decide instead (_split)."""
+    if "issued_ps" in row:
+        return None
+    limit = host.queue.get(host.queue_owner(dev), {}).get(MAX_SECTORS_KB.file)
+    if not limit or limit >= k["max_sectors_floor_bytes"]:
+        return None
+    limit_sectors = limit / 512
+    if (
+        row["rps"] >= k["split_min_rate"]
+        and row["sectors"] <= k["collapse_max_sectors"]
+        and row["sectors"] >= 0.9 * limit_sectors
+    ):
+        return round(limit / 1024)
+    return None
 
 
 def _layered_upper(host, rows, dev, op, k):

@@ -4,6 +4,7 @@ doctor, the exporter's blockstack_finding and the alerts (promtool evaluates eac
 alert's own expression on the exporter's scrape of the same tree) name the same devices."""
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -404,7 +405,9 @@ def test_findings_collector_reads_no_file(trees, monkeypatch):
 
 # name -> (devices {name: kind}, edges {upper: [lowers]}, diskstats {device: (reads/s, sectors each)},
 #          eBPF {device: (requests issued/s, sectors each, refused merges/s, split pieces/s)} or None,
-#          what the doctor must say {device: severity})
+#          what the doctor must say {device: severity}[, max_sectors_kb {device: KiB}])
+# A warning is neither the page's evidence nor the layered rule's: the promtool half expects
+# neither to hold there.
 # The NVMe write-up's stack and iostat lineup: dm-3 at 512 sectors over dm-1 and nvme1n1 at 8
 NVME = (
     {"dm-3": "dm", "dm-0": "dm", "dm-1": "dm", "nvme1n1": "disk"},
@@ -450,6 +453,33 @@ COLLAPSES = {
         {"sdb": (3000, 8, 1600, 0)},
         {"sdb": "critical"},
     ),
+    # the page's "split into tiny pieces" as blockstack-doctor --interval sees it without eBPF:
+    # the issue's max_sectors_kb=4 under 1 MiB direct reads, the device alone (nothing above it,
+    # so not even the layered shape): requests at the limit, a warning (exit 1), not nothing
+    "loop0 alone at max_sectors_kb=4 under 1 MiB direct reads, without eBPF: requests cut at the limit": (
+        {"loop0": "loop"},
+        {},
+        {"loop0": (12800, 8)},
+        None,
+        {"loop0": "warning"},
+        {"loop0": 4},
+    ),
+    "random 4 KiB reads at max_sectors_kb=128, without eBPF: far under the limit": (
+        {"loop0": "loop"},
+        {},
+        {"loop0": (12800, 8)},
+        None,
+        {},
+        {"loop0": 128},
+    ),
+    "random 4 KiB reads at max_sectors_kb=4 with eBPF counting no piece: the counters decide": (
+        {"loop0": "loop"},
+        {},
+        {"loop0": (12800, 8)},
+        {"loop0": (12800, 8, 0, 0)},
+        {},
+        {"loop0": 4},
+    ),
     "a trickle of refused merges": (
         {"dm-0": "dm", "nvme0n1": "disk"},
         {"dm-0": ["nvme0n1"]},
@@ -460,16 +490,19 @@ COLLAPSES = {
 }
 
 
-def _collapse_case(devices, edges, disk, ebpf):
+def _collapse_case(devices, edges, disk, ebpf, max_sectors_kb=None):
     """The doctor's merge_collapse findings on one interval of 10 s, and the promtool series of
     the same counters (5 s scrapes)."""
     from blockstack_exporter.collapse import INTERVAL_KNOBS, collapse_findings
     from blockstack_exporter.lineup import Sample, lineup
+    from blockstack_exporter.settings import MAX_HW_SECTORS_KB, MAX_SECTORS_KB
 
     h = checks.Host()
     for name, kind in devices.items():
         h.devices[name] = {"kind": kind, "name": name}
         h.lower[name] = list(edges.get(name, []))
+    for name, kib in (max_sectors_kb or {}).items():
+        h.queue[name] = {MAX_SECTORS_KB.file: kib * 1024, MAX_HW_SECTORS_KB.file: 32767 * 1024}
     zero = {d: (0,) * 6 for d in devices}
     after = {d: (rps * 10, 0, rps * 10 * size, 0, 0, 0) for d, (rps, size) in disk.items()}
     counters = (
@@ -563,8 +596,8 @@ def test_interval_collapse_and_the_collapse_rules_agree(tmp_path):
     recording = tmp_path / "recording.rules.yml"
     recording.write_text(rules[deploy_knobs.REPO / "alerts/recording.rules.yml"])
     tests = []
-    for name, (devices, edges, disk, ebpf, expected) in COLLAPSES.items():
-        found, series = _collapse_case(devices, edges, disk, ebpf)
+    for name, (devices, edges, disk, ebpf, expected, *queue) in COLLAPSES.items():
+        found, series = _collapse_case(devices, edges, disk, ebpf, *queue)
         assert found == {(d, "read"): s for d, s in expected.items()}, name
 
         def samples(severity):
@@ -604,6 +637,82 @@ def test_interval_collapse_and_the_collapse_rules_agree(tmp_path):
         ["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _reads_during_the_interval(monkeypatch, diskstats, device, per_second, sectors):
+    """The kernel's counting while the doctor waits out --interval: each wait adds reads of
+    `sectors` to the device's line of the tree's diskstats, per_second of them, then waits."""
+    from blockstack_exporter import doctor as doctor_module
+
+    real_sleep = doctor_module.time.sleep
+
+    def io_while_waiting(seconds):
+        lines = []
+        for line in open(diskstats).read().splitlines():
+            f = line.split()
+            if f[2] == device:
+                reads = round(per_second * seconds)
+                f[3] = str(int(f[3]) + reads)
+                f[5] = str(int(f[5]) + reads * sectors)
+            lines.append(" ".join(f))
+        with open(diskstats, "w") as out:
+            out.write("\n".join(lines) + "\n")
+        real_sleep(seconds)
+
+    monkeypatch.setattr(doctor_module.time, "sleep", io_while_waiting)
+
+
+@pytest.mark.parametrize("reading", [True, False], ids=["split-collapse", "idle"])
+def test_the_doctor_the_page_names_sees_a_split_collapse_without_ebpf(
+    tmp_path, monkeypatch, reading
+):
+    """The issue's case: max_sectors_kb=4 under 1 MiB direct reads paged "split into tiny
+    pieces" while the doctor said info and exit 0. Run as the page says (--device DEV
+    --interval 5, here 1 s), with no ebpf_exporter: while the device serves 8-sector requests
+    at 12800/s, each at its 4 KiB limit, merge_collapse names the split at warning and the doctor
+    exits 1; idle, the same tree has no collapse and exits 0."""
+    import io
+    import shutil
+
+    from blockstack_exporter import doctor as doctor_module
+
+    tree = str(tmp_path / "host-loop")
+    shutil.copytree(doctor_trees.build(str(tmp_path), "host-loop")[0], tree, symlinks=True)
+    # loop0 alone at fault: nomerges back to 0 (its own warning would make exit 1 anyway)
+    with open(os.path.join(tree, "sys/class/block/loop0/queue/nomerges"), "w") as f:
+        f.write("0\n")
+    if reading:
+        _reads_during_the_interval(
+            monkeypatch, os.path.join(tree, "proc/diskstats"), "loop0", 12800, 8
+        )
+    # run in this process: the doctor takes over the exporter's logger (its own handler, no
+    # propagation), which the tests after this one in the same worker must get back
+    log = logging.getLogger("blockstack_exporter")
+    monkeypatch.setattr(log, "propagate", log.propagate)
+    monkeypatch.setattr(log, "handlers", list(log.handlers))
+    out = io.StringIO()
+    args = doctor_module.parse_args(
+        [
+            *tree_flags(tree),
+            f"--path.lvmconf={NO_LVM_CONF}",
+            f"--path.rootfs={tree}",
+            "--json",
+            "--device=loop0",
+            "--interval=1",
+        ]
+    )
+    status = doctor_module.run(args, out=out)
+    report = json.loads(out.getvalue())
+    collapse = [f for f in report["findings"] if f["check"] == "merge_collapse"]
+    if not reading:
+        assert status == 0 and not collapse, report["findings"]
+        return
+    assert status == 1, report["findings"]
+    (f,) = collapse
+    assert f["device"] == "loop0" and f["severity"] == "warning", f
+    assert f["what"].startswith("requests split (diskstats): loop0 reads 8-sector requests at"), f
+    assert "max_sectors_kb=4" in f["what"], f
+    assert f["fix"] == "echo 1280 > /sys/block/loop0/queue/max_sectors_kb", f
 
 
 # --- whose I/O: the cgroups a collapse splits -----------------------------------------------------

@@ -104,8 +104,10 @@ def test_ext4_dioread_nolock_with_a_small_journal(pair):
 
 def test_interval_shows_each_layers_requests_and_the_collapse(pair):
     """Direct 1 MiB reads of the upper with max_sectors_kb=4 on the lower: the lineup shows the
-    upper's large requests over the lower's 8-sector ones; without eBPF that layered shape is only
-    info (the rules page on nothing else either: it is no evidence on the lower's own requests)."""
+    upper's large requests over the lower's 8-sector ones. Without eBPF the doctor cannot count
+    the pieces the page rests on, but it sees the lower's requests cut at its 4 KiB limit: the
+    collapse the page names "split into tiny pieces", a warning, exit 1 (the issue's doctor said
+    info and exit 0 while that page fired)."""
     lower, upper, _, dev, updev = pair
     with contextlib.ExitStack() as es:
         es.enter_context(loop.sysfs_setting(dev, "queue/max_sectors_kb", "4"))
@@ -134,7 +136,13 @@ def test_interval_shows_each_layers_requests_and_the_collapse(pair):
     assert low["sectors"] <= 8 < up["sectors"]
     assert ("max_sectors_low", lower) in named(report)
     collapse = named(report)[("merge_collapse", lower)]
-    assert collapse["severity"] == "info" and collapse["what"].startswith("layered")
+    assert collapse["severity"] == "warning", collapse
+    assert (
+        collapse["what"].startswith("requests split (diskstats)")
+        and "max_sectors_kb=4" in (collapse["what"])
+    ), collapse
+    assert collapse["fix"].endswith(f"/sys/block/{lower}/queue/max_sectors_kb")
+    assert r.returncode == 1, report["findings"]
 
 
 @pytest.mark.servers
@@ -190,7 +198,9 @@ def test_ebpf_adds_splits_to_the_lineup(pair, tmp_path):
     report = json.loads(r.stdout)
     low = report["lineup"][lower]["read"]
     assert low["splits_ps"] > 0.5 * low["rps"], report["lineup"]
-    assert "missed_merges_ps" in low and low["issued_sectors"] <= 8
+    # 4 KiB pieces; ebpf_exporter's batched histogram may add a request's size a flush before or
+    # after its count (8.0019 sectors seen over 3 s): within 1 %
+    assert "missed_merges_ps" in low and low["issued_sectors"] <= 8 * 1.01, low
     collapse = named(report)[("merge_collapse", lower)]
     assert collapse["severity"] == "critical" and collapse["what"].startswith("requests split"), (
         collapse

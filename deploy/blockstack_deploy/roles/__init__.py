@@ -63,10 +63,19 @@ def make(
     secrets=None,
     inventory=None,
     cluster_peers=(),
+    external_host=None,
 ):
     """The role `name` on state, from the options of `stackctl.py up` (docs/fleet.md)."""
     if name == "standalone":
-        return Standalone(state, ports, listen, auth=auth, tls=tls, grafana_server=grafana.find())
+        return Standalone(
+            state,
+            ports,
+            listen,
+            auth=auth,
+            tls=tls,
+            grafana_server=grafana.find(),
+            external_host=external_host,
+        )
     secrets_dir = secrets or os.path.join(state, "secrets", "fleet")
     if name == "agent":
         if not alertmanagers:

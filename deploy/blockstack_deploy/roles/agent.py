@@ -12,7 +12,7 @@ import os
 
 from .. import pki
 from ..files import write_yaml
-from ..stack import CORS_ORIGIN, RETENTION, RETENTION_SIZE, Stack, program
+from ..stack import CORS_ORIGIN, DOCS_HTML, RETENTION, RETENTION_SIZE, Stack, program
 from .base import FleetRole, ebpf_summary, loopback, thanos
 
 SOURCE = "blockstack_deploy/roles/agent.py"
@@ -166,6 +166,9 @@ class Agent(FleetRole):
                     # no --web.enable-lifecycle: POST /-/quit exits 0, which Restart=on-failure does
                     # not restart; reloads are SIGHUP (self.reloads)
                     f"--web.listen-address=127.0.0.1:{prom}",
+                    # a page's links (generatorURL, the runbook at /user/) where it listens
+                    f"--web.external-url=http://127.0.0.1:{prom}",
+                    f"--web.user-assets={DOCS_HTML}",
                     f"--web.cors.origin={CORS_ORIGIN}",
                     f"--web.config.file={w}/prometheus-web.yml",
                 ],

@@ -22,7 +22,7 @@ from blockstack_rules import knobs
 
 from .. import alert_gate
 from ..files import secret, write_if_changed, write_yaml
-from ..stack import CORS_ORIGIN, RETENTION, RETENTION_SIZE, Stack, program
+from ..stack import CORS_ORIGIN, DOCS_HTML, RETENTION, RETENTION_SIZE, Stack, program
 from .base import GRAFANA_HINT, FleetRole, thanos
 
 SOURCE = "blockstack_deploy/roles/central.py"
@@ -190,6 +190,7 @@ class Central(FleetRole):
                 f"--config.file={w}/alertmanager.yml",
                 f"--storage.path={d}/alertmanager-{i}",
                 f"--web.listen-address=127.0.0.1:{p[f'alertmanager-{i}']}",
+                f"--web.external-url=http://127.0.0.1:{p[f'alertmanager-{i}']}",
                 f"--web.config.file={w}/admin-web.yml",
                 f"--cluster.listen-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
                 f"--cluster.advertise-address=127.0.0.1:{p[f'alertmanager-{i}-cluster']}",
@@ -231,6 +232,9 @@ class Central(FleetRole):
                     f"--storage.tsdb.retention.time={RETENTION}",
                     f"--storage.tsdb.retention.size={RETENTION_SIZE}",
                     f"--web.listen-address=127.0.0.1:{p[f'watcher-{r}']}",
+                    # a page's links (generatorURL, the fleet runbook at /user/) where it listens
+                    f"--web.external-url=http://127.0.0.1:{p[f'watcher-{r}']}",
+                    f"--web.user-assets={DOCS_HTML}",
                     f"--web.cors.origin={CORS_ORIGIN}",
                     f"--web.config.file={w}/admin-web.yml",
                 ],

@@ -37,9 +37,11 @@ class Standalone(Role):
         tls=None,
         grafana_server=None,
         ebpf_configs=None,
+        external_host=None,
     ):
         """tls: the operator's (cert, key, ca) instead of the generated ones, copied into
-        STATE/secrets."""
+        STATE/secrets. external_host: the name readers of a page use to reach this host
+        (Stack.external_host; in the generated certificate too)."""
         super().__init__(state, ports, listen, grafana_server)
         self.web = None  # basic auth + TLS on Prometheus, Alertmanager and Grafana (user admin)
         self.admin = pki.Secrets(os.path.join(self.state, "secrets"), user="admin")
@@ -55,6 +57,7 @@ class Standalone(Role):
             ebpf_cache=os.path.join(self.state, "ebpf-configs.txt"),
             data_dir=self.data,
         )
+        self.stack.external_host = external_host
         self.stack.receiver_token_file = os.path.join(self.state, "secrets", "receiver-token")
         self.stack.pages_file = os.path.join(self.state, "pages", "pages.jsonl")
         run = self_pages_dir(self.state)
@@ -106,10 +109,12 @@ class Standalone(Role):
             )
         self.stack.render()
         auth = {
-            "datasource_auth": (self.admin.user, self.admin.password_file, None)
-        }  # Prometheus's basic auth
+            "datasource_auth": (self.admin.user, self.admin.password_file, None),  # Prometheus's
+            "root_url": self.stack.external_url("grafana", self.ports["grafana"]),
+            "prometheus_url": self.stack.external_url("prometheus"),
+        }
         if self.web:
-            auth = {
+            auth |= {
                 "tls": self.web.cert(self.cert_name),
                 "datasource_auth": (self.web.user, self.web.password_file, self.ca),
             }
@@ -132,6 +137,8 @@ class Standalone(Role):
             names = ["127.0.0.1", "localhost", socket.gethostname()] + (
                 [self.listen] if one else []
             )
+            if self.stack.external_host:  # the links of a page name it
+                names.append(self.stack.external_host)
             crt, _ = self.web.cert("server")
             if (
                 one
