@@ -13,6 +13,11 @@
     ebpf_selector: 'job="ebpf"',  // ebpf_exporter with ebpf-configs/ (block_sizes, jbd2_credit_wait)
     exporter_jobs: 'node|blockstack|ebpf',  // regex of the jobs whose `up` is watched
     evidence_exporter_jobs: 'blockstack|ebpf',  // of those, the exporters the collapse page's evidence comes from
+    // kube-state-metrics on Kubernetes (kube-prometheus's job name; its `namespace` and `pod` labels
+    // kept with honorLabels; no `host` needed: joined on the pod UID). Where its kube_pod_info has a
+    // pod, the collapse page and the dashboard name the pod's containers `namespace/pod`; elsewhere
+    // (no Kubernetes, no kube-state-metrics, a pod deleted) they stay named by container.
+    kube_state_metrics_selector: 'job="kube-state-metrics"',
 
     // --- Windows. ---------------------------------------------------------------------------------
     // Rate window of every per-device block statistic (sizes, rates, merges, missed merges).

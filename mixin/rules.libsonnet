@@ -453,21 +453,48 @@
                 / (host_device_operation:ebpf_block_rq:rate > 0)
             |||,
           },
+          // The name the page and the dashboard give each block cgroup holding one of a device's
+          // named slots (ebpf_exporter's admissions): `cgroup`, its cgroupfs directory's name
+          // (postgresql.service, "/" the root, "other" the rest), a container scope shortened to
+          // "docker 0123456789ab"; on Kubernetes a pod's containers as their pod, `namespace/pod`
+          // (they add up), where kube-state-metrics' kube_pod_info has the UID in the parent's name:
+          // kubepods-burstable-pod<uid, _ for ->.slice (systemd cgroup driver; -besteffort, or none
+          // for Guaranteed) or pod<uid> (cgroupfs driver). On the UID alone: it is unique in the
+          // cluster, and kube_pod_info's `node` need not be our `host`; kube-state-metrics' replicas
+          // deduplicated. A pod no longer in kube_pod_info keeps its containers' names. The scrape's
+          // own labels (the exporter pod's namespace and pod under the Prometheus Operator) are
+          // dropped before the join. `parent` as read. Value always 1.
+          {
+            record: 'host_devno_cgroup:ebpf_block_cgroup_name:info',
+            expr: |||
+              max by (host, devno, cgroup_id, cgroup, parent) (
+                  label_join(
+                    label_replace(label_replace(
+                      max by (host, devno, cgroup_id, cgroup, parent) (ebpf_exporter_block_cgroup_admissions_total{%(ebpf_selector)s}),
+                    "pod_uid", "$1-$2-$3-$4-$5", "parent", "kubepods(?:-burstable|-besteffort)?-pod([0-9a-f]{8})_([0-9a-f]{4})_([0-9a-f]{4})_([0-9a-f]{4})_([0-9a-f]{12})[.]slice"),
+                    "pod_uid", "$1", "parent", "pod([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
+                      * on (pod_uid) group_left (namespace, pod)
+                        label_replace(max by (uid, namespace, pod) (kube_pod_info{%(kube_state_metrics_selector)s}), "pod_uid", "$1", "uid", "(.+)"),
+                  "cgroup", "/", "namespace", "pod")
+                or on (host, devno, cgroup_id)
+                  label_replace(
+                    max by (host, devno, cgroup_id, cgroup, parent) (ebpf_exporter_block_cgroup_admissions_total{%(ebpf_selector)s}),
+                  "cgroup", "$1 $2", "cgroup", "(docker|cri-containerd|crio|libpod)-([0-9a-f]{12})[0-9a-f]*[.]scope")
+              )
+            ||| % $._config,
+          },
           // Bytes per second submitted to each device by block cgroup (the cgroup the kernel charges
           // the I/O to: ebpf-configs/block_cgroups.bpf.h), for the device's busiest cgroups by name
-          // and the rest as `cgroup` "other". `cgroup` is the cgroupfs directory's name
-          // (postgresql.service; a container scope as "docker 0123456789ab"), `parent` its parent's.
+          // and the rest as `cgroup` "other", named as above (postgresql.service, "docker
+          // 0123456789ab", a pod as "shop/web-0"), `parent` its parent's.
           {
             record: 'host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate',
             expr: |||
-              label_replace(
-                sum by (host, device, operation, cgroup, parent) (
-                  rate(ebpf_exporter_block_cgroup_bio_bytes_total{%(ebpf_selector)s}[%(rate_window)s])
-                    * on (host, devno, cgroup_id) group_left (cgroup, parent)
-                      ebpf_exporter_block_cgroup_admissions_total{%(ebpf_selector)s}
-                    * on (host, devno) group_left (device) host_devno:blockstack_device:info
-                ),
-                "cgroup", "$1 $2", "cgroup", "(docker|cri-containerd|crio|libpod)-([0-9a-f]{12})[0-9a-f]*[.]scope")
+              sum by (host, device, operation, cgroup, parent) (
+                rate(ebpf_exporter_block_cgroup_bio_bytes_total{%(ebpf_selector)s}[%(rate_window)s])
+                  * on (host, devno, cgroup_id) group_left (cgroup, parent) host_devno_cgroup:ebpf_block_cgroup_name:info
+                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+              )
             ||| % $._config,
           },
           // Refused merges and split-off pieces per second on each device by block cgroup (as above):
@@ -475,22 +502,19 @@
           {
             record: 'host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate',
             expr: |||
-              label_replace(
-                sum by (host, device, operation, cgroup, parent) (
-                  (
-                      label_replace(
-                        rate(ebpf_exporter_block_cgroup_missed_merges_total{%(ebpf_selector)s}[%(rate_window)s]),
-                        "event", "refused", "", "")
-                    or
-                      label_replace(
-                        rate(ebpf_exporter_block_cgroup_splits_total{%(ebpf_selector)s}[%(rate_window)s]),
-                        "event", "split", "", "")
-                  )
-                    * on (host, devno, cgroup_id) group_left (cgroup, parent)
-                      ebpf_exporter_block_cgroup_admissions_total{%(ebpf_selector)s}
-                    * on (host, devno) group_left (device) host_devno:blockstack_device:info
-                ),
-                "cgroup", "$1 $2", "cgroup", "(docker|cri-containerd|crio|libpod)-([0-9a-f]{12})[0-9a-f]*[.]scope")
+              sum by (host, device, operation, cgroup, parent) (
+                (
+                    label_replace(
+                      rate(ebpf_exporter_block_cgroup_missed_merges_total{%(ebpf_selector)s}[%(rate_window)s]),
+                      "event", "refused", "", "")
+                  or
+                    label_replace(
+                      rate(ebpf_exporter_block_cgroup_splits_total{%(ebpf_selector)s}[%(rate_window)s]),
+                      "event", "split", "", "")
+                )
+                  * on (host, devno, cgroup_id) group_left (cgroup, parent) host_devno_cgroup:ebpf_block_cgroup_name:info
+                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+              )
             ||| % $._config,
           },
           // Evidence of a merge collapse, merging refused: most requests on the device are refused

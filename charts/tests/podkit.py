@@ -19,10 +19,15 @@ one per container, each field mapped to the podman option that asks runc for the
     volumes: emptyDir                         a directory of the test's, shared by the containers
                                               (medium Memory: a tmpfs of its sizeLimit mounted
                                               there, as the kubelet mounts it)
-             hostPath                         the path itself (the test renders kubeletRoot into
-                                              a directory of its own)
+             hostPath                         the path itself, bound (podman's -v binds
+                                              recursively, as the kubelet's runtimes do); the test
+                                              renders kubeletRoot into a directory of its own, and
+                                              /proc is the host's procfs (podman binds it as any
+                                              directory; the container's own /proc stays beside it)
              configMap                        the rendered ConfigMap's data written to files
     volumeMounts readOnly                     :ro
+    the runtime's masked paths                containerd's: podman's also mask /sys/dev/block,
+                                              which is unmasked (--security-opt unmask=)
     the pod's network namespace               the first container's (--network none: loopback
                                               only), joined by the others (--network container:)
 
@@ -167,8 +172,11 @@ class Pod:
             return path
         if "hostPath" in volume:
             path = volume["hostPath"]["path"]
-            if volume["hostPath"].get("type") == "DirectoryOrCreate":
+            kind = volume["hostPath"].get("type")
+            if kind == "DirectoryOrCreate":
                 os.makedirs(path, exist_ok=True)
+            elif kind == "Directory":  # the kubelet refuses to start the pod without it
+                assert os.path.isdir(path), f"volume {name}: hostPath {path} is no directory"
             return path
         if "configMap" in volume:
             cm = self.kind("ConfigMap", volume["configMap"]["name"])
@@ -210,6 +218,9 @@ class Pod:
             out += ["--network", f"container:{self.started[0]}"]
         else:
             out += ["--network", "none"]
+        # podman masks /sys/dev/block (containers-common's masked paths); containerd's default
+        # spec does not, and blockstack-exporter names device numbers through it
+        out += ["--security-opt", "unmask=/sys/dev/block"]
         if ctx.get("privileged"):
             out.append("--privileged")
         if "runAsUser" in ctx:

@@ -27,6 +27,7 @@ VARIANTS = {
     "everything": EVERYTHING,
     "podmonitor": ["podMonitor.enabled=true", "prometheusRule.enabled=true"],
     "no-ebpf": ["ebpf.enabled=false", "serviceMonitor.enabled=true"],
+    "no-hostpath": ["blockstack.hostProc=false", "seccomp.install=false"],
 }
 
 
@@ -142,14 +143,22 @@ def test_a_misspelt_field_fails_validation(built):
 @pytest.mark.built
 def test_pod_least_privilege(built):
     """The rendered pod: ebpf-exporter adds CAP_BPF and CAP_PERFMON to nothing, under the chart's
-    Localhost profile, read-only, no host namespace, no hostPath but the profile's directory;
-    the other containers add nothing and run as nobody."""
+    Localhost profile, read-only, no host namespace; two hostPaths, the profile's directory (the
+    init container's) and the host's /proc read-only (blockstack-exporter's); the other
+    containers add nothing and run as nobody."""
     docs = podkit.render(EVERYTHING)
     spec = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
     assert not any(spec.get(k) for k in ("hostPID", "hostNetwork", "hostIPC"))
-    host_paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
-    assert host_paths == ["/var/lib/kubelet/seccomp/blockstack-merges"]
     containers = {c["name"]: c for c in spec["containers"] + spec["initContainers"]}
+    assert host_path_mounts(spec) == {
+        (
+            "install-seccomp-profile",
+            "/var/lib/kubelet/seccomp/blockstack-merges",
+            "/seccomp",
+        ): False,
+        ("blockstack-exporter", "/proc", "/host/proc"): True,
+    }
+    assert "--path.procfs=/host/proc" in containers["blockstack-exporter"]["args"]
     ebpf = containers["ebpf-exporter"]["securityContext"]
     assert ebpf["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "PERFMON"]}
     assert ebpf["seccompProfile"] == {
@@ -169,6 +178,33 @@ def test_pod_least_privilege(built):
             "spec"
         ]["containers"]
     }, "the dm helper is privileged: never on by default"
+
+
+def host_path_mounts(spec):
+    """{(container, host path, mountPath): readOnly} of every hostPath volume's mounts."""
+    paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    return {
+        (c["name"], paths[m["name"]], m["mountPath"]): m.get("readOnly", False)
+        for c in spec.get("initContainers", []) + spec["containers"]
+        for m in c.get("volumeMounts", [])
+        if m["name"] in paths
+    }
+
+
+@pytest.mark.built
+def test_host_proc_can_be_left_out(built):
+    """blockstack.hostProc=false: no /proc of the host, and blockstack-exporter reads its own;
+    with seccomp.install=false as well, no hostPath at all."""
+    for values, want in [
+        (["blockstack.hostProc=false"], {"/var/lib/kubelet/seccomp/blockstack-merges"}),
+        (["blockstack.hostProc=false", "seccomp.install=false"], set()),
+        (["seccomp.install=false"], {"/proc"}),
+    ]:
+        docs = podkit.render(values)
+        spec = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+        assert {path for _, path, _ in host_path_mounts(spec)} == want, values
+        exporter = next(c for c in spec["containers"] if c["name"] == "blockstack-exporter")
+        assert ("--path.procfs=/host/proc" in exporter["args"]) == ("/proc" in want), values
 
 
 @pytest.mark.built

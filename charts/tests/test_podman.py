@@ -1,8 +1,9 @@
 """The chart's pod, as rendered, run by podman on this host (podkit.py maps each field of the pod
 spec to podman): ebpf_exporter loads, attaches and counts a loop device's I/O with CAP_BPF,
 CAP_PERFMON and the chart's seccomp profile; blockstack-exporter and node_exporter report the
-loop device as nobody with no capability; the dm helper holds nothing where the kernel has no
-device-mapper. Then the ablation: each capability and each seccomp allowance taken away in turn,
+loop device as nobody with no capability, and blockstack-exporter, with the host's /proc, an ext4
+filesystem mounted on the host as the package's exporter on the host does; the dm helper holds
+nothing where the kernel has no device-mapper. Then the ablation: each capability and each seccomp allowance taken away in turn,
 and what breaks, written into docs/kubernetes.md (BLOCKSTACK_UPDATE_DOCS=1 rewrites the table;
 without it the test fails when the table differs from what it measured).
 
@@ -22,8 +23,11 @@ import pytest
 import seccomp_profile
 from prometheus_client.parser import text_string_to_metric_families
 
+from blockstack_deploy import privileges
+from blockstack_deploy.stack import program
 from blockstack_exporter.collectors.stack import encode_dev
 from blockstack_lab import loop
+from blockstack_testsupport import procs
 from blockstack_testsupport.clock import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.built]
@@ -182,6 +186,89 @@ def test_blockstack_exporter_reports_the_stack(pod):
         s.labels for s in got if s.name == "blockstack_scrape_collector_success" and not s.value
     ]
     assert not failed, failed
+
+
+@contextlib.contextmanager
+def host_exporter():
+    """blockstack-exporter on this host as the Debian package runs it: its user
+    blockstack-exporter in group disk (which reads the ext4 superblocks), no capability, the host's
+    own /proc, /sys and /dev (privileges.wrap: the identity of the package's unit and of `make
+    up`). Yields a function that scrapes it."""
+    privileges.ensure_users()
+    port = procs.free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    argv = [program("blockstack"), f"--web.listen-address=127.0.0.1:{port}"]
+    with procs.running(privileges.wrap("blockstack", argv), health_url=url):
+        yield lambda: procs.http_get(url, timeout=20)
+
+
+def of_device(text, prefix, device):
+    """{(name, labels, value)} of the series named prefix* whose `device` is device."""
+    return {
+        (s.name, frozenset(s.labels.items()), s.value)
+        for s in samples(text)
+        if s.name.startswith(prefix) and s.labels.get("device") == device
+    }
+
+
+def test_blockstack_exporter_sees_the_hosts_mounts(pod, tmp_path):
+    """With the host's /proc (read-only, nothing else of the host), the pod reports an ext4
+    filesystem mounted on the host as the package does on the host itself: every option under
+    the host's mountpoint, and the journal size (16 MiB, not mke2fs's default for the size), which
+    the package reads from the superblock and the pod, without /dev/loopN, derives from
+    /proc/fs/jbd2 and mb_structs_summary. A loop device over a file on that filesystem is placed
+    on it in both, and both run the same collectors."""
+    mounts = pod.exec("blockstack-exporter", "cat", "/proc/self/mountinfo").stdout
+    bound = [line.split() for line in mounts.splitlines() if line.split()[4] == "/host/proc"]
+    assert len(bound) == 1 and "ro" in bound[0][5].split(","), mounts
+    journal = 16 << 20
+    with (
+        loop.attached(256 << 20, directory=str(tmp_path)) as lower,
+        loop.ext4(lower, ["-b", "4096", "-J", "size=16"], directory=str(tmp_path)) as mnt,
+        _upper(mnt) as upper,
+        host_exporter() as scrape_host,
+    ):
+        in_pod = pod.http_get(9363, via="blockstack-exporter")
+        on_host = scrape_host()
+    lo, up = loop.name(lower), loop.name(upper)
+
+    ext4 = of_device(in_pod, "blockstack_ext4_", lo)
+    assert ext4 == of_device(on_host, "blockstack_ext4_", lo)
+    assert {dict(labels)["mountpoint"] for _, labels, _ in ext4} == {mnt}
+    sizes = {v for name, _, v in ext4 if name == "blockstack_ext4_journal_size_bytes"}
+    assert sizes == {journal}, sorted(ext4)
+    # jbd2's series of its journal: the same in both (their values move with its commits)
+    jbd2 = [
+        {(n, ls) for n, ls, _ in of_device(t, "blockstack_jbd2_", lo)} for t in (in_pod, on_host)
+    ]
+    assert jbd2[0] and jbd2[0] == jbd2[1], jbd2
+
+    backing = os.path.join(mnt, "upper.img")
+    for text in (in_pod, on_host):
+        info = [
+            s.labels
+            for s in samples(text)
+            if s.name == "blockstack_device_info" and s.labels.get("device") == up
+        ]
+        assert [i["backing_file"] for i in info] == [backing], info
+        assert f'blockstack_device_lower_info{{device="{up}",lower="{lo}"}} 1.0' in text
+
+    def collectors(text):
+        return {
+            s.labels["collector"]
+            for s in samples(text)
+            if s.name == "blockstack_scrape_collector_success"
+        }
+
+    assert collectors(in_pod) == collectors(on_host)
+
+
+def _upper(mnt):
+    """A loop device over a sparse file on the mounted filesystem."""
+    path = os.path.join(mnt, "upper.img")
+    with open(path, "wb") as f:
+        f.truncate(32 << 20)
+    return loop.attached(path=path)
 
 
 def test_node_exporter_reports_loop_devices(pod):

@@ -573,7 +573,8 @@ def ext4_journal_small(host, k):
         mnt = fs["mountpoint"] or "<mountpoint>"
         evidence = [
             f"/proc/fs/ext4/{name}/options: dioread_nolock (a default since 5.6, not in /proc/mounts)",
-            f"journal {_size(journal)} (superblock), below the {_size(good)} that fixed the incident",
+            f"journal {_size(journal)} ({fs.get('journal_source', 'superblock')}), below the "
+            f"{_size(good)} that fixed the incident",
         ]
         severity = "info"
         j = host.jbd2.get(name)

@@ -2,7 +2,7 @@
 
 Sources: /sys/class/block (every disk and partition; a partition's sysfs path sits inside its
 disk's directory, see Documentation/ABI/stable/sysfs-block), /sys/dev/block/MAJ:MIN (device
-numbers to names) and /proc/self/mountinfo (which block device holds a path).
+numbers to names) and /proc/1/mountinfo (which block device holds a path; see read_mountinfo).
 """
 
 import os
@@ -93,10 +93,30 @@ def parse_mountinfo(text):
 
 
 def read_mountinfo(procfs):
-    """Read to end of file: one read of it returns a page at most (see fs.py)."""
-    return parse_mountinfo(
-        read_text(os.path.join(procfs, "self", "mountinfo"), MAX_MOUNTINFO_BYTES)
-    )
+    """The mounts of pid 1's mount namespace, from procfs/1/mountinfo, as node_exporter reads
+    them; procfs/self/mountinfo when that cannot be read (EACCES, hidepid=, a fixture tree that
+    has self/ only). Both are read to end of file: one read returns a page at most (see fs.py).
+
+    Why pid 1 and not self: in a pod given the host's /proc at /host/proc, "self" names the
+    exporter's own pid, whose mount namespace is the container's; pid 1 there is the host's
+    init, whose namespace holds the host's mounts (ext4 mountpoints, loop backing files). The
+    same holds for the Debian package under systemd when its unit gets a mount namespace of its
+    own (ProtectSystem=, PrivateTmp=): pid 1's mountinfo is readable by any user and lists the
+    host's mountpoints. In a pid namespace with a /proc of its own, pid 1 is that namespace's
+    first process, and its mounts are the ones the exporter's processes see."""
+    first = os.path.join(procfs, "1", "mountinfo")
+    try:
+        return parse_mountinfo(read_text(first, MAX_MOUNTINFO_BYTES))
+    except OSError as e1:
+        fallback = os.path.join(procfs, "self", "mountinfo")
+        try:
+            return parse_mountinfo(read_text(fallback, MAX_MOUNTINFO_BYTES))
+        except OSError as e2:
+            # one error naming both files; OSError(errno, text) is FileNotFoundError,
+            # PermissionError, ... as e2 was, so the errors_total reason stays that of e2
+            raise OSError(
+                e2.errno, f"{first}: {e1.strerror or e1}; {fallback}: {e2.strerror or e2}"
+            ) from e2
 
 
 def mount_holding(mounts, path):

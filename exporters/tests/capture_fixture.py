@@ -65,7 +65,10 @@ def capture(out, wanted):
         )
 
     proc_out = os.path.join(out, "proc")
-    copy_file("/proc/self/mountinfo", os.path.join(proc_out, "self/mountinfo"))
+    # the mounts the exporter reads (devices.read_mountinfo: pid 1's, else its own), kept at
+    # self/mountinfo, which the exporter reads when the tree has no 1/
+    mountinfo = "/proc/1/mountinfo" if os.access("/proc/1/mountinfo", os.R_OK) else None
+    copy_file(mountinfo or "/proc/self/mountinfo", os.path.join(proc_out, "self/mountinfo"))
     copy_file("/proc/diskstats", os.path.join(proc_out, "diskstats"))
     for fs, leaf in (("ext4", "options"), ("jbd2", "info")):
         base = os.path.join("/proc/fs", fs)

@@ -1,9 +1,11 @@
 """Live tests on this machine's kernel: loop devices and ext4 made and removed by the tests,
 the real exporter scraped over HTTP after each change."""
 
+import contextlib
 import errno
 import fcntl
 import os
+import re
 import subprocess
 import time
 
@@ -157,11 +159,26 @@ def test_mountinfo_of_a_mount_namespace_with_many_mounts(tmp_path):
             f"set -e; for i in $(seq 1 120); do mkdir -p {base}/t$i; mount -t tmpfs -o size=64k t$i {base}/t$i; done; "
             f"mkdir -p {mnt}; mount {dev} {mnt}; "
             f"test $(wc -c < /proc/self/mountinfo) -gt 8192; "
-            f"exec {EXPORTER} --web.listen-address=127.0.0.1:{port} --no-collector.dm"
+            f"{EXPORTER} --web.listen-address=127.0.0.1:{port} --no-collector.dm & wait"
         )
-        # the namespace, and every mount in it, goes away with the exporter
+        # the namespace, and every mount in it, goes away with the exporter. A pid namespace
+        # with a /proc of its own too: the exporter reads pid 1's mountinfo (devices.py), and
+        # pid 1 there is the shell that made the mounts. The exporter is its child, not pid 1
+        # itself: an init without a handler ignores the SIGTERM that ends the test.
         with procs.running(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+                "sh",
+                "-c",
+                script,
+            ],
             health_url=url,
             log_path=str(tmp_path / "exporter.log"),
         ):
@@ -171,3 +188,79 @@ def test_mountinfo_of_a_mount_namespace_with_many_mounts(tmp_path):
             "blockstack_ext4_dioread_nolock"
         )
         assert s.get("blockstack_collector_errors_total", collector="stack", reason="parse") is None
+
+
+def _scrape_once(tmp_path, *flags, argv=()):
+    """One scrape of an exporter started with `flags` (after `argv`, e.g. an unshare)."""
+    port = procs.free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    command = [
+        *argv,
+        EXPORTER,
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--no-collector.dm",
+        *flags,
+    ]
+    with procs.running(command, health_url=url, log_path=str(tmp_path / "exporter.log")):
+        return Scraped(procs.http_get(url))
+
+
+def test_mountpoints_are_pid_1s_in_a_mount_namespace_of_its_own(tmp_path):
+    """A pod's view: the exporter in a mount namespace of its own where the ext4 filesystem is not
+    mounted, with the host's /proc. Its mountpoint label is the host's, read from pid 1's
+    mountinfo, not empty as in the exporter's own."""
+    with loop.attached(32 << 20) as dev, loop.ext4(dev) as mnt:
+        with open("/proc/1/mountinfo") as f:
+            if f" {mnt} " not in f.read():
+                pytest.skip("pid 1 is in another mount namespace than the tests")
+        s = _scrape_once(
+            tmp_path,
+            argv=[
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f'umount {mnt} && exec "$0" "$@"',
+            ],
+        )
+        name = loop.name(dev)
+        assert s.get("blockstack_ext4_dioread_nolock", device=name, mountpoint=mnt) == 1, s.series(
+            "blockstack_ext4_dioread_nolock"
+        )
+
+
+def _dumpe2fs_journal_bytes(dev):
+    """The journal's size as dumpe2fs -h prints it: "Total journal size: 16M" (e2fsprogs 1.46+,
+    fast-commit area included) or "Journal size: 4096k"."""
+    text = subprocess.run(
+        ["dumpe2fs", "-h", dev], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    sizes = dict(re.findall(r"^(Total journal size|Journal size):\s+(\d+[kMG])$", text, re.M))
+    size = sizes.get("Total journal size") or sizes["Journal size"]
+    return int(size[:-1]) << {"k": 10, "M": 20, "G": 30}[size[-1]]
+
+
+def test_journal_size_without_the_devices_equals_the_superblocks(tmp_path):
+    """A pod's view: ext4 of 1 KiB and 4 KiB blocks with 4, 16 and 64 MiB journals, and an
+    exporter whose --path.dev holds no devices. Its journal sizes, derived from /proc/fs/jbd2 and
+    mb_structs_summary, equal the superblock's (an exporter with the real /dev) and dumpe2fs's."""
+    empty_dev = tmp_path / "dev"
+    empty_dev.mkdir()
+    with contextlib.ExitStack() as stack:
+        made = []  # (device name, mountpoint, journal bytes per dumpe2fs, -J size in MiB)
+        for block_size in (1024, 4096):
+            for mib in (4, 16, 64):
+                dev = stack.enter_context(loop.attached(300 << 20))
+                mnt = stack.enter_context(
+                    loop.ext4(dev, ["-b", str(block_size), "-J", f"size={mib}"])
+                )
+                made.append((loop.name(dev), mnt, _dumpe2fs_journal_bytes(dev), mib))
+        superblock = _scrape_once(tmp_path)
+        proc = _scrape_once(tmp_path, f"--path.dev={empty_dev}")
+        for name, mnt, dumpe2fs, mib in made:
+            labels = {"device": name, "mountpoint": mnt}
+            got = proc.get("blockstack_ext4_journal_size_bytes", **labels)
+            assert got == superblock.get("blockstack_ext4_journal_size_bytes", **labels), labels
+            assert got == dumpe2fs == mib << 20, labels

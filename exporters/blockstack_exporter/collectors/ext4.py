@@ -5,15 +5,20 @@ the ext4 incident hid behind it); /proc/fs/ext4/DEV/options lists every option i
 one per line (fs/ext4/super.c _ext4_show_options with the "show all" flag).
 The journal size comes from the superblock: s_jnl_blocks[15..16] keep a copy of the journal
 inode's i_size_high/i_size (fs/ext4/ext4.h, struct ext4_super_block; EXT3_JNL_BACKUP_BLOCKS).
+Where /dev/DEV cannot be opened (a pod given the host's /proc but no devices), it is derived
+from what procfs publishes instead: see journal_bytes_from_proc.
 """
 
+import errno
 import os
+import re
 import struct
 
 from prometheus_client.core import GaugeMetricFamily
 
 from ..fs import BlockingReads, ParseError, listdir, parse_uint, read_text
 from ..scrape import Reuse, reason_of
+from .jbd2 import parse_info
 
 EXT4_SUPER_MAGIC = 0xEF53
 EXT3_JNL_BACKUP_BLOCKS = 1  # s_jnl_backup_type when s_jnl_blocks holds a journal inode copy
@@ -48,6 +53,94 @@ def parse_superblock_journal_bytes(sb):
     return (size_high << 32) | size_low
 
 
+# errors opening /dev/DEV after which the journal size is derived from procfs: no device node
+# (a pod), or one the exporter may not open (no CAP_DAC_OVERRIDE, not in group disk)
+NO_DEVICE = (errno.ENOENT, errno.EACCES, errno.EPERM)
+# jbd2 caps a transaction at a third of the journal from 6.11 on, at a quarter before
+# (include/linux/jbd2.h jbd2_journal_get_max_txn_bufs: torvalds/linux a794c9ad026f "jbd2:
+# increase maximum transaction size", merged for 6.11)
+THIRD_SINCE = (6, 11)
+ORDER_LINE = re.compile(r"^list_order_(\d+)_groups: \d+$", re.ASCII)
+RELEASE = re.compile(r"^(\d+)\.(\d+)", re.ASCII)
+
+
+def kernel_fraction(release):
+    """The fraction of its journal a transaction may use on kernel `release` ("6.18.4-..."):
+    3 from 6.11 on, 4 before; None when the release cannot be read."""
+    m = RELEASE.match(release or "")
+    if not m:
+        return None
+    return 3 if (int(m[1]), int(m[2])) >= THIRD_SINCE else 4
+
+
+def parse_block_size(text):
+    """The filesystem's block size from /proc/fs/ext4/DEV/mb_structs_summary (fs/ext4/mballoc.c
+    ext4_mb_seq_structs_summary_show): under "max_free_order_lists:" one "list_order_K_groups: N"
+    line per buddy order, MB_NUM_ORDERS(sb) = s_blocksize_bits + 2 of them (fs/ext4/mballoc.h),
+    so the block size is 2 ** (lines - 2)."""
+    orders, inside = 0, False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not raw[:1].isspace():  # a section header: only max_free_order_lists is counted
+            inside = line == "max_free_order_lists:"
+            continue
+        if inside:
+            m = ORDER_LINE.match(line)
+            if not m or int(m[1]) != orders:
+                raise ParseError(f"mb_structs_summary: unexpected line {line[:80]!r}")
+            orders += 1
+    if not 12 <= orders <= 18:  # ext4 blocks are 1 KiB (10 bits) to 64 KiB (16 bits)
+        raise ParseError(f"mb_structs_summary: {orders} buddy orders, not 12 to 18")
+    return 1 << (orders - 2)
+
+
+def journal_bytes_from_limits(max_blocks, block_size, fraction):
+    """The journal's size from jbd2's cap on a transaction. The kernel sets the cap to
+    (journal blocks - fast-commit blocks) // fraction (3 or 4), so the journal is fraction * cap
+    blocks up to fraction - 1 more. mke2fs and tune2fs size journals in whole MiB (-J size= is in
+    MiB, the defaults are 1024 * 2**k blocks): the answer is the whole-MiB size in that range.
+    Both fractions are tried, so that a kernel whose release says otherwise (a backport) still
+    gives its size; where both fit (a quarter of 64 MiB is a third of 48 MiB), `fraction`, the
+    kernel release's, decides. A ParseError where none fits, or both and `fraction` is None.
+    With a fast-commit area (mke2fs -O fast_commit) the kernel leaves it out first: the size
+    found is then the main journal's, without the area the superblock's size includes."""
+    mib = (1 << 20) // block_size  # blocks per MiB
+    found = {}
+    for f in (3, 4):
+        low = max_blocks * f
+        whole = -(-low // mib) * mib  # the first whole MiB at or above low
+        if max_blocks > 0 and whole <= low + f - 1:
+            found[f] = whole * block_size
+    if len(found) == 2 and fraction in found:
+        return found[fraction]
+    if len(found) != 1:
+        raise ParseError(
+            f"a transaction cap of {max_blocks} blocks of {block_size} bytes fits "
+            f"{len(found) or 'no'} whole-MiB journal sizes"
+        )
+    return found.popitem()[1]
+
+
+def journal_bytes_from_proc(procfs, device, jbd2_names):
+    """The journal's size without the device, from what procfs publishes: jbd2's cap on a
+    transaction (the first line of /proc/fs/jbd2/DEV-INO/info), the block size
+    (parse_block_size) and the kernel's release (kernel_fraction). A ParseError or OSError
+    says why there is none: mb_structs_summary came with 5.13 (mb_optimize_scan), so a 5.10
+    kernel gives no journal size this way; an external journal has no DEV-INO of DEV."""
+    journals = [n for n in jbd2_names if n.rpartition("-")[0] == device]
+    if len(journals) != 1:  # none: no journal, or an external one
+        raise ParseError(f"{len(journals)} journals {device}-INO in /proc/fs/jbd2, not one")
+    info = parse_info(read_text(os.path.join(procfs, "fs", "jbd2", journals[0], "info")))
+    block_size = parse_block_size(
+        read_text(os.path.join(procfs, "fs", "ext4", device, "mb_structs_summary"))
+    )
+    try:
+        release = read_text(os.path.join(procfs, "sys", "kernel", "osrelease"))
+    except OSError:
+        release = None  # only a size that one fraction alone gives is taken
+    return journal_bytes_from_limits(info["max_blocks"], block_size, kernel_fraction(release))
+
+
 class Ext4Collector:
     """The journal's size cannot change while the filesystem is mounted (resizing a journal needs
     it unmounted), so the superblock is read once per mount (the mount ID of mountinfo), never
@@ -59,7 +152,8 @@ class Ext4Collector:
 
     def __init__(self):
         self.reads = BlockingReads()
-        self._journal = {}  # (device, mount id) -> journal bytes or None (external journal)
+        # (device, mount id) -> (journal bytes or None (external journal), their source)
+        self._journal = {}
         # the families, built again only when something read changed: worth 10 % of a 1024-device
         # scrape's CPU, 23 % with jbd2's (make bench-exporter --without reuse-ext4+reuse-jbd2)
         self._reuse = Reuse()
@@ -74,7 +168,9 @@ class Ext4Collector:
             scrape.error(f"{ext4_dir}: {e}", reason_of(e), subject="ext4 dir")
             names = []
         journals = {}
-        read = []  # (device, mountpoint, options text, journal bytes or None) of each filesystem
+        jbd2_names = []  # /proc/fs/jbd2's entries, listed once a superblock cannot be read
+        # (device, mountpoint, options text, journal bytes or None, their source) of each filesystem
+        read = []
         for i, device in enumerate(names):
             if scrape.past_deadline("the remaining filesystems", len(names) - i):
                 break
@@ -87,30 +183,52 @@ class Ext4Collector:
                 scrape.error(f"{device}: options: {e}", reason_of(e), subject=f"{device} options")
                 continue
             key = (device, mount.mount_id if mount else None)
-            size = self._journal.get(key) if key[1] is not None else None
+            journal = self._journal.get(key) if key[1] is not None else None
             if key not in self._journal or key[1] is None:
                 try:
-                    sb = self.reads.pread(
-                        os.path.join(scrape.paths.dev, device), 1024, 1024, scrape.remaining()
-                    )
-                    size = parse_superblock_journal_bytes(sb)
+                    journal = self._read_journal(scrape, device, jbd2_names)
                     if key[1] is not None:
-                        journals[key] = size
+                        journals[key] = journal
                 except (OSError, ParseError) as e:  # the options are still published
                     scrape.error(
                         f"{device}: journal size: {e}",
                         reason_of(e),
                         subject=f"{device} journal size",
                     )
-                    size = None
+                    journal = (None, None)
             else:
-                journals[key] = size
-            read.append((device, mount.mountpoint if mount else "", text, size))
+                journals[key] = journal
+            read.append((device, mount.mountpoint if mount else "", text) + journal)
         self._journal = journals  # only mounts still there are kept
         read = tuple(read)
         families = self._reuse.families_for(scrape, read, lambda: self._build(scrape, read))
         scrape.host.ext4 = self._part
         return families
+
+    def _read_journal(self, scrape, device, jbd2_names):
+        """(journal bytes or None, source) from the superblock on /dev/DEV; from procfs when there
+        is no such device or it may not be opened (journal_bytes_from_proc). An error names both
+        sources when neither gives a size."""
+        try:
+            sb = self.reads.pread(
+                os.path.join(scrape.paths.dev, device), 1024, 1024, scrape.remaining()
+            )
+            return parse_superblock_journal_bytes(sb), "superblock"
+        except OSError as e:
+            if e.errno not in NO_DEVICE:
+                raise
+            no_device = e
+        try:
+            if not jbd2_names:
+                jbd2_names.extend(listdir(os.path.join(scrape.paths.procfs, "fs", "jbd2")))
+            size = journal_bytes_from_proc(scrape.paths.procfs, device, jbd2_names)
+        except (OSError, ParseError) as e:
+            # counted with the device's reason (vanished, unreadable): no size for want of it
+            raise OSError(
+                no_device.errno,
+                f"{no_device.strerror}: {no_device.filename!r}; from procfs: {e}",
+            ) from e
+        return size, "derived from /proc/fs/jbd2"
 
     def _build(self, scrape, read):
         self._part = {}
@@ -140,7 +258,7 @@ class Ext4Collector:
             "Size of the filesystem's internal journal, in bytes.",
             labels=["device", "mountpoint"],
         )
-        for device, mountpoint, text, size in read:
+        for device, mountpoint, text, size, source in read:
             labels = [device, mountpoint]
             options = parse_options(text)
             if len(options) > MAX_OPTIONS:
@@ -165,7 +283,7 @@ class Ext4Collector:
             fs = self._part[device] = {"mountpoint": mountpoint, "options": present}
             if size is not None:
                 journal.add_metric(labels, size)
-                fs["journal"] = size
+                fs["journal"], fs["journal_source"] = size, source
         return option_info, dioread_nolock, delalloc, commit, journal
 
     @staticmethod

@@ -4,7 +4,7 @@ Edges come from the kernel alone, never from udev:
 - dm and md devices list what they are built on in /sys/block/DEV/slaves/;
 - a partition sits on its disk;
 - a loop device sits on the block device holding its backing file
-  (/sys/block/loopN/loop/backing_file, located through /proc/self/mountinfo);
+  (/sys/block/loopN/loop/backing_file, located through /proc/1/mountinfo, see devices.py);
 - an NVMe native-multipath namespace nvmeSnN sits on its paths nvmeScCnN, one per controller
   (drivers/nvme/host/multipath.c names them so; the paths are hidden disks, in /sys/block and
   /proc/diskstats but not in the head's slaves/, and on 6.1 only the paths account I/O).
