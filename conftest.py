@@ -1,6 +1,6 @@
 """Every test directory's common rules: a test marked `root` fails, never skips, without root; a
 case run with the servers built from the Go module proxy (a `servers` parameter "upstream", as
-blockstack_deploy.stack.SERVERS names them) is marked `built`, so `make test-unit` needs no Go build."""
+blockstack_deploy.stack.SERVERS names them) is marked `built`, so `make test-unit` needs no Go build, and `long`: `make test-long` runs it."""
 
 import contextlib
 import os
@@ -36,6 +36,7 @@ def pytest_collection_modifyitems(items):
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("servers") == "upstream":
             item.add_marker(pytest.mark.built)
+            item.add_marker(pytest.mark.long)
 
 
 class HttpAbuse:

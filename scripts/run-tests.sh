@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test`'s runner: builds what the tests need and runs every test but the long VM scenarios,
+# `make test`'s runner: builds what the tests need and runs every test but the long tiers (`make
+# test-long`, `make test-vm-long`),
 # each part as soon as its inputs exist.
 #
 #   scripts/run-tests.sh                build, and test as the inputs arrive (below); exit 0 when
@@ -34,7 +35,7 @@ case ${1:-} in
     mkdir -p "$state"
     rm -f "$state/rc"
     # its own session (setsid): the whole tier, guests included, is one process group to stop
-    setsid bash -c '"$1" -m "vm and not vm_long" --durations=10 >"$2" 2>&1; echo $? >"$3.tmp"; mv "$3.tmp" "$3"' \
+    setsid bash -c '"$1" -m "vm and not vm_long and not long" --durations=10 >"$2" 2>&1; echo $? >"$3.tmp"; mv "$3.tmp" "$3"' \
       vm-tier "$pytest" "$log" "$state/rc" </dev/null >/dev/null 2>&1 &
     echo $! >"$state/pid"
     echo ">> the VM tier started (pytest -m vm, pid $!), its output in $log"
@@ -90,14 +91,14 @@ build_done() {
 
 while [ ! -f "$state/early" ] && kill -0 "$build" 2>/dev/null; do sleep 1; done
 [ -f "$state/early" ] || build_done  # ended before the early inputs: it failed, or all was built
-echo ">> the early tests, at $((EPOCHSECONDS - start)) s (pytest -m \"not vm and not vm_long and not built and not linters\", ${TEST_WORKERS:-2} workers)"
-"$pytest" -m "not vm and not vm_long and not built and not linters" -n "${TEST_WORKERS:-2}" \
+echo ">> the early tests, at $((EPOCHSECONDS - start)) s (pytest -m \"not vm and not vm_long and not long and not built and not linters\", ${TEST_WORKERS:-2} workers)"
+"$pytest" -m "not vm and not vm_long and not long and not built and not linters" -n "${TEST_WORKERS:-2}" \
   --dist loadfile --durations=25 "$@"
 early=$?
 
 [ -n "$built" ] || build_done
-echo ">> the built and linters tests, at $((EPOCHSECONDS - start)) s (pytest -m \"(built or linters) and not vm and not vm_long\", ${TEST_WORKERS:-2} workers)"
-"$pytest" -m "(built or linters) and not vm and not vm_long" -n "${TEST_WORKERS:-2}" \
+echo ">> the built and linters tests, at $((EPOCHSECONDS - start)) s (pytest -m \"(built or linters) and not vm and not vm_long and not long\", ${TEST_WORKERS:-2} workers)"
+"$pytest" -m "(built or linters) and not vm and not vm_long and not long" -n "${TEST_WORKERS:-2}" \
   --dist loadfile --durations=25 "$@"
 late=$?
 

@@ -362,6 +362,7 @@ def check_nothing_left(state_dir):
 
 
 @pytest.mark.built  # Prometheus 3 and Alertmanager 0.31 (make upstream-servers)
+@pytest.mark.long
 def test_make_up_switches_servers(state):
     """`make up SERVERS=upstream` runs Prometheus 3 and the current Alertmanager; `make up
     SERVERS=debian` on the same state switches back, restarting only those two (the collapse ->

@@ -48,6 +48,7 @@ def run(argv):
 
 
 @pytest.mark.built
+@pytest.mark.long
 def test_upstream_servers_are_the_pinned_versions():
     """The Makefile builds what stack.SERVERS runs, and each binary reports that version."""
     # make's own values (make -qp prints its variables, evaluated)

@@ -83,7 +83,10 @@ RANGES = {"15 min": "now-15m", "24 h": "now-24h"}
 # Prometheus 3 is built from the Go module proxy: its lab's tests are `built` (run after the build)
 @pytest.fixture(
     scope="module",
-    params=[pytest.param(s, marks=pytest.mark.built) if s == "upstream" else s for s in SERVERS],
+    params=[
+        pytest.param(s, marks=[pytest.mark.built, pytest.mark.long]) if s == "upstream" else s
+        for s in SERVERS
+    ],
 )
 def lab(request, tmp_path_factory):
     why = dashboard_lab.missing_requirements()

@@ -38,6 +38,7 @@ def db1(secrets):
 
 
 @pytest.mark.built  # the agent's commands name ebpf_exporter and the Thanos sidecar
+@pytest.mark.long
 @servers_matrix
 def test_agent_config(tmp_path, secrets, servers):
     agent = roles.Agent(
@@ -136,6 +137,7 @@ def test_agent_config(tmp_path, secrets, servers):
 
 
 @pytest.mark.built  # Thanos Query
+@pytest.mark.long
 @servers_matrix
 def test_central_config(tmp_path, secrets, servers):
     inventory = tmp_path / "inventory.yml"

@@ -10,7 +10,8 @@ import pytest
 
 from blockstack_deploy import fleet_auth, grafana, privileges, roles, systemd
 
-pytestmark = [pytest.mark.built]  # the units' ExecStart: ebpf_exporter and Thanos must exist
+# the units' ExecStart: ebpf_exporter and Thanos must exist (make test-long builds Thanos)
+pytestmark = [pytest.mark.built, pytest.mark.long]
 
 
 def verify(directory, units):

@@ -41,7 +41,7 @@ from blockstack_lab.view import PAGE_ALERTS
 from blockstack_testsupport.procs import wait_until
 from page_receiver import received
 
-pytestmark = [pytest.mark.root, pytest.mark.servers, pytest.mark.built]  # Thanos
+pytestmark = [pytest.mark.root, pytest.mark.servers, pytest.mark.built, pytest.mark.long]  # Thanos
 
 PAGE_TIMEOUT = 120  # rate window 20 s + for 15 s + group_wait 5 s, on a loaded 2-core machine
 DUPLICATE_WINDOW = 25  # a second Alertmanager peer would send after --cluster.peer-timeout (15 s)
