@@ -34,7 +34,7 @@ from blockstack_lab import dashboard_lab
 from blockstack_lab.api import request
 from blockstack_lab.grafana_browser import Browser
 from blockstack_rules import knobs
-from blockstack_testsupport.clock import seconds
+from blockstack_testsupport.clock import seconds, wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.servers]
 
@@ -77,7 +77,12 @@ LATENCY = "Latency p50 / p99 per layer, peak per interval"
 REFUSED = "Refused merges per layer, peak per interval"
 SPLITS = "Splits per layer, peak per interval"
 # The ranges whose peaks must agree: a collapse minutes long must keep its height in a day's view.
-RANGES = {"15 min": "now-15m", "24 h": "now-24h"}
+RANGES = {"15 min": 15 * 60, "24 h": 24 * 3600}  # seconds before the instant both views end at
+# A recorded rate the peak panels read, and how far past the views' end Prometheus must have
+# evaluated it: each point shows the interval after it (queries.INTERVAL), at 15 min one rule
+# evaluation (2 s) past the range's end.
+RECORDED = "host_device_operation:ebpf_block_rq_missed_merges:rate"
+RULES_LAG = 4
 
 
 # Prometheus 3 is built from the Go module proxy: its lab's tests are `built` (run after the build)
@@ -510,17 +515,27 @@ def defects(b, states, panels, since=0):
     return problems
 
 
-def peaks(b, lab, titles):
+def peaks(b, lab, titles, end):
     """{(range, title): the Max of L1 lower read in the legend of each panel of `titles`} at each of
-    RANGES, as a reader opening the dashboard at that range reads it."""
+    RANGES ending at the one instant `end` (epoch seconds), as a reader opening the dashboard at
+    that range reads it. One instant for both: with "to": "now" the second view read a collapse
+    still growing for longer than the first (a loaded run: 24 h 79,500/s against 15 min 70,000/s).
+    Waits until Prometheus's rules have evaluated past `end`, so neither view reads the collapse's
+    last samples missing."""
+    wait_until(
+        f"the recording rules evaluated past {end:.0f}",
+        lambda: lab.prometheus.value(f"max(timestamp({RECORDED}))", 0) > end + RULES_LAG,
+        60,
+        0.5,
+    )
     out = {}
-    for name, start in RANGES.items():
+    for name, length in RANGES.items():
         b.open_dashboard(
             UID,
             {
                 "orgId": 1,
-                "from": start,
-                "to": "now",
+                "from": int((end - length) * 1000),
+                "to": int(end * 1000),
                 "var-host": lab.stack.host,
                 "var-stack": lab.upper,
                 "var-device": "$__all",
@@ -614,9 +629,13 @@ def test_the_collapses_keep_their_peaks_at_24h(lab, visit):
     started = time.monotonic()
     with lab.refusing():
         time.sleep(dashboard_lab.SETTLE)  # the rules' 20 s windows full of refused merges
-        during = peaks(b, lab, [REFUSED])
-    time.sleep(dashboard_lab.SETTLE)  # and empty again: the collapses are only in the past
-    after = peaks(b, lab, [REFUSED, SPLITS])
+    # both views end where the collapse does, under way until then: the 24 h view's last point
+    # shows the 2 minutes after it, which hold the collapse's end and nothing higher (no reads)
+    ended = time.time()
+    during = peaks(b, lab, [REFUSED], ended)
+    # and once the rules' windows are empty again: the collapses are only in the past
+    time.sleep(max(0, ended + dashboard_lab.SETTLE - time.time()))
+    after = peaks(b, lab, [REFUSED, SPLITS], time.time())
     print(
         f"\npeaks of L1 {lab.lower} read during the refused-merges collapse: {during}; after both: "
         f"{after}"
