@@ -212,7 +212,12 @@ def test_mountpoints_are_pid_1s_in_a_mount_namespace_of_its_own(tmp_path):
     with loop.attached(32 << 20) as dev, loop.ext4(dev) as mnt:
         with open("/proc/1/mountinfo") as f:
             if f" {mnt} " not in f.read():
-                pytest.skip("pid 1 is in another mount namespace than the tests")
+                # a core test: fail loudly rather than skip (make test runs as root on the host,
+                # in pid 1's mount namespace)
+                pytest.fail(
+                    f"pid 1 does not see {mnt}: the tests run in another mount namespace than "
+                    "pid 1's; run them on the host"
+                )
         s = _scrape_once(
             tmp_path,
             argv=[
