@@ -2778,8 +2778,22 @@
             {
               expr: |||-
                 (
-                  topk(5, sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__interval] offset -$__interval)))
-                  or sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup="other"}[$__interval] offset -$__interval))
+                  sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                    and on (host, device, cgroup) topk(5,
+                  sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval))
+                  + (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) > bool 0
+                    or sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) * 0)
+                    * on (host, device) group_left max by (host, device) (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)))
+                )
+                  or label_replace(sum by (host, device) (
+                    sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                      unless on (host, device, cgroup) topk(5,
+                  sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval))
+                  + (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) > bool 0
+                    or sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) * 0)
+                    * on (host, device) group_left max by (host, device) (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)))
+                )),
+                    "cgroup", "other", "", "")
                 )
               |||,
               refId: 'A',
@@ -2794,12 +2808,40 @@
             {
               expr: |||-
                 (
-                  topk(5, sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device", cgroup!="other"}[$__interval] offset -$__interval)))
-                  or sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device", cgroup="other"}[$__interval] offset -$__interval))
+                  sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                    and on (host, device, cgroup) topk(5,
+                  sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval))
+                  + (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) > bool 0
+                    or sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) * 0)
+                    * on (host, device) group_left max by (host, device) (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)))
+                )
+                  or label_replace(sum by (host, device) (
+                    sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                      unless on (host, device, cgroup) topk(5,
+                  sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval))
+                  + (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) > bool 0
+                    or sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) * 0)
+                    * on (host, device) group_left max by (host, device) (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)))
+                )),
+                    "cgroup", "other", "", "")
                 )
                   or (
-                  topk(5, sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__interval] offset -$__interval)))
-                  or sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup="other"}[$__interval] offset -$__interval))
+                  sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                    and on (host, device, cgroup) topk(5,
+                  sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval))
+                  + (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) > bool 0
+                    or sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) * 0)
+                    * on (host, device) group_left max by (host, device) (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)))
+                )
+                  or label_replace(sum by (host, device) (
+                    sum by (host, device, cgroup, parent) (avg_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device"}[$__interval] offset -$__interval))
+                      unless on (host, device, cgroup) topk(5,
+                  sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval))
+                  + (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) > bool 0
+                    or sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)) * 0)
+                    * on (host, device) group_left max by (host, device) (sum by (host, device, cgroup) (sum_over_time(host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate{host="$host", device=~"$device", cgroup!="other"}[$__range] @ end() offset -$__interval)))
+                )),
+                    "cgroup", "other", "", "")
                 ) * 0
               |||,
               refId: 'B',
@@ -2813,7 +2855,7 @@
             },
           ],
           title: 'Whose I/O - $device',
-          description: 'Whose I/O the device serves, by block cgroup: the cgroup the kernel charges each bio to (a service such as postgresql.service; a container\'s scope as "docker 0123456789ab"; ebpf_exporter, ebpf-configs/block_cgroups.bpf.h). Bytes per second submitted (solid, left axis) and refused merges plus pieces split off per second (dashed, right axis), reads and writes together, averaged over each interval of the graph; the device\'s 5 busiest cgroups by name, the others together as \'other\'. Healthy: refused + split near 0 for every cgroup, whatever its bytes. Sick: in a collapse they follow the cgroups whose I/O is split or refused merging, as the page\'s \'Mostly from\' names them (the loop lab at max_sectors_kb=4: the reader\'s cgroup has 100% of the pieces, about one split off per request issued).',
+          description: 'Whose I/O the device serves, by block cgroup: the cgroup the kernel charges each bio to (a service such as postgresql.service; a container\'s scope as "docker 0123456789ab"; ebpf_exporter, ebpf-configs/block_cgroups.bpf.h). Bytes per second submitted (solid, left axis) and refused merges plus pieces split off per second (dashed, right axis), reads and writes together, averaged over each interval of the graph. 5 cgroups by name, the same over the whole range: first those whose I/O was split or refused merging, then the busiest, each by bytes; all others summed as \'other\'. Healthy: refused + split near 0 for every cgroup, whatever its bytes. Sick: in a collapse they follow the cgroups whose I/O is split or refused merging, as the page\'s \'Mostly from\' names them (the loop lab at max_sectors_kb=4: the reader\'s cgroup has 100% of the pieces, about one split off per request issued).',
           datasource: {
             type: 'prometheus',
             uid: '${datasource}',

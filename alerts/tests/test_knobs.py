@@ -112,7 +112,8 @@ def facts(dashboard):
             if isinstance(node.get("steps"), list):
                 steps[path] = [s["value"] for s in node["steps"] if s["value"] is not None]
             if isinstance(node.get("expr"), str):
-                expr = re.sub(r"\[\$__(rate_)?interval:?\]", "", node["expr"])  # Grafana's windows
+                grafanas = r"\[\$__(rate_interval|interval|range):?\]"  # Grafana's windows
+                expr = re.sub(grafanas, "", node["expr"])
                 tokens |= set(re.findall(r'job=~?"[^"]*"|\[[^\]]+\]', expr))
             stack.extend((f"{path}/{key}", v) for key, v in node.items())
         elif isinstance(node, list):

@@ -9,6 +9,8 @@ from grafana_foundation_sdk.models import prometheus as pm
 from .common import DS, HEALTHY, INFO, SEL, SEVERITY_COLOURS, WARNING
 from .queries import (
     BLOCK_IO,
+    CGROUP_BYTES,
+    CGROUP_EVENTS,
     INTERVAL,
     JBD2,
     LAYER_LEGEND,
@@ -405,8 +407,8 @@ def distribution_panels(k):
 def whose_io_panel():
     """Per device, its busiest block cgroups: bytes per second and refused merges plus split-off
     pieces per second (the recording rules host_device_operation_cgroup:ebpf_block_cgroup_*)."""
-    events = "host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate"
-    submitted = "host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate"
+    events = CGROUP_EVENTS
+    submitted = CGROUP_BYTES
     return (
         ts(
             "Whose I/O - $device",
@@ -415,8 +417,9 @@ def whose_io_panel():
             '0123456789ab"; ebpf_exporter, ebpf-configs/block_cgroups.bpf.h). Bytes per second '
             "submitted (solid, left axis) and refused merges plus pieces split off per second "
             "(dashed, right axis), reads and writes together, averaged over each interval of the "
-            f"graph; the device's {cgroup_slots()} busiest cgroups by name, the others together as "
-            "'other'. Healthy: refused + split near 0 for every cgroup, whatever its bytes. Sick: "
+            f"graph. {cgroup_slots()} cgroups by name, the same over the whole range: first those "
+            "whose I/O was split or refused merging, then the busiest, each by bytes; all others "
+            "summed as 'other'. Healthy: refused + split near 0 for every cgroup, whatever its bytes. Sick: "
             "in a collapse they follow the cgroups whose I/O is split or refused merging, as the "
             "page's 'Mostly from' names them (the loop lab at max_sectors_kb=4: the reader's "
             "cgroup has 100% of the pieces, about one split off per request issued).",

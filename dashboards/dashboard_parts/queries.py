@@ -129,18 +129,43 @@ def cgroup_slots():
     return int(slots)
 
 
-def by_cgroup(record):
-    """A recorded rate per block cgroup (host_device_operation_cgroup:...), reads and writes
-    summed, averaged over each interval of the graph: the largest cgroup_slots() named ones at
-    each point and "other" (cgroups without a slot)."""
+# The per-cgroup recording rules (alerts/recording.rules.yml) the "Whose I/O" panel reads.
+CGROUP_BYTES = "host_device_operation_cgroup:ebpf_block_cgroup_bio_bytes:rate"
+CGROUP_EVENTS = "host_device_operation_cgroup:ebpf_block_cgroup_collapse_events:rate"
 
-    def summed(match):
+
+def named_cgroups():
+    """The cgroup_slots() cgroups of each device that by_cgroup() names, ranked once over the whole
+    range of the graph (to its last interval, as INTERVAL reads it): first the cgroups with refused
+    merges or split-off pieces, then the others, each by bytes. A ranking per point would name
+    another cgroup at each point, and the legend would outgrow the panel on a busy disk."""
+
+    def total(record):
         return (
-            "sum by (host, device, cgroup, parent) "
-            f'(avg_over_time({record}{{{SEL}, cgroup{match}"other"}}{INTERVAL}))'
+            "sum by (host, device, cgroup) (sum_over_time("
+            f'{record}{{{SEL}, cgroup!="other"}}[$__range] @ end() offset -$__interval))'
         )
 
-    return f"(\n  topk({cgroup_slots()}, {summed('!=')})\n  or {summed('=')}\n)"
+    hurt = f"({total(CGROUP_EVENTS)} > bool 0\n    or {total(CGROUP_BYTES)} * 0)"
+    # a hurt cgroup's score is its bytes plus its device's most bytes: above every other cgroup
+    return (
+        f"topk({cgroup_slots()},\n  {total(CGROUP_BYTES)}\n  + {hurt}\n"
+        f"    * on (host, device) group_left max by (host, device) ({total(CGROUP_BYTES)})\n)"
+    )
+
+
+def by_cgroup(record):
+    """A recorded rate per block cgroup (CGROUP_BYTES or CGROUP_EVENTS), reads and writes summed,
+    averaged over each interval of the graph: the named_cgroups() by name and every other cgroup
+    summed as "other" (the BPF's own "other", cgroups without a slot, and the named ones ranked
+    lower): nothing counted is left out."""
+    every = f"sum by (host, device, cgroup, parent) (avg_over_time({record}{{{SEL}}}{INTERVAL}))"
+    named = named_cgroups()
+    rest = f"sum by (host, device) (\n    {every}\n      unless on (host, device, cgroup) {named})"
+    return (
+        f"(\n  {every}\n    and on (host, device, cgroup) {named}\n"
+        f'  or label_replace({rest},\n    "cgroup", "other", "", "")\n)'
+    )
 
 
 def observed(rate):

@@ -500,9 +500,12 @@ def test_the_stack_table_has_a_column_per_setting_with_one(dashboard, tmp_path):
 # (level:metric:operation with a node_disk_ or ebpf_ metric): one window in every step of a long
 # range, unless summarised.
 WINDOWED = re.compile(
-    r"(?:(\w+)\()?\b(\w+:(?:node_disk|ebpf)_\w+:\w+)\{[^}]*\}(\[[^\]]*\](?: offset -?\$?\w+)?)?"
+    r"(?:(\w+)\()?\b(\w+:(?:node_disk|ebpf)_\w+:\w+)\{[^}]*\}"
+    r"(\[[^\]]*\](?: @ end\(\))?(?: offset -?\$?\w+)?)?"
 )
 SUMMARIES = {"max_over_time", "avg_over_time", "sum_over_time"}
+INTERVAL = "[$__interval] offset -$__interval"  # queries.INTERVAL
+RANKING = "[$__range] @ end() offset -$__interval"  # queries.named_cgroups()
 LAYER_JOIN = "* on (host, device) group_left (depth, name)"  # queries.per_layer()
 
 
@@ -522,7 +525,9 @@ def test_windowed_rules_are_summarised_over_each_interval(dashboard):
         for t in p["targets"]:
             expr = t["expr"]
             for fn, name, window in WINDOWED.findall(expr):
-                assert fn in SUMMARIES and window == "[$__interval] offset -$__interval", (
+                # or a ranking, the same at every point: over the whole range, to its last interval
+                ranking = fn == "sum_over_time" and window == RANKING
+                assert ranking or fn in SUMMARIES and window == INTERVAL, (
                     p["title"],
                     name,
                     fn,
@@ -718,10 +723,12 @@ def test_whose_io_is_a_panel_per_device_from_the_cgroup_rules(dashboard):
     assert props["unit"] == "reqps" and props["custom.axisPlacement"] == "right"
 
 
-def test_whose_io_shows_the_5_busiest_cgroups_and_other(dashboard, tmp_path):
-    """promtool on the panel's queries: per cgroup, reads and writes summed, the 5 cgroups with
-    the most (the BPF's named slots) and "other"; refused + split is 0 for a cgroup with bytes
-    and nothing counted, and another device's cgroups never show."""
+def test_whose_io_names_5_cgroups_over_the_range_and_sums_the_rest_as_other(dashboard, tmp_path):
+    """promtool on the panel's queries: per cgroup, reads and writes summed; 5 cgroups by name (the
+    BPF's named slots), ranked once over the whole range: a cgroup with refused merges or splits
+    first, however few its bytes, then the busiest by bytes, also one busy before the point and
+    idle in it; every other cgroup summed as "other". Refused + split is 0 for a named cgroup with
+    bytes and nothing counted, and another device's cgroups never show."""
     (whose,) = [p for p in data_panels(dashboard) if p["title"].startswith("Whose I/O")]
     series = {}
 
@@ -729,11 +736,12 @@ def test_whose_io_shows_the_5_busiest_cgroups_and_other(dashboard, tmp_path):
         labels = f'host="h",device="{device}",operation="{operation}",cgroup="{cgroup}"'
         if parent:  # the rules' "other" has none
             labels += f',parent="{parent}"'
-        series[f"{record}{{{labels}}}"] = f"{value}x30"
+        series[f"{record}{{{labels}}}"] = value if isinstance(value, str) else f"{value}x30"
 
-    for i in range(1, 8):  # c1 .. c7, c7 busiest with its writes
+    for i in range(1, 8):  # c1 .. c7, c7 busiest at the point with its writes
         rate(WHOSE_BYTES, f"c{i}", 100 * i)
     rate(WHOSE_BYTES, "c7", 50, "write")
+    rate(WHOSE_BYTES, "c8", "_x5 100000x4 _x21")  # the busiest in the range: 25 s to 45 s
     rate(WHOSE_BYTES, "other", 5, parent="")
     rate(WHOSE_BYTES, "c9", 10000, device="loop1")
     rate(WHOSE_EVENTS, "c1", 30)
@@ -744,7 +752,8 @@ def test_whose_io_shows_the_5_busiest_cgroups_and_other(dashboard, tmp_path):
         parent = ',parent="system.slice"' if cgroup != "other" else ""
         return f'{{host="h",device="loop0",cgroup="{cgroup}"{parent}}}'
 
-    top = {"c7": 750, "c6": 600, "c5": 500, "c4": 400, "c3": 300, "other": 5}
+    # at 1 m: c8 named but without a point; c4, c3, c2 and the BPF's "other" are "other"
+    top = {"c1": 100, "c7": 750, "c6": 600, "c5": 500, "other": 400 + 300 + 200 + 5}
     expected = {
         "A": {labels(c): v for c, v in top.items()},
         "B": {**{labels(c): 0 for c in top}, labels("c1"): 30, labels("other"): 3},
@@ -755,5 +764,6 @@ def test_whose_io_shows_the_5_busiest_cgroups_and_other(dashboard, tmp_path):
             .replace("$host", "h")
             .replace("$device", "loop0")
             .replace("$__interval", "20s")
+            .replace("$__range", "1m")
         )
         promtool_eval(tmp_path, f"whose I/O {t['refId']}", expr, series, expected[t["refId"]])

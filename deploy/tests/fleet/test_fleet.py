@@ -318,8 +318,9 @@ def test_thanos_query_returns_each_hosts_lineup_once(fleet):
 
 def test_dashboard_unchanged_against_thanos_query(fleet, reads):
     """The dashboard's queries, with h1's upper as the stack (the device variable: the upper and its
-    lower, or one device in the repeated panels), over the last 2 minutes at the 5 s scrape
-    interval ($__rate_interval 20 s, Grafana's 4 x scrape; $__interval the 5 s step), as Grafana sends them to Thanos Query.
+    lower, or one device in the repeated panels), over the last 2 minutes ($__range) at the 5 s
+    scrape interval ($__rate_interval 20 s, Grafana's 4 x scrape; $__interval the 5 s step), as
+    Grafana sends them to Thanos Query.
     That Grafana itself renders them is dashboards/tests/test_grafana.py's."""
     import blockstack_dashboard
 
@@ -353,6 +354,7 @@ def test_dashboard_unchanged_against_thanos_query(fleet, reads):
                 target["expr"]
                 .replace("$__rate_interval", "20s")
                 .replace("$__interval", interval)
+                .replace("$__range", "120s")
                 .replace("$host", "h1")
                 .replace("$stack", h1.upper)
                 .replace("$device", device)
