@@ -83,6 +83,8 @@ RANGES = {"15 min": 15 * 60, "24 h": 24 * 3600}  # seconds before the instant bo
 # evaluation (2 s) past the range's end.
 RECORDED = "host_device_operation:ebpf_block_rq_missed_merges:rate"
 RULES_LAG = 4
+# The other recorded rate the 24 h test reads a collapse's peaks of (SPLITS).
+RECORDED_SPLITS = "host_device_operation:ebpf_block_bio_splits:rate"
 
 
 # Prometheus 3 is built from the Go module proxy: its lab's tests are `built` (run after the build)
@@ -636,7 +638,13 @@ def test_the_collapses_keep_their_peaks_at_24h(lab, visit):
     ended = time.time()
     during = peaks(b, lab, [REFUSED], ended)
     # and once the rules' windows are empty again: the collapses are only in the past
-    time.sleep(max(0, ended + dashboard_lab.SETTLE - time.time()))
+    collapsed = f'sum({{__name__=~"{RECORDED}|{RECORDED_SPLITS}", device="{lab.lower}"}})'
+    wait_until(
+        f"the recorded refused merges and splits of {lab.lower} back at 0",
+        lambda: lab.prometheus.value(collapsed, 1) == 0,
+        2 * dashboard_lab.SETTLE,
+        0.5,
+    )
     after = peaks(b, lab, [REFUSED, SPLITS], time.time())
     print(
         f"\npeaks of L1 {lab.lower} read during the refused-merges collapse: {during}; after both: "
