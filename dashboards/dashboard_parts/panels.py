@@ -407,8 +407,6 @@ def distribution_panels(k):
 def whose_io_panel():
     """Per device, its busiest block cgroups: bytes per second and refused merges plus split-off
     pieces per second (the recording rules host_device_operation_cgroup:ebpf_block_cgroup_*)."""
-    events = CGROUP_EVENTS
-    submitted = CGROUP_BYTES
     return (
         ts(
             "Whose I/O - $device",
@@ -424,10 +422,10 @@ def whose_io_panel():
             "page's 'Mostly from' names them (the loop lab at max_sectors_kb=4: the reader's "
             "cgroup has 100% of the pieces, about one split off per request issued).",
             [
-                q(by_cgroup(submitted), legend="bytes {{cgroup}}", ref="A"),
+                q(by_cgroup(CGROUP_BYTES), legend="bytes {{cgroup}}", ref="A"),
                 # 0 for a cgroup with bytes and nothing refused or split (no series counted yet)
                 q(
-                    f"{by_cgroup(events)}\n  or {by_cgroup(submitted)} * 0",
+                    f"{by_cgroup(CGROUP_EVENTS)}\n  or {by_cgroup(CGROUP_BYTES)} * 0",
                     legend="refused + split {{cgroup}}",
                     ref="B",
                 ),
