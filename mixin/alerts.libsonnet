@@ -162,7 +162,9 @@
                 (
                     (max by (host, device, name) (blockstack_dm_snapshot_chunk_size_bytes{%(blockstack_selector)s}) < %(snapshot_chunk_min_bytes)d)
                   * on (host, device, name) group_left (origin)
-                    max by (host, device, name, origin) (blockstack_dm_snapshot_info{%(blockstack_selector)s})
+                    max by (host, device, name, origin) (
+                      blockstack_dm_snapshot_info{%(blockstack_selector)s}
+                        and topk by (host, device, name) (1, timestamp(blockstack_dm_snapshot_info{%(blockstack_selector)s})))
                 )
                 and on (host, origin)
                   label_replace(

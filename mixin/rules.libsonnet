@@ -295,7 +295,8 @@
           },
           // A snapshot stacked above each device (one, where several are), named as above, and its
           // device (`snapshot_device`): the collapse page says which snapshot a collapse slows down.
-          // Value always 1.
+          // One name per snapshot device (a snapshot renamed has both for the window above). Value
+          // always 1.
           {
             record: 'host_device:blockstack_snapshot_above:info',
             expr: |||
@@ -303,7 +304,7 @@
                 label_replace(label_replace(
                   topk by (host, lower) (1,
                     max by (host, device, lower) (last_over_time(blockstack_device_beneath_info{%(blockstack_selector)s}[%(info_window)s]))
-                      * on (host, device) group_left (snapshot) host_device:blockstack_dm_snapshot_name:info
+                      * on (host, device) group_left (snapshot) topk by (host, device) (1, host_device:blockstack_dm_snapshot_name:info)
                   ),
                 "snapshot_device", "$1", "device", "(.+)"), "device", "$1", "lower", "(.+)")
               )
@@ -320,10 +321,20 @@
           // label cache keeps every answer (and a name whose number a later device reuses) for the
           // life of the process. Every rule below names them through blockstack-exporter's device
           // map (DEV/dev of every device, each scrape): a device that appears, goes and comes back,
-          // or takes a reused number, carries its name of now. Value always 1.
+          // or takes a reused number, carries its name of now: the newest of the map's series for each
+          // number, here and where the rules join it. After a restart Prometheus has
+          // no staleness marker for what it scraped or recorded before it: those series stay visible
+          // for the lookback (5 min), and a number renamed during the restart would have two names,
+          // and every group_left on the map would fail for the whole host (duplicate series for the
+          // match group). Value always 1.
           {
             record: 'host_devno:blockstack_device:info',
-            expr: 'max by (host, devno, device) (blockstack_device_number_info{%(blockstack_selector)s})\n' % $._config,
+            expr: |||
+              max by (host, devno, device) (
+                blockstack_device_number_info{%(blockstack_selector)s}
+                  and topk by (host, devno) (1, timestamp(blockstack_device_number_info{%(blockstack_selector)s}))
+              )
+            ||| % $._config,
           },
           // Requests issued to the driver per second (block_rq_issue), per device and operation.
           // Request-based devices only (nvme, sd, loop, dm-multipath); bio-based dm and md have none.
@@ -332,7 +343,7 @@
             expr: |||
               sum by (host, device, operation) (
                 rate(ebpf_exporter_block_rq_size_bytes_count{%(ebpf_selector)s}[%(rate_window)s])
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
             ||| % $._config,
           },
@@ -342,7 +353,7 @@
             expr: |||
               sum by (host, device, operation) (
                 rate(ebpf_exporter_block_rq_size_bytes_sum{%(ebpf_selector)s}[%(rate_window)s])
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
                 / (host_device_operation:ebpf_block_rq:rate > 0)
             ||| % $._config,
@@ -358,7 +369,7 @@
             expr: |||
               sum by (host, device, operation) (
                 rate(ebpf_exporter_block_bio_size_bytes_count{%(ebpf_selector)s}[%(rate_window)s])
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
             ||| % $._config,
           },
@@ -368,7 +379,7 @@
             expr: |||
               sum by (host, device, operation) (
                 rate(ebpf_exporter_block_bio_size_bytes_sum{%(ebpf_selector)s}[%(rate_window)s])
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
                 / (host_device_operation:ebpf_block_bio:rate > 0)
             ||| % $._config,
@@ -379,7 +390,7 @@
             expr: |||
               sum by (host, device, operation) (
                 rate(ebpf_exporter_block_bio_merges_total{%(ebpf_selector)s}[%(rate_window)s])
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
             ||| % $._config,
           },
@@ -399,7 +410,7 @@
             expr: |||
               sum by (host, device, operation) (
                 rate(ebpf_exporter_block_rq_missed_merges_total{%(ebpf_selector)s}[%(rate_window)s])
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
             ||| % $._config,
           },
@@ -410,7 +421,7 @@
             expr: |||
               sum by (host, device, operation) (
                 irate(ebpf_exporter_block_rq_missed_merges_total{%(ebpf_selector)s}[%(rate_window)s])
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
             ||| % $._config,
           },
@@ -430,7 +441,7 @@
             expr: |||
               sum by (host, device, operation) (
                 rate(ebpf_exporter_block_bio_splits_total{%(ebpf_selector)s}[%(rate_window)s])
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
             ||| % $._config,
           },
@@ -440,7 +451,7 @@
             expr: |||
               sum by (host, device, operation) (
                 irate(ebpf_exporter_block_bio_splits_total{%(ebpf_selector)s}[%(rate_window)s])
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
             ||| % $._config,
           },
@@ -493,7 +504,7 @@
               sum by (host, device, operation, cgroup, parent) (
                 rate(ebpf_exporter_block_cgroup_bio_bytes_total{%(ebpf_selector)s}[%(rate_window)s])
                   * on (host, devno, cgroup_id) group_left (cgroup, parent) host_devno_cgroup:ebpf_block_cgroup_name:info
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
             ||| % $._config,
           },
@@ -513,7 +524,7 @@
                       "event", "split", "", "")
                 )
                   * on (host, devno, cgroup_id) group_left (cgroup, parent) host_devno_cgroup:ebpf_block_cgroup_name:info
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
             ||| % $._config,
           },
@@ -568,23 +579,35 @@
           // `max_sectors_kb`, `max_hw_sectors_kb`) and `scheduler`, the `upper` device above it, and a
           // `snapshot` above it on `snapshot_device`. A fact not known is absent. One series per
           // collapsed device and operation while nothing changes on the host (the numbers are values of
-          // the rule below). Value always 1.
+          // the rule below). Each fact is the newest series of its device: the one of now where a
+          // Prometheus restart left the one from before it visible (see host_devno:blockstack_device:info),
+          // which would fail the rule for every device and page without the facts. Value always 1.
           {
             record: 'host_device_operation:blockstack_collapse_evidence:info',
             expr: |||
               host_device_operation:blockstack_collapse_cause:info
                 * on (host, device) group_left (stack) (
-                    host_device:blockstack_stack:info or on (host, device) host_device:blockstack_collapse:info)
+                    (host_device:blockstack_stack:info
+                      and topk by (host, device) (1, timestamp(host_device:blockstack_stack:info)))
+                  or on (host, device) host_device:blockstack_collapse:info)
                 * on (host, device) group_left (nomerges, max_sectors_kb, max_hw_sectors_kb) (
-                    host_device:blockstack_queue_settings:info or on (host, device) host_device:blockstack_collapse:info)
+                    (host_device:blockstack_queue_settings:info
+                      and topk by (host, device) (1, timestamp(host_device:blockstack_queue_settings:info)))
+                  or on (host, device) host_device:blockstack_collapse:info)
                 * on (host, device) group_left (scheduler) (
-                    max by (host, device, scheduler) (blockstack_queue_scheduler_info{%(blockstack_selector)s})
-                      or on (host, device) host_device:blockstack_collapse:info)
+                    max by (host, device, scheduler) (
+                      blockstack_queue_scheduler_info{%(blockstack_selector)s}
+                        and topk by (host, device) (1, timestamp(blockstack_queue_scheduler_info{%(blockstack_selector)s})))
+                  or on (host, device) host_device:blockstack_collapse:info)
                 * on (host, device, operation) group_left (upper) (
-                    group by (host, device, operation, upper) (host_device_operation:node_disk_request_size_sectors:above)
-                      or on (host, device, operation) host_device_operation:blockstack_collapse_cause:info)
+                    group by (host, device, operation, upper) (
+                      host_device_operation:node_disk_request_size_sectors:above
+                        and topk by (host, device, operation) (1, timestamp(host_device_operation:node_disk_request_size_sectors:above)))
+                  or on (host, device, operation) host_device_operation:blockstack_collapse_cause:info)
                 * on (host, device) group_left (snapshot, snapshot_device) (
-                    host_device:blockstack_snapshot_above:info or on (host, device) host_device:blockstack_collapse:info)
+                    (host_device:blockstack_snapshot_above:info
+                      and topk by (host, device) (1, timestamp(host_device:blockstack_snapshot_above:info)))
+                  or on (host, device) host_device:blockstack_collapse:info)
             ||| % $._config,
           },
           // The collapse page's numbers, one series per number (`fact`) and collapsed device and
@@ -667,7 +690,7 @@
             expr: |||
               sum by (host, device) (
                 rate(ebpf_exporter_jbd2_credit_wait_seconds_count{%(ebpf_selector)s}[%(jbd2_rate_window)s])
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
             ||| % $._config,
           },
@@ -677,7 +700,7 @@
             expr: |||
               sum by (host, device) (
                 rate(ebpf_exporter_jbd2_credit_wait_seconds_sum{%(ebpf_selector)s}[%(jbd2_rate_window)s])
-                  * on (host, devno) group_left (device) host_devno:blockstack_device:info
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
               )
                 / (host_device:ebpf_jbd2_credit_wait:rate > 0)
             ||| % $._config,

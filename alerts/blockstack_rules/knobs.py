@@ -101,10 +101,24 @@ def queue_settings_info(indent=" " * 10):
     return ("\n" + indent).join(lines)
 
 
+# The device map as the rules and the dashboard join it: for each device number the newest of
+# its series, the name of now. After a restart Prometheus has no staleness marker for the series
+# it scraped or recorded before: they stay visible for the lookback (5 min), and a number renamed
+# meanwhile would have two names and fail every group_left on the map (duplicate series).
+DEVNO_NAMES = (
+    "(host_devno:blockstack_device:info"
+    " and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))"
+)
+
+
 def template_text(path):
     """A rule template's text with its parts made from the exporter's tables filled in
-    (${queue_settings_info}); its knobs are still to render."""
-    return path.read_text().replace("${queue_settings_info}", queue_settings_info())
+    (${queue_settings_info}) and the device map (${devno_names}); its knobs are still to render."""
+    return (
+        path.read_text()
+        .replace("${queue_settings_info}", queue_settings_info())
+        .replace("${devno_names}", DEVNO_NAMES)
+    )
 
 
 def rule_files(knobs, **overrides):

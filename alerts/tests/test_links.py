@@ -117,11 +117,15 @@ def test_real_page_links_answer_200(tmp_path, servers):
         )
         with loop.sysfs_setting(dev, "queue/nomerges", 2):
             flipped = time.time()
-            notification, alert = procs.wait_until(
-                f"the BlockStackMergeCollapse page of {name}",
-                lambda: page(stack, name),
-                PAGE_TIMEOUT,
-            )
+            try:
+                notification, alert = procs.wait_until(
+                    f"the BlockStackMergeCollapse page of {name}",
+                    lambda: page(stack, name),
+                    PAGE_TIMEOUT,
+                )
+            except TimeoutError:
+                print(Prometheus(stack.url("prometheus")).collapse_state(name))
+                raise
         print(f"\n{name} paged {time.time() - flipped:.1f}s after nomerges=2")
 
         grafana_auth = None

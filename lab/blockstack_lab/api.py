@@ -88,6 +88,39 @@ class Prometheus(Client):
     def buildinfo(self):
         return self.api("/api/v1/status/buildinfo")
 
+    def collapse_state(self, device):
+        """What a collapse page of `device` rests on, as lines to print when a test's page did not
+        come or came without its facts: the targets down, the rules in error, each rule group's
+        evaluation time, the device's alerts, the evidence and its inputs now."""
+        lines = [
+            f"target {t['labels'].get('job')} {t['health']}: {t['lastError']}"
+            for t in self.targets()
+            if t["health"] != "up"
+        ]
+        for group in self.rules():
+            lines.append(f"group {group['name']}: {group.get('evaluationTime')} s")
+            lines += [
+                f"  rule {rule['name']}: {rule.get('health')} {rule.get('lastError')}"
+                for rule in group["rules"]
+                if rule.get("health") != "ok"
+            ]
+        on = f'{{device="{device}"}}'
+        for query in (
+            f"ALERTS{on}",
+            f"host_device_operation:blockstack_collapse_evidence:info{on}",
+            f"host_device_operation:blockstack_collapse_refused:rate{on}",
+            f"host_device_operation:blockstack_collapse_split:rate{on}",
+            f"host_device_operation:ebpf_block_rq_missed_merges:rate{on}",
+            f"host_device_operation:ebpf_block_rq_missed_merges:ratio{on}",
+            f"host_device_operation:ebpf_block_rq_missed_merges:irate{on}",
+            f"host_device_operation:ebpf_block_rq:rate{on}",
+            f"host_devno:blockstack_device:info{on}",
+            f"host_device:blockstack_queue_settings:info{on}",
+            f"blockstack_queue_scheduler_info{on}",
+        ):
+            lines.append(f"{query}: {[(r['metric'], r['value'][1]) for r in self.query(query)]}")
+        return "\n".join(lines)
+
     def wait_targets_up(self, count=None, timeout=60):
         """Until every scrape target (and `count` of them, if given) reports up; returns them."""
 

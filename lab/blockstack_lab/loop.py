@@ -165,10 +165,19 @@ def write_sysfs(dev, attr, value):
 @contextlib.contextmanager
 def sysfs_setting(dev, attr, value):
     """Set /sys/block/DEV/ATTR to value; restore the previous value on exit."""
+    with sysfs_restored(dev, attr) as old:
+        write_sysfs(dev, attr, value)
+        yield old
+
+
+@contextlib.contextmanager
+def sysfs_restored(dev, attr):
+    """/sys/block/DEV/ATTR as it is now (a scheduler: the one in brackets), written back on exit
+    whatever the block changed: a loop device's queue settings outlive its detach, and the next
+    test to attach it would inherit them."""
     old = read_sysfs(dev, attr)
     if attr.endswith("scheduler"):
         old = old.split("[", 1)[1].split("]", 1)[0] if "[" in old else old
-    write_sysfs(dev, attr, value)
     try:
         yield old
     finally:
