@@ -271,8 +271,13 @@ class AgentGuest:
         return os.path.join(self.dir, "console.log")
 
     def console_tail(self, lines=40):
+        """The console's last `lines`, after its lines where systemd said a unit failed or timed
+        out: a guest in emergency mode has printed a screenful since (seen once, 2026-11-29: the
+        Debian host after its reboot, cause not on the tail)."""
         with open(self.console_log, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
+            text = f.readlines()
+        failed = [line for line in text if re.search(r"FAILED|Dependency failed|Timed out", line)]
+        return "".join(failed[-20:] + (["...\n"] if failed else []) + text[-lines:])
 
     def _wait_for_agent(self, proc, deadline, exited):
         """Until the agent answers (before `deadline`, a monotonic time): GuestError naming `exited`
