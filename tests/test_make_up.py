@@ -307,9 +307,8 @@ def kill_each_component(state_dir, make, prometheus, dev):
     )
     before_kills = prometheus.query_range(*samples_query)
     assert before_kills and before_kills[0]["values"]
-    available = loop.read_sysfs(dev, "queue/scheduler").replace("[", "").replace("]", "").split()
-    current = loop.read_sysfs(dev, "queue/scheduler").split("[", 1)[1].split("]", 1)[0]
-    scheduler = next(s for s in available if s != current)
+    # another scheduler than the one in use (in brackets)
+    scheduler = next(s for s in loop.read_sysfs(dev, "queue/scheduler").split() if s[0] != "[")
     for component in PROGRAMS:
         old = pids(state_dir)[component]
         if component == "prometheus":

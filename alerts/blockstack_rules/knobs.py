@@ -101,7 +101,7 @@ def queue_settings_info(indent=" " * 10):
     return ("\n" + indent).join(lines)
 
 
-# The device map as the rules and the dashboard join it: for each device number the newest of
+# The device map as the rules join it (the dashboard joins it plainly: alerts/README.md): for each device number the newest of
 # its series, the name of now. After a restart Prometheus has no staleness marker for the series
 # it scraped or recorded before: they stay visible for the lookback (5 min), and a number renamed
 # meanwhile would have two names and fail every group_left on the map (duplicate series).
