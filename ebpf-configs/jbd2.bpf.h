@@ -12,7 +12,8 @@
 // bucket array, 16 bytes per entry rounded up to a power of two (2 MiB). Raw tracepoint programs
 // (jbd2_credit_wait_legacy) may use preallocated maps only: Linux 5.10 warns (WARN_ONCE "trace
 // type BPF program uses run-time allocation", kernel/bpf/verifier.c) on a non-preallocated one,
-// so there the map is preallocated, per CPU, for 1,024 journals (12,288 entries of 8 bytes a CPU).
+// so there the maps are preallocated, per CPU, for 1,024 journals (12,288 entries of 8 bytes a CPU,
+// and 1,024 for jbd2_checkpoint_waits_total).
 #ifndef JBD2_RAW_TRACEPOINTS
 #define MAX_JOURNALS 10240
 #define WAIT_MAP_FLAGS BPF_F_NO_PREALLOC
@@ -40,6 +41,31 @@ struct {
     __type(value, u64);
 } jbd2_credit_wait_seconds SEC(".maps");
 
+// Handle starts that found the journal full: the task checkpointed it to free log space
+// (add_transaction_credits() -> __jbd2_log_wait_for_space() -> jbd2_log_do_checkpoint(), the
+// path of the ext4 incident's sick case; its healthy case never took it). Tasks that queued on
+// j_checkpoint_mutex behind the one checkpointing, and found room after it, are not counted: a
+// lower bound of the handles that waited for log space. jbd2_log_do_checkpoint() also runs for
+// a journal flush (unmount, freeze, FIEMAP); those are not inside a handle start, not counted.
+struct journal_key {
+    u32 dev;
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+    __uint(map_flags, WAIT_MAP_FLAGS);
+    __uint(max_entries, MAX_JOURNALS);
+    __type(key, struct journal_key);
+    __type(value, u64);
+} jbd2_checkpoint_waits_total SEC(".maps");
+
+// What a task starting a handle is doing: since when it waits (0: not waiting) and whether it
+// checkpointed the journal meanwhile.
+struct wait_state {
+    u64 start;
+    u64 checkpointed;
+};
+
 #ifndef JBD2_RAW_TRACEPOINTS
 // When the current task started waiting; task-local, so no hash keyed by pid and nothing
 // left behind when a task exits. BPF_MAP_TYPE_TASK_STORAGE and bpf_get_current_task_btf() came in
@@ -48,10 +74,10 @@ struct {
     __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
     __uint(map_flags, BPF_F_NO_PREALLOC);
     __type(key, int);
-    __type(value, u64);
+    __type(value, struct wait_state);
 } wait_start SEC(".maps");
 
-static __always_inline u64 *wait_slot(bool create)
+static __always_inline struct wait_state *wait_slot(bool create)
 {
     return bpf_task_storage_get(&wait_start, bpf_get_current_task_btf(), 0,
                                 create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
@@ -66,13 +92,13 @@ struct {
     __uint(type, BPF_MAP_TYPE_LRU_HASH);
     __uint(max_entries, MAX_WAITING_TASKS);
     __type(key, u32);
-    __type(value, u64);
+    __type(value, struct wait_state);
 } wait_start SEC(".maps");
 
-static __always_inline u64 *wait_slot(bool create)
+static __always_inline struct wait_state *wait_slot(bool create)
 {
     u32 tid = (u32) bpf_get_current_pid_tgid();
-    u64 zero = 0;
+    struct wait_state zero = {};
 
     if (create)
         bpf_map_update_elem(&wait_start, &tid, &zero, BPF_ANY);
@@ -82,25 +108,43 @@ static __always_inline u64 *wait_slot(bool create)
 
 static __always_inline void wait_begin(void)
 {
-    u64 *start = wait_slot(true);
+    struct wait_state *state = wait_slot(true);
 
-    if (start)
-        *start = bpf_ktime_get_ns();
+    if (state) {
+        state->start = bpf_ktime_get_ns();
+        state->checkpointed = 0;
+    }
+}
+
+// jbd2_checkpoint fired: if the current task is starting a handle, it is checkpointing the full
+// journal to make room.
+static __always_inline void wait_checkpoint(void)
+{
+    struct wait_state *state = wait_slot(false);
+
+    if (state && state->start)
+        state->checkpointed = 1;
 }
 
 // kernel_dev: the kernel's dev_t of the journal's filesystem device (journal->j_fs_dev->bd_dev).
 static __always_inline void wait_end(u32 kernel_dev)
 {
     struct wait_key key = {};
-    u64 *start, delta;
+    struct journal_key journal = {};
+    struct wait_state *state;
+    u64 delta;
 
-    start = wait_slot(false);
-    if (!start || !*start)
+    state = wait_slot(false);
+    if (!state || !state->start)
         return;
-    delta = bpf_ktime_get_ns() - *start;
-    *start = 0;
+    delta = bpf_ktime_get_ns() - state->start;
+    state->start = 0;
     key.dev = encode_kernel_dev(kernel_dev);
     histogram_observe(&jbd2_credit_wait_seconds, key, delta, WAIT_BUCKET_MIN, WAIT_BUCKET_MAX);
+    if (state->checkpointed) {
+        journal.dev = key.dev;
+        map_add(&jbd2_checkpoint_waits_total, &journal, 1);
+    }
 }
 
 #endif /* BLOCKSTACK_JBD2_BPF_H */

@@ -47,4 +47,12 @@ int BPF_PROG(jbd2_handle_start, dev_t dev, tid_t tid, unsigned int type, unsigne
     return 0;
 }
 
+// jbd2_log_do_checkpoint(): the journal is full (see jbd2_checkpoint_waits_total).
+SEC("tp_btf/jbd2_checkpoint")
+int BPF_PROG(jbd2_checkpoint, journal_t *journal, int result)
+{
+    wait_checkpoint();
+    return 0;
+}
+
 char LICENSE[] SEC("license") = "GPL";

@@ -26,4 +26,13 @@ int BPF_PROG(add_transaction_credits_exit, journal_t *journal, int blocks, int r
     return 0;
 }
 
+// jbd2_log_do_checkpoint() inside add_transaction_credits(): the journal is full (see
+// jbd2_checkpoint_waits_total).
+SEC("tp_btf/jbd2_checkpoint")
+int BPF_PROG(jbd2_checkpoint, journal_t *journal, int result)
+{
+    wait_checkpoint();
+    return 0;
+}
+
 char LICENSE[] SEC("license") = "GPL";

@@ -62,4 +62,12 @@ int BPF_PROG(jbd2_handle_start, dev_t dev)
     return 0;
 }
 
+// jbd2_log_do_checkpoint(): the journal is full (see jbd2_checkpoint_waits_total).
+SEC("raw_tp/jbd2_checkpoint")
+int BPF_PROG(jbd2_checkpoint)
+{
+    wait_checkpoint();
+    return 0;
+}
+
 char LICENSE[] SEC("license") = "GPL";

@@ -187,7 +187,8 @@
       {
         name: 'blockstack-journal',
         rules: [
-          // Tasks wait long for jbd2 journal credits (the ext4 dioread_nolock incident).
+          // Tasks wait long for jbd2 journal credits because the journal is full (the ext4
+          // dioread_nolock incident): long waits without a full journal are CPU or device contention.
           {
             alert: 'BlockStackJbd2CreditWaitHigh',
             expr: |||
@@ -195,6 +196,8 @@
                   host_device:ebpf_jbd2_credit_wait_seconds:avg > %(jbd2_credit_wait_max_seconds)g
                 and on (host, device)
                   host_device:ebpf_jbd2_credit_wait:rate >= %(jbd2_credit_wait_min_rate)d
+                and on (host, device)
+                  host_device:ebpf_jbd2_checkpoint_waits:ratio >= %(jbd2_checkpoint_wait_min_ratio)g
               )
             ||| % $._config,
             'for': $._config.jbd2_for,
@@ -203,7 +206,7 @@
             },
             annotations: {
               summary: 'ext4 on {{ $labels.host }} {{ $labels.device }} waits {{ $value | humanizeDuration }} for journal credits.',
-              description: '{{ $labels.host }}: tasks starting a jbd2 handle on {{ $labels.device }} wait {{ $value | humanizeDuration }} on average for journal credits (healthy: well under 1ms; the ext4 incident: 154ms with dioread_nolock, 0.27ms with dioread_lock). {{ range printf "host_device:blockstack_ext4_options:info{host=%q,device=%q}" $labels.host $labels.device | query -}} dioread_nolock={{ or .Labels.dioread_nolock "unknown" }}, delalloc={{ or .Labels.delalloc "unknown" }}, journal size {{ with .Labels.journal_size_bytes }}{{ humanize1024 . }}B{{ else }}unknown{{ end }}. {{- else }}dioread_nolock=unknown, delalloc=unknown, journal size unknown.{{ end }}',
+              description: '{{ $labels.host }}: tasks starting a jbd2 handle on {{ $labels.device }} wait {{ $value | humanizeDuration }} on average for journal credits (healthy: well under 1ms; the ext4 incident: 154ms with dioread_nolock, 0.27ms with dioread_lock), and {{ range printf "host_device:ebpf_jbd2_checkpoint_waits:ratio{host=%q,device=%q}" $labels.host $labels.device | query }}{{ .Value | humanizePercentage }}{{ end }} of the handle starts found the journal full and had to checkpoint it to make room. {{ range printf "host_device:blockstack_ext4_options:info{host=%q,device=%q}" $labels.host $labels.device | query -}} dioread_nolock={{ or .Labels.dioread_nolock "unknown" }}, delalloc={{ or .Labels.delalloc "unknown" }}, journal size {{ with .Labels.journal_size_bytes }}{{ humanize1024 . }}B{{ else }}unknown{{ end }}. {{- else }}dioread_nolock=unknown, delalloc=unknown, journal size unknown.{{ end }}',
               runbook_url: '%(docs_url)s/runbook.html#blockstackjbd2creditwaithigh' % $._config,
             },
           },

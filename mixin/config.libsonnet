@@ -146,6 +146,16 @@
     // journal is busy: the ext4 incident 434 waits/s (78179 in its trace) at 154 ms, the lab's 4 MiB
     // journal ~1800 waits/s. 100/s keeps trickles out and both of those in.
     jbd2_credit_wait_min_rate: 100,
+    // ... and at least this share of the handle starts found the journal full and checkpointed it
+    // (ebpf_exporter_jbd2_checkpoint_waits_total: __jbd2_log_wait_for_space, where the ext4
+    // incident's sick tasks waited and its healthy ones never did). It tells a journal too small for
+    // its writers from waits that are only CPU contention or a slow commit, which no average can:
+    // a fresh CI run once saw random 4 KiB direct writes in the lab's ext4 on a saturated machine
+    // average over 0.5 ms. Measured side by side here (2 cores, raw tracepoint variant, 40 s, two
+    // CPU hogs where said): 4 MiB journal, 128 writers: 2.9 % (6.8 % with hogs), 1.5-4.4 ms; 1 GiB
+    // journal, 256 writers, hogs: 0.001 %; random 4 KiB direct I/O, hogs: 0. 0.1 % is 29x below
+    // the first and 100x above the second.
+    jbd2_checkpoint_wait_min_ratio: 0.001,
     // A starving journal is a steady state: 1m (12 evaluations of the 2m window) is enough to rule out
     // one slow commit, and the warning reaches the ticket receiver ~2 min after onset (15 s to fill
     // the window + 1m + the ticket route's group_wait 30 s) instead of ~6 min with 5m.

@@ -3732,6 +3732,70 @@
           },
           fieldConfig: {
             defaults: {
+              unit: 'percentunit',
+              min: 0,
+              color: {
+                mode: 'shades',
+                fixedColor: 'blue',
+              },
+              noValue: 'No handle start found a journal full in this time range',
+              custom: {
+                lineWidth: 2,
+                fillOpacity: 10,
+              },
+            },
+            overrides: [],
+          },
+          id: 31,
+          targets: [
+            {
+              expr: 'max_over_time(host_device:ebpf_jbd2_checkpoint_waits:ratio{host="$host", device=~"$device"}[$__interval] offset -$__interval)',
+              refId: 'A',
+              instant: false,
+              range: true,
+              legendFormat: '{{device}}',
+              datasource: {
+                type: 'prometheus',
+                uid: '${datasource}',
+              },
+            },
+          ],
+          title: 'jbd2 handle starts that found the journal full, peak per interval',
+          description: "Share of the handle starts per filesystem device that found the journal full and had to checkpoint it to make room (jbd2_log_do_checkpoint, eBPF), over %(jbd2_rate_window)s windows as the rules, each point the highest within its interval of the graph. Healthy: none, or a few in a million (a 1 GiB journal under 256 fsyncing writers: 0.001 %%). Sick: percents - the journal is too small for its writers, who wait for checkpoints (the lab's 4 MiB journal: 3-7 %%; Debian 6.1 with dioread_nolock: 21 %%). Long credit waits without it are CPU or device contention, not the journal's size." % $._config,
+          datasource: {
+            type: 'prometheus',
+            uid: '${datasource}',
+          },
+          gridPos: {
+            h: 9,
+            w: 12,
+            x: 0,
+            y: 120,
+          },
+          repeatDirection: 'h',
+        },
+        {
+          type: 'timeseries',
+          transparent: false,
+          transformations: [],
+          options: {
+            legend: {
+              displayMode: 'table',
+              placement: 'right',
+              showLegend: true,
+              calcs: [
+                'mean',
+                'max',
+                'lastNotNull',
+              ],
+            },
+            tooltip: {
+              mode: 'multi',
+              sort: 'desc',
+            },
+          },
+          fieldConfig: {
+            defaults: {
               unit: 'ops',
               min: 0,
               color: {
@@ -3746,7 +3810,7 @@
             },
             overrides: [],
           },
-          id: 31,
+          id: 32,
           targets: [
             {
               expr: 'rate(blockstack_jbd2_transactions_total{%(blockstack_selector)s, host="$host", device=~"$device"}[$__rate_interval])' % $._config,
@@ -3780,7 +3844,7 @@
           gridPos: {
             h: 9,
             w: 12,
-            x: 0,
+            x: 12,
             y: 120,
           },
           repeatDirection: 'h',
@@ -3821,7 +3885,7 @@
             },
             overrides: [],
           },
-          id: 32,
+          id: 33,
           targets: [
             {
               expr: 'blockstack_jbd2_transaction_phase_average_seconds{%(blockstack_selector)s, host="$host", device=~"$device"}' % $._config,
@@ -3854,9 +3918,9 @@
           },
           gridPos: {
             h: 12,
-            w: 12,
-            x: 12,
-            y: 120,
+            w: 24,
+            x: 0,
+            y: 129,
           },
           repeatDirection: 'h',
         },

@@ -705,6 +705,18 @@
                 / (host_device:ebpf_jbd2_credit_wait:rate > 0)
             ||| % $._config,
           },
+          // Share of the handle starts that found the journal full and checkpointed it (0..1): a
+          // journal too small for its writers. Absent where none did.
+          {
+            record: 'host_device:ebpf_jbd2_checkpoint_waits:ratio',
+            expr: |||
+              sum by (host, device) (
+                rate(ebpf_exporter_jbd2_checkpoint_waits_total{%(ebpf_selector)s}[%(jbd2_rate_window)s])
+                  * on (host, devno) group_left (device) (host_devno:blockstack_device:info and topk by (host, devno) (1, timestamp(host_devno:blockstack_device:info)))
+              )
+                / (host_device:ebpf_jbd2_credit_wait:rate > 0)
+            ||| % $._config,
+          },
           // Each ext4 filesystem's options that decide how long tasks wait for journal credits, as
           // labels for the jbd2 warning: dioread_nolock and delalloc (1 on, 0 off) and
           // journal_size_bytes; an option not reported is absent. Value always 1.

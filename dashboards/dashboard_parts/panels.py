@@ -580,6 +580,7 @@ def ext4_panels(k):
         ext4_journal_panel(k),
         jbd2_wait_panel(k),
         jbd2_wait_peak_panel(k),
+        jbd2_journal_full_panel(k),
         jbd2_transactions_panel(k),
         jbd2_phases_panel(k),
     ]
@@ -758,6 +759,30 @@ def jbd2_wait_peak_panel(k):
     )
 
 
+def jbd2_journal_full_panel(k):
+    """The share of handle starts that found the journal full, each point its interval's peak."""
+    return ts(
+        "jbd2 handle starts that found the journal full, peak per interval",
+        "Share of the handle starts per filesystem device that found the journal full and had to "
+        f"checkpoint it to make room (jbd2_log_do_checkpoint, eBPF), over {k['jbd2_rate_window']} "
+        "windows as the rules, each point the highest within its interval of the graph. Healthy: "
+        "none, or a few in a million (a 1 GiB journal under 256 fsyncing writers: 0.001 %). Sick: "
+        "percents - the journal is too small for its writers, who wait for checkpoints (the lab's "
+        "4 MiB journal: 3-7 %; Debian 6.1 with dioread_nolock: 21 %). Long credit waits without "
+        "it are CPU or device contention, not the journal's size.",
+        [
+            q(
+                peak("host_device:ebpf_jbd2_checkpoint_waits:ratio"),
+                legend="{{device}}",
+                ref="A",
+            ),
+        ],
+        "percentunit",
+        min=0,
+        no_value="No handle start found a journal full in this time range",
+    )
+
+
 def jbd2_transactions_panel(k):
     """jbd2 transactions committed and requested per second."""
     sel = _stack_selector(k)
@@ -808,6 +833,7 @@ def jbd2_phases_panel(k):
             ),
         ],
         "s",
+        w=24,
         h=12,
         min=0,
     )
