@@ -557,9 +557,10 @@ def ext4_journal_small(host, k):
     transaction, the longest a handle waited for it to start (t_max_wait, fs/jbd2/transaction.c
     update_t_max_wait), averaged over the transactions since mount: a wait for the previous commit
     or for journal space. Older kernels fill it only with CONFIG_JBD2_DEBUG (it reads 0). It is
-    a longest wait, so it errs towards warning; the eBPF average is the alert's exact figure."""
+    a longest wait, so it errs towards warning; the eBPF figures are the alert's own: the
+    average, the rate and the share of the waits that found the journal full."""
     good, wait_max = k["ext4_journal_good_bytes"], k["jbd2_credit_wait_max_seconds"]
-    min_rate = k["jbd2_credit_wait_min_rate"]
+    min_rate, min_full = k["jbd2_credit_wait_min_rate"], k["jbd2_checkpoint_wait_min_ratio"]
     for name in sorted(host.ext4):
         fs = host.ext4[name]
         journal = fs.get("journal")
@@ -589,9 +590,13 @@ def ext4_journal_small(host, k):
         if host.ebpf is not None:
             rate = host.ebpf.get(("jbd2_credit_wait", name), 0.0)
             avg = host.ebpf.get(("jbd2_credit_wait_avg", name))
+            full = host.ebpf.get(("jbd2_checkpoint_share", name), 0.0)
             if avg is not None:
-                evidence.append(f"ebpf: {rate:.0f} credit waits/s averaging {avg * 1e3:.2f} ms")
-                if avg > wait_max and rate >= min_rate:
+                evidence.append(
+                    f"ebpf: {rate:.0f} credit waits/s averaging {avg * 1e3:.2f} ms, "
+                    f"{full:.2%} of them found the journal full"
+                )
+                if avg > wait_max and rate >= min_rate and full >= min_full:
                     severity = "warning"
         yield Finding(
             "ext4_journal_small",
@@ -816,13 +821,15 @@ CHECKS = (
             "ext4_journal_good_bytes",
             "jbd2_credit_wait_max_seconds",
             "jbd2_credit_wait_min_rate",
+            "jbd2_checkpoint_wait_min_ratio",
         ),
         severities=("info", "warning"),
         doc=(
             "`dioread_nolock` in effect (`/proc/fs/ext4/DEV/options`, without `nodelalloc`, which "
             "turns it off) with a journal below `ext4_journal_good_bytes`; warning once jbd2 shows "
             "handles waiting for their transaction over `jbd2_credit_wait_max_seconds` (or, with "
-            "`--ebpf`, the alert's own credit-wait average and rate)"
+            "`--ebpf`, the alert's own credit-wait average and rate, and the share of the waits "
+            "that found the journal full)"
         ),
     ),
     Check(

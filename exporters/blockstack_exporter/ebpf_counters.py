@@ -6,7 +6,7 @@ import re
 
 def read_ebpf(url, names, timeout=10):
     """Counters of ebpf_exporter by (what, device[, operation]): requests issued and their bytes,
-    refused merges, splits, jbd2 credit waits and their seconds; and by (what, device, operation,
+    refused merges, splits, jbd2 credit waits, their seconds and those that found the journal full; and by (what, device, operation,
     cgroup) the bytes each block cgroup submitted (cgroup_bytes) and its refused merges plus
     split-off pieces (cgroup_collapse), the cgroup named by block_cgroup_admissions_total
     (cgroup_label). Its series carry the device number (`devno`, ebpf-configs/README.md); `names`
@@ -26,6 +26,7 @@ EBPF_COUNTERS = {
     "ebpf_exporter_block_bio_splits_total": "splits",
     "ebpf_exporter_jbd2_credit_wait_seconds_count": "jbd2_credit_wait",
     "ebpf_exporter_jbd2_credit_wait_seconds_sum": "jbd2_credit_wait_seconds",
+    "ebpf_exporter_jbd2_checkpoint_waits_total": "jbd2_checkpoint_waits",
     # per block cgroup (ebpf-configs/block_cgroups.bpf.h), summed as the rules' ebpf_block_cgroup_*
     "ebpf_exporter_block_cgroup_bio_bytes_total": "cgroup_bytes",
     "ebpf_exporter_block_cgroup_missed_merges_total": "cgroup_collapse",

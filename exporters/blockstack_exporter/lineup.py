@@ -90,7 +90,9 @@ def top_cgroups(counts, n=3):
 
 
 def ebpf_rates(first, second, elapsed):
-    """{("jbd2_credit_wait", dev): waits/s, ("jbd2_credit_wait_avg", dev): seconds} for the checks."""
+    """{("jbd2_credit_wait", dev): waits/s, ("jbd2_credit_wait_avg", dev): seconds,
+    ("jbd2_checkpoint_share", dev): the share of the waits that found the journal full} for the
+    checks."""
     out = {}
     if first.ebpf is None or second.ebpf is None:
         return None
@@ -101,6 +103,10 @@ def ebpf_rates(first, second, elapsed):
                 ("jbd2_credit_wait_seconds", dev, ""), 0.0
             )
             out[("jbd2_credit_wait", dev)] = count / elapsed
+            full = second.ebpf.get(("jbd2_checkpoint_waits", dev, ""), 0.0) - first.ebpf.get(
+                ("jbd2_checkpoint_waits", dev, ""), 0.0
+            )
             if count > 0:
                 out[("jbd2_credit_wait_avg", dev)] = secs / count
+                out[("jbd2_checkpoint_share", dev)] = full / count
     return out

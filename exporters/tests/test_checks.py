@@ -141,10 +141,14 @@ def test_ext4_journal_small_with_ebpf_uses_the_alerts_predicate():
     h.ebpf = {
         ("jbd2_credit_wait", "sdb"): K["jbd2_credit_wait_min_rate"] - 1,
         ("jbd2_credit_wait_avg", "sdb"): 0.154,
+        ("jbd2_checkpoint_share", "sdb"): 0.05,
     }
     assert found(h, "ext4_journal_small") == {("ext4_journal_small", "sdb", "info")}  # a trickle
     h.ebpf[("jbd2_credit_wait", "sdb")] = K["jbd2_credit_wait_min_rate"]
     assert found(h, "ext4_journal_small") == {("ext4_journal_small", "sdb", "warning")}
+    # long waits, but the journal was never full: CPU or device contention, not its size
+    h.ebpf[("jbd2_checkpoint_share", "sdb")] = K["jbd2_checkpoint_wait_min_ratio"] / 10
+    assert found(h, "ext4_journal_small") == {("ext4_journal_small", "sdb", "info")}
 
 
 @pytest.mark.parametrize(
