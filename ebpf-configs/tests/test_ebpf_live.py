@@ -373,7 +373,7 @@ def assert_credit_waits_counted(exporter, device):
 def test_handle_starts_that_find_the_journal_full_are_counted(device, tmp_path, variant):
     """jbd2_checkpoint_waits_total: 16 KiB writes each followed by fdatasync, from 32 jobs. With
     data=journal every written block goes through a 4 MiB journal, which fills at once: some
-    handle starts checkpoint it (measured here: 1.2-1.9 % of them). The same writers on a 64 MiB
+    handle starts checkpoint it (measured here: 1.2-1.4 % of them). The same writers on a 64 MiB
     journal in ordered mode (only metadata journaled, 2 s) never fill it: none counted. Both
     variants ebpf_exporter loads on 6.2+ kernels: tp_btf as root, raw tracepoints without
     CAP_SYS_ADMIN."""

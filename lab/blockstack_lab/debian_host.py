@@ -102,7 +102,14 @@ PORTS = {
 }
 SHARE = "/mnt/lab"  # the guest's view of the host's <dir>/lab (read-only)
 GUEST_REPO = "/mnt/repo"  # the guest's view of the local apt repo (read-only)
-NINE_P = "trans=virtio,version=9p2000.L,msize=524288,ro"
+# The shares are the lab's, not the host's: `nofail` keeps them out of local-fs.target, whose
+# failure is emergency mode, and the mount may take 5 min instead of systemd's 90 s. A fresh CI
+# run (2026-11-29, a saturated machine) once met the guest in emergency mode after its reboot,
+# right after network-online.target, with no failure on the console's tail: local-fs.target
+# still waiting then failing, as a share mount past 90 s makes it (not reproduced in 6 reboots
+# beside a CPU hog). Now a share that does not mount fails the agent's unit
+# (RequiresMountsFor), named on the console: "Failed to mount mnt-lab.mount".
+NINE_P = "trans=virtio,version=9p2000.L,msize=524288,ro,nofail,x-systemd.mount-timeout=300"
 AGENT_UNIT = "blockstack-lab-agent.service"
 # The lab's configuration of the image: path -> content
 CONFIG_FILES = {
