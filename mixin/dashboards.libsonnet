@@ -3761,7 +3761,7 @@
             },
           ],
           title: 'jbd2 handle starts that found the journal full, peak per interval',
-          description: "Share of the handle starts per filesystem device that found the journal full and had to checkpoint it to make room (jbd2_log_do_checkpoint, eBPF), over %(jbd2_rate_window)s windows as the rules, each point the highest within its interval of the graph. Healthy: none, or a few in a million (a 1 GiB journal under 256 fsyncing writers: 0.001 %%). Sick: percents - the journal is too small for its writers, who wait for checkpoints (the lab's 4 MiB journal: 3-7 %%; Debian 6.1 with dioread_nolock: 21 %%). Long credit waits without it are CPU or device contention, not the journal's size." % $._config,
+          description: "Share of the handle starts per filesystem device that found the journal full and had to checkpoint it to make room (jbd2_log_do_checkpoint, eBPF), over %(jbd2_rate_window)s windows as the rules, each point the highest within its interval of the graph. Healthy: none, or about 1 in 100,000 (a 1 GiB journal under 256 fsyncing writers: 0.001 %%). Sick: percents - the journal is too small for its writers, who wait for checkpoints (the lab's 4 MiB journal: 3-7 %%; Debian 6.1 with dioread_nolock: 21 %%). Long credit waits without it are CPU or device contention, not the journal's size." % $._config,
           datasource: {
             type: 'prometheus',
             uid: '${datasource}',

@@ -766,7 +766,7 @@ def jbd2_journal_full_panel(k):
         "Share of the handle starts per filesystem device that found the journal full and had to "
         f"checkpoint it to make room (jbd2_log_do_checkpoint, eBPF), over {k['jbd2_rate_window']} "
         "windows as the rules, each point the highest within its interval of the graph. Healthy: "
-        "none, or a few in a million (a 1 GiB journal under 256 fsyncing writers: 0.001 %). Sick: "
+        "none, or about 1 in 100,000 (a 1 GiB journal under 256 fsyncing writers: 0.001 %). Sick: "
         "percents - the journal is too small for its writers, who wait for checkpoints (the lab's "
         "4 MiB journal: 3-7 %; Debian 6.1 with dioread_nolock: 21 %). Long credit waits without "
         "it are CPU or device contention, not the journal's size.",

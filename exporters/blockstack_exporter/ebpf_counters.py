@@ -6,12 +6,12 @@ import re
 
 def read_ebpf(url, names, timeout=10):
     """Counters of ebpf_exporter by (what, device[, operation]): requests issued and their bytes,
-    refused merges, splits, jbd2 credit waits, their seconds and those that found the journal full; and by (what, device, operation,
-    cgroup) the bytes each block cgroup submitted (cgroup_bytes) and its refused merges plus
-    split-off pieces (cgroup_collapse), the cgroup named by block_cgroup_admissions_total
-    (cgroup_label). Its series carry the device number (`devno`, ebpf-configs/README.md); `names`
-    ({devno: device}, the Host's numbers, as blockstack_device_number_info publishes them) names
-    them."""
+    refused merges, splits, jbd2 credit waits, their seconds and those that found the journal
+    full; and by (what, device, operation, cgroup) the bytes each block cgroup submitted
+    (cgroup_bytes) and its refused merges plus split-off pieces (cgroup_collapse), the cgroup
+    named by block_cgroup_admissions_total (cgroup_label). Its series carry the device number
+    (`devno`, ebpf-configs/README.md); `names` ({devno: device}, the Host's numbers, as
+    blockstack_device_number_info publishes them) names them."""
     import urllib.request  # only here: its import is a tenth of the doctor's start on a busy host
 
     with urllib.request.urlopen(url, timeout=timeout) as r:
