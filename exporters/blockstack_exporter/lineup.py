@@ -93,20 +93,19 @@ def ebpf_rates(first, second, elapsed):
     """{("jbd2_credit_wait", dev): waits/s, ("jbd2_credit_wait_avg", dev): seconds,
     ("jbd2_checkpoint_share", dev): the share of the waits that found the journal full} for the
     checks."""
-    out = {}
     if first.ebpf is None or second.ebpf is None:
         return None
-    for (what, dev, *_), value in second.ebpf.items():
-        if what == "jbd2_credit_wait":
-            count = value - first.ebpf.get((what, dev, ""), 0.0)
-            secs = second.ebpf.get(("jbd2_credit_wait_seconds", dev, ""), 0.0) - first.ebpf.get(
-                ("jbd2_credit_wait_seconds", dev, ""), 0.0
-            )
-            out[("jbd2_credit_wait", dev)] = count / elapsed
-            full = second.ebpf.get(("jbd2_checkpoint_waits", dev, ""), 0.0) - first.ebpf.get(
-                ("jbd2_checkpoint_waits", dev, ""), 0.0
-            )
-            if count > 0:
-                out[("jbd2_credit_wait_avg", dev)] = secs / count
-                out[("jbd2_checkpoint_share", dev)] = full / count
+
+    def delta(what, dev):
+        return second.ebpf.get((what, dev, ""), 0.0) - first.ebpf.get((what, dev, ""), 0.0)
+
+    out = {}
+    for what, dev, *_ in second.ebpf:
+        if what != "jbd2_credit_wait":
+            continue
+        count = delta("jbd2_credit_wait", dev)
+        out[("jbd2_credit_wait", dev)] = count / elapsed
+        if count > 0:
+            out[("jbd2_credit_wait_avg", dev)] = delta("jbd2_credit_wait_seconds", dev) / count
+            out[("jbd2_checkpoint_share", dev)] = delta("jbd2_checkpoint_waits", dev) / count
     return out

@@ -36,11 +36,12 @@ How the guest is made (the facts issue #20 measured):
   is left of QEMU's process group is killed; the directory (images included) is removed.
   `sweep_stale` does the same for guests whose owning process was SIGKILLed.
 
-Kernels differ (README "Kernel matrix"): on 6.1, 6.12 and sid the jbd2 fexit variant loads (on this
-host's 6.18 only the tracepoint one; on 5.10, without task storage, only the legacy one), and
-device-mapper accounts the split bios in its own /proc/diskstats: a dm-snapshot with 4 KiB chunks
-shows 8-sector requests on dm-N at any nomerges, so only the missed-merge counter and the bio sizes
-entering dm show the NVMe incident's contrast.
+Kernels differ (docs/kernels.md): as root the jbd2 fexit variant loads on 6.1, 6.12 and sid
+(on this host's 6.18 only the tracepoint one; on 5.10, without task storage, only the legacy one);
+under ebpf_exporter's production identity, without the modules' BTF, the legacy variant on 5.10
+and 6.1 and the raw one from 6.2. Device-mapper accounts the split bios in its own
+/proc/diskstats: a dm-snapshot with 4 KiB chunks shows 8-sector requests on dm-N at any nomerges,
+so only the missed-merge counter and the bio sizes entering dm show the NVMe incident's contrast.
 """
 
 import contextlib

@@ -147,8 +147,8 @@ def test_ext4_write_up(vm_prerequisites, tmp_path):
         o = vm_stacks.ext4(guest, str(tmp_path / "stack"))
     assert not os.path.exists(directory)
     print(f"\n{o.release}: {o}")
-    # 6.1 under the production identity: the raw tracepoint variant (the modules' BTF, which the
-    # fexit variant needs, takes CAP_SYS_ADMIN)
+    # 6.1 under the production identity: the legacy raw tracepoint variant (the modules' BTF,
+    # which the fexit variant needs, takes CAP_SYS_ADMIN)
     assert "jbd2_credit_wait_legacy" in o.configs
     # the warning as the runbook describes it: a ticket naming the options and the journal size
     t = o.ticket
