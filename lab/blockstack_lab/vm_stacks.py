@@ -16,7 +16,8 @@ lvm2: vg0/lv on one NVMe namespace with a classic snapshot, 256 MiB of direct wr
     (BlockStackSnapshotCowNearlyFull) before the snapshot turns Invalid, then the Invalid page.
 ext4: a 4 MiB journal, dioread_nolock, 128 fsync-heavy writers on one NVMe namespace: the credit
     waits measured by the variant ebpf_exporter's production identity loads (6.1:
-    jbd2_credit_wait_legacy) and the jbd2 warning (a ticket, not a page: docs/runbook.md "BlockStackJbd2CreditWaitHigh").
+    jbd2_credit_wait_legacy) and the jbd2 warning (a ticket, not a page: docs/runbook.md
+    "BlockStackJbd2CreditWaitHigh").
 
 NVMe kernel names follow the order the controllers are probed, not QEMU's: devices are found by
 their serial (/sys/block/nvmeXnY/device/serial).
